@@ -1,0 +1,69 @@
+"""durable_jobs: durable long-running background jobs for Django on PostgreSQL.
+
+    import durable_jobs as durable
+
+    @durable.handler("reports.rebuild")
+    def rebuild(job: durable.Slice) -> durable.Outcome: ...
+
+    durable.start("reports.rebuild", input={...}, lock_key=..., idempotency_key=...)
+
+The service functions and the slice context are imported lazily: Django imports this
+package while it is still loading apps, before models may be touched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from durable_jobs.exceptions import (
+    CancelRequested,
+    ConfigurationError,
+    DurableJobsError,
+    IdempotencyConflict,
+    InvalidInput,
+    JobError,
+    JobNotFound,
+    LeaseLost,
+    LockKeyHeld,
+    TerminalError,
+    TransientError,
+    UnknownKind,
+    UnrecoverableError,
+    WrongState,
+)
+from durable_jobs.registry import handler
+from durable_jobs.states import DONE, YIELD, Done, Outcome, Scope, Status
+
+if TYPE_CHECKING:
+    from durable_jobs.context import Slice
+    from durable_jobs.models import Job
+    from durable_jobs.service import cancel, get, list_jobs, redrive, start
+
+_LAZY = {
+    "start": "durable_jobs.service",
+    "get": "durable_jobs.service",
+    "list_jobs": "durable_jobs.service",
+    "cancel": "durable_jobs.service",
+    "redrive": "durable_jobs.service",
+    "Slice": "durable_jobs.context",
+    "Job": "durable_jobs.models",
+}
+
+__all__ = [
+    "DONE", "YIELD", "Done", "Outcome", "Scope", "Status", "handler",
+    "CancelRequested", "ConfigurationError", "DurableJobsError", "IdempotencyConflict",
+    "InvalidInput", "JobError", "JobNotFound", "LeaseLost", "LockKeyHeld", "TerminalError",
+    "TransientError", "UnknownKind", "UnrecoverableError", "WrongState",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'durable_jobs' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

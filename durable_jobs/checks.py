@@ -1,0 +1,28 @@
+"""System checks: refuse a configuration that cannot work before a worker starts."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core import checks
+
+from durable_jobs import conf
+from durable_jobs.exceptions import ConfigurationError
+
+
+@checks.register("durable_jobs")
+def check_settings(app_configs=None, **kwargs):
+    errors = []
+    try:
+        conf.load(getattr(settings, "DURABLE_JOBS", None))
+    except ConfigurationError as error:
+        errors.append(checks.Error(str(error), id="durable_jobs.E001"))
+    engine = settings.DATABASES.get("default", {}).get("ENGINE", "")
+    if "postgresql" not in engine:
+        errors.append(
+            checks.Error(
+                f"durable_jobs needs PostgreSQL; the default database uses {engine!r}",
+                hint="Set DATABASES['default']['ENGINE'] to 'django.db.backends.postgresql'.",
+                id="durable_jobs.E002",
+            )
+        )
+    return errors

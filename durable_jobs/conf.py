@@ -1,0 +1,133 @@
+"""The one ``DURABLE_JOBS`` setting, read into a typed, frozen object.
+
+Durations are given in seconds (int or float) or as ``timedelta``; they are kept as
+float seconds here and cross into SQL as whole milliseconds (see ``ms``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings as django_settings
+
+from durable_jobs.exceptions import ConfigurationError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    #: Tenant of every call that does not pass a scope: single-tenant users never see it.
+    DEFAULT_TENANT: str = "default"
+    #: Queue of jobs whose handler names none.
+    DEFAULT_QUEUE: str = "default"
+    #: How long a claim lasts without a heartbeat (database clock).
+    LEASE_TTL: float = 60.0
+    #: How often the worker extends its leases; must stay well inside LEASE_TTL.
+    HEARTBEAT_INTERVAL: float = 10.0
+    #: Wall time a slice may run before should_yield() asks it to hand back.
+    SLICE_BUDGET: float = 300.0
+    #: The N-th consecutive failed slice is the retry_exhausted verdict.
+    MAX_CONSECUTIVE_FAILURES: int = 5
+    #: Retry backoff: base * 2**(failures-1), capped, with full jitter on the top half.
+    RETRY_BACKOFF_BASE: float = 2.0
+    RETRY_BACKOFF_MAX: float = 300.0
+    #: Failed mirror attempts before a job is parked mirror_failed.
+    MAX_MIRROR_ATTEMPTS: int = 5
+    #: How long past its lease expiry a running job must be before it is an orphan.
+    ORPHAN_GRACE: float = 30.0
+    #: Pending longer than this is reported as stale (never re-driven by the database transport).
+    PENDING_TTL: float = 900.0
+    #: Orphan re-drives without a committed unit before a job is parked as poison.
+    MAX_REDRIVES_WITHOUT_COMMIT: int = 5
+    #: Worker idle poll; LISTEN/NOTIFY wakes it sooner, polling alone must be correct.
+    POLL_INTERVAL: float = 1.0
+    #: LISTEN/NOTIFY channel; None disables notifications (e.g. behind a transaction pooler).
+    NOTIFY_CHANNEL: str | None = "durable_jobs"
+    #: How long running slices get to yield after the first SIGTERM/SIGINT.
+    SHUTDOWN_GRACE: float = 30.0
+    #: Reconciler pass cadence.
+    RECONCILE_INTERVAL: float = 5.0
+    #: Largest serialized input/checkpoint/meta/result accepted, in bytes.
+    MAX_PAYLOAD_BYTES: int = 1_000_000
+    #: Deepest nesting accepted in a JSON payload.
+    MAX_PAYLOAD_DEPTH: int = 64
+    #: Refuse start() of a kind no handler is registered for.
+    REQUIRE_REGISTERED_KINDS: bool = True
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type == "float":
+                if isinstance(value, timedelta):
+                    value = value.total_seconds()
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                    raise ConfigurationError(
+                        f"DURABLE_JOBS[{field.name!r}] must be a positive number of seconds "
+                        f"or a timedelta, got {value!r}"
+                    )
+                object.__setattr__(self, field.name, float(value))
+            elif field.type == "int":
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ConfigurationError(
+                        f"DURABLE_JOBS[{field.name!r}] must be a positive integer, got {value!r}"
+                    )
+            elif field.type == "bool" and not isinstance(value, bool):
+                raise ConfigurationError(f"DURABLE_JOBS[{field.name!r}] must be True or False")
+        for name in ("DEFAULT_TENANT", "DEFAULT_QUEUE"):
+            if not isinstance(getattr(self, name), str) or not NAME_PATTERN.match(getattr(self, name)):
+                raise ConfigurationError(
+                    f"DURABLE_JOBS[{name!r}] must be 1-100 characters of letters, digits, _ . : -"
+                )
+        channel = self.NOTIFY_CHANNEL
+        if channel is not None and (not isinstance(channel, str) or not re.match(r"^[a-z_][a-z0-9_]{0,62}$", channel)):
+            raise ConfigurationError(
+                "DURABLE_JOBS['NOTIFY_CHANNEL'] must be None or a lower-case identifier of at most 63 bytes"
+            )
+        if self.HEARTBEAT_INTERVAL >= self.LEASE_TTL:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['HEARTBEAT_INTERVAL'] ({self.HEARTBEAT_INTERVAL}s) must be below "
+                f"LEASE_TTL ({self.LEASE_TTL}s), or every lease expires between two heartbeats"
+            )
+        if self.RETRY_BACKOFF_MAX < self.RETRY_BACKOFF_BASE:
+            raise ConfigurationError("DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE")
+
+
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+
+
+def load(raw: Any) -> Settings:
+    """Validate a ``DURABLE_JOBS`` dict; unknown keys are refused with a suggestion."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"DURABLE_JOBS must be a dict, got {type(raw).__name__}")
+    for key in raw:
+        if key not in _FIELD_NAMES:
+            close = difflib.get_close_matches(str(key), _FIELD_NAMES, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigurationError(f"DURABLE_JOBS has an unknown key {key!r}{hint}")
+    return Settings(**raw)
+
+
+_cache: tuple[object, Settings] | None = None
+
+
+def get() -> Settings:
+    """Return the current settings (re-read when ``settings.DURABLE_JOBS`` is replaced)."""
+    global _cache
+    raw = getattr(django_settings, "DURABLE_JOBS", None)
+    if _cache is None or _cache[0] is not raw:
+        _cache = (raw, load(raw))
+    return _cache[1]
+
+
+def ms(seconds: float | timedelta) -> int:
+    """Whole milliseconds of a duration: the only form of time that crosses into SQL."""
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
+    return max(0, round(seconds * 1000))

@@ -1,0 +1,116 @@
+"""Every error durable_jobs raises on purpose: one base class, data on the instances.
+
+Bad input is also a ``ValueError`` and bad configuration also an
+``ImproperlyConfigured``, so callers that already catch those keep working.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class DurableJobsError(Exception):
+    """Base class of every error raised by durable_jobs."""
+
+
+class ConfigurationError(DurableJobsError, ImproperlyConfigured):
+    """The ``DURABLE_JOBS`` setting (or a handler's policy) makes no sense."""
+
+
+class InvalidInput(DurableJobsError, ValueError):
+    """An argument was refused before anything was written; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class UnknownKind(InvalidInput):
+    """No handler is registered for this kind."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        super().__init__("kind", f"no handler is registered for {kind!r}")
+
+
+class JobNotFound(DurableJobsError, LookupError):
+    """No job with this id exists in this scope (another tenant's job is not found either)."""
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job {job_id} in this scope")
+
+
+class LockKeyHeld(DurableJobsError):
+    """A live job already holds the lock key; ``holder_id`` is its id when known."""
+
+    def __init__(self, lock_key: str, holder_id: object | None = None) -> None:
+        self.lock_key = lock_key
+        self.holder_id = holder_id
+        held_by = f" by job {holder_id}" if holder_id else ""
+        super().__init__(f"lock key {lock_key!r} is held{held_by}")
+
+
+class IdempotencyConflict(DurableJobsError):
+    """The idempotency key was used in this tenant for a different kind or organization."""
+
+    def __init__(self, idempotency_key: str, job_id: object) -> None:
+        self.idempotency_key = idempotency_key
+        self.job_id = job_id
+        super().__init__(
+            f"idempotency key {idempotency_key!r} already names a job of another kind or organization"
+        )
+
+
+class WrongState(DurableJobsError):
+    """The job exists but its state refuses the operation (e.g. re-driving a completed job)."""
+
+    def __init__(self, job_id: object, status: str, operation: str, detail: str = "") -> None:
+        self.job_id = job_id
+        self.status = status
+        self.operation = operation
+        suffix = f": {detail}" if detail else ""
+        super().__init__(f"cannot {operation} job {job_id} in status {status!r}{suffix}")
+
+
+class LeaseLost(DurableJobsError):
+    """This slice no longer holds the job's lease; nothing it writes from now on can land."""
+
+    def __init__(self, job_id: object, expected_epoch: int) -> None:
+        self.job_id = job_id
+        self.expected_epoch = expected_epoch
+        super().__init__(f"lease on job {job_id} at epoch {expected_epoch} is gone")
+
+
+class CancelRequested(DurableJobsError):
+    """Raised into a slice that tries a fenced write after its cancellation was observed."""
+
+    def __init__(self, job_id: object) -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id} was asked to cancel")
+
+
+class JobError(DurableJobsError):
+    """Raise from a handler to fail a slice with an explicit class and code.
+
+    ``error_class`` is one of ``transient`` (retry after a backoff), ``terminal`` (fail
+    now) or ``unrecoverable`` (fail now, and refuse redrive without force).
+    """
+
+    error_class = "transient"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        self.code = code
+        super().__init__(message)
+
+
+class TransientError(JobError):
+    error_class = "transient"
+
+
+class TerminalError(JobError):
+    error_class = "terminal"
+
+
+class UnrecoverableError(JobError):
+    error_class = "unrecoverable"

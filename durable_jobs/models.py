@@ -1,0 +1,221 @@
+"""The job table: schema, indexes and reads. Writes live in ``store.py`` only.
+
+A ``Job`` instance is a read-only snapshot: ``save()``, ``delete()`` and the queryset's
+bulk writers refuse (invariant 1), so the ORM can serve the admin, filters and reports
+without ever becoming a second, unfenced way to change a job.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
+
+from durable_jobs.states import LIVE_STATUSES, ErrorClass, Status
+
+TABLE = "durable_jobs_job"
+LOCK_KEY_INDEX = "durable_jobs_lock_key_live"
+IDEMPOTENCY_INDEX = "durable_jobs_idempotency"
+# A null organization ("tenant-wide") is folded to this value in the lock-key index, so
+# tenant-wide is one value there. The service refuses it as a real organization id.
+NO_ORGANIZATION = ""
+
+_REFUSAL = (
+    "job rows are written only by durable_jobs.store; use durable_jobs.start(), "
+    "cancel(), redrive() or the worker instead"
+)
+
+
+class ReadOnlyJobRow(TypeError):
+    """Raised when code tries to write a job row through the ORM."""
+
+
+class JobQuerySet(models.QuerySet):
+    def update(self, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def bulk_create(self, *args, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def bulk_update(self, *args, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def create(self, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def get_or_create(self, *args, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def update_or_create(self, *args, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+
+class Job(models.Model):
+    # identity and scope
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant_id = models.CharField(max_length=100)
+    organization_id = models.CharField(max_length=100, null=True, blank=True)
+    kind = models.CharField(max_length=100)
+    status = models.CharField(max_length=16, choices=[(s.value, s.value) for s in Status])
+    created_by = models.CharField(max_length=200, null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    # payload
+    input = models.JSONField(null=True, blank=True)
+    checkpoint = models.JSONField(null=True, blank=True)
+    meta = models.JSONField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+
+    # keys
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    lock_key = models.CharField(max_length=255, null=True, blank=True)
+    subject_type = models.CharField(max_length=200, null=True, blank=True)
+    subject_id = models.CharField(max_length=255, null=True, blank=True)
+    progress_job_id = models.UUIDField(null=True, blank=True)
+
+    # lease
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_epoch = models.BigIntegerField(db_default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    # delivery
+    queue_name = models.CharField(max_length=100)
+    queue_job_id = models.CharField(max_length=255, null=True, blank=True)
+    priority = models.SmallIntegerField(db_default=0)
+    continuation_seq = models.IntegerField(db_default=0)
+    redrives = models.IntegerField(db_default=0)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    pending_since = models.DateTimeField(null=True, blank=True)
+
+    # budgets
+    redrives_since_commit = models.IntegerField(db_default=0)
+    consecutive_failures = models.IntegerField(db_default=0)
+    interruptions = models.IntegerField(db_default=0)
+    mirror_attempts = models.IntegerField(db_default=0)
+    last_committed_at = models.DateTimeField(null=True, blank=True)
+
+    # outcome
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    parked_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.CharField(max_length=200, null=True, blank=True)
+    error_class = models.CharField(
+        max_length=16, null=True, blank=True, choices=[(c.value, c.value) for c in ErrorClass]
+    )
+    error_code = models.CharField(max_length=100, null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    domain_mirrored_at = models.DateTimeField(null=True, blank=True)
+
+    # progress
+    processed_count = models.BigIntegerField(db_default=0)
+    total_count = models.BigIntegerField(null=True, blank=True)
+
+    # waits: a condition to clear before the first slice, and the hold's own clock
+    wait_for = models.JSONField(null=True, blank=True)
+    wait_key = models.CharField(max_length=255, null=True, blank=True)
+    wait_label = models.CharField(max_length=200, null=True, blank=True)
+    held_since = models.DateTimeField(null=True, blank=True)
+    wait_checks = models.IntegerField(db_default=0)
+    wait_faults = models.IntegerField(db_default=0)
+    wait_satisfied_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = TABLE
+        ordering = ["-created_at"]
+        default_permissions = ("view",)
+        permissions = [
+            ("cancel_job", "Can request cancellation of a job"),
+            ("redrive_job", "Can re-drive a failed job"),
+            ("force_redrive_job", "Can force re-drive of an unrecoverable job"),
+        ]
+        constraints = [
+            # Invariant: at most one live job per lock key in a scope. Partial on the live
+            # statuses, so a finished job frees its key; the organization is folded so that
+            # "tenant-wide" (null) is a single value rather than never equal to itself.
+            models.UniqueConstraint(
+                F("tenant_id"),
+                Coalesce("organization_id", Value(NO_ORGANIZATION)),
+                F("lock_key"),
+                condition=Q(lock_key__isnull=False, status__in=LIVE_STATUSES),
+                name=LOCK_KEY_INDEX,
+            ),
+            models.UniqueConstraint(
+                fields=["tenant_id", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name=IDEMPOTENCY_INDEX,
+            ),
+        ]
+        # Each candidate query reads an index holding only its candidates, so a table of
+        # ten million finished rows dequeues like an empty one. None of these indexes
+        # covers a column the heartbeat writes (lease_expires_at, heartbeat_at, progress,
+        # counters), which keeps the heartbeat a HOT update (invariant 12).
+        indexes = [
+            # Dequeue: deliverable rows (pending, or running with a released lease) by
+            # queue, priority (higher first) and run time.
+            models.Index(
+                F("queue_name"),
+                F("priority").desc(),
+                F("next_run_at"),
+                condition=Q(status__in=LIVE_STATUSES, lease_owner__isnull=True, next_run_at__isnull=False),
+                name="durable_jobs_deliverable",
+            ),
+            # Orphans: rows under a live claim. Deliberately not keyed on lease_expires_at,
+            # which every heartbeat rewrites; the reconciler filters the few leased rows.
+            models.Index(
+                F("lease_epoch"),
+                condition=Q(status=Status.RUNNING.value, lease_owner__isnull=False),
+                name="durable_jobs_leased",
+            ),
+            models.Index(
+                F("cancel_requested_at"),
+                condition=Q(cancel_requested_at__isnull=False, status__in=LIVE_STATUSES),
+                name="durable_jobs_cancelling",
+            ),
+            models.Index(
+                F("pending_since"),
+                condition=Q(status=Status.PENDING.value),
+                name="durable_jobs_pending",
+            ),
+            models.Index(fields=["tenant_id", "-created_at"], name="durable_jobs_tenant_recent"),
+            models.Index(fields=["subject_type", "subject_id"], name="durable_jobs_subject"),
+            models.Index(
+                F("finished_at"),
+                condition=Q(finished_at__isnull=False, parked_at__isnull=True),
+                name="durable_jobs_finished",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.id} ({self.status})"
+
+    def save(self, *args, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args, **kwargs):  # noqa: D102
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    # --- derived reads -------------------------------------------------------------
+    @property
+    def is_live(self) -> bool:
+        return self.status in LIVE_STATUSES
+
+    @property
+    def is_parked(self) -> bool:
+        return self.parked_at is not None
+
+    @property
+    def progress(self) -> float | None:
+        """Fraction done in [0, 1], or None when the total is unknown."""
+        if not self.total_count:
+            return None
+        return max(0.0, min(1.0, self.processed_count / self.total_count))

@@ -1,0 +1,131 @@
+"""Handler registration and per-kind policy.
+
+A handler is a function taking the slice context and returning ``DONE``, ``Done(result)``
+or ``YIELD``; it raises to fail the slice. Policy fields left as ``None`` take their value
+from ``DURABLE_JOBS`` when they are read, so tests that override settings see them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from durable_jobs import conf
+from durable_jobs.exceptions import ConfigurationError, JobError
+from durable_jobs.states import ErrorClass
+
+if TYPE_CHECKING:
+    from durable_jobs.context import Slice
+    from durable_jobs.models import Job
+
+KIND_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+#: classify(exc) -> "transient" | "terminal" | "unrecoverable"
+Classifier = Callable[[BaseException], str]
+#: mirror(job, outcome) runs inside the terminal transaction; outcome is "completed",
+#: "failed" or "cancelled" and ``job`` is the row as that transaction wrote it.
+Mirror = Callable[["Job", str], None]
+
+
+def default_classifier(error: BaseException) -> str:
+    """JobError subclasses say their class; anything else is worth a retry."""
+    if isinstance(error, JobError):
+        return error.error_class
+    return ErrorClass.TRANSIENT.value
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Handler:
+    kind: str
+    func: Callable[[Slice], Any]
+    queue: str | None = None
+    slice_budget: float | None = None
+    lease_ttl: float | None = None
+    heartbeat_interval: float | None = None
+    max_consecutive_failures: int | None = None
+    retry_backoff_base: float | None = None
+    retry_backoff_max: float | None = None
+    max_mirror_attempts: int | None = None
+    classify: Classifier = default_classifier
+    mirror: Mirror | None = None
+
+    def setting(self, name: str) -> Any:
+        """Return this handler's policy value, or the DURABLE_JOBS default."""
+        own = getattr(self, name.lower())
+        return own if own is not None else getattr(conf.get(), name)
+
+    def retry_delay(self, failures: int, rng: random.Random | None = None) -> float:
+        """Seconds before the next attempt: capped exponential, jitter on the upper half.
+
+        Jitter spreads the retries of jobs that failed together (a database blip) so they
+        do not all come back in the same instant.
+        """
+        base = self.setting("RETRY_BACKOFF_BASE")
+        cap = self.setting("RETRY_BACKOFF_MAX")
+        ceiling = min(cap, base * 2 ** max(0, failures - 1))
+        return ceiling / 2 + (rng or random).random() * ceiling / 2
+
+    def error_class_of(self, error: BaseException) -> str:
+        """Classify ``error``; a classifier that fails or answers nonsense means transient."""
+        try:
+            answer = str(self.classify(error))
+        except Exception:  # noqa: BLE001 - a broken classifier must not strand the job
+            return ErrorClass.TRANSIENT.value
+        if answer not in {c.value for c in ErrorClass}:
+            return ErrorClass.TRANSIENT.value
+        return answer
+
+
+_handlers: dict[str, Handler] = {}
+
+
+def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the handler of ``kind``.
+
+    ``policy`` takes the ``Handler`` fields: queue, slice_budget, lease_ttl,
+    heartbeat_interval, max_consecutive_failures, retry_backoff_base, retry_backoff_max,
+    max_mirror_attempts, classify, mirror.
+    """
+    if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
+        raise ConfigurationError(
+            f"handler kind {kind!r} must be 1-100 characters of letters, digits, _ . : -"
+        )
+    unknown = set(policy) - {f.name for f in dataclasses.fields(Handler)} - {"kind", "func"}
+    if unknown:
+        raise ConfigurationError(f"handler {kind!r}: unknown policy {sorted(unknown)}")
+
+    def register(func: Callable) -> Callable:
+        existing = _handlers.get(kind)
+        if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
+            raise ConfigurationError(
+                f"kind {kind!r} is registered twice: {_qualname(existing.func)} and {_qualname(func)}"
+            )
+        entry = Handler(kind=kind, func=func, **policy)
+        lease = entry.setting("LEASE_TTL")
+        if entry.setting("HEARTBEAT_INTERVAL") >= lease:
+            raise ConfigurationError(f"handler {kind!r}: heartbeat_interval must be below lease_ttl")
+        _handlers[kind] = entry
+        return func
+
+    return register
+
+
+def _qualname(func: Callable) -> str:
+    return f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def get(kind: str) -> Handler | None:
+    """Return the handler registered for ``kind``, or None."""
+    return _handlers.get(kind)
+
+
+def kinds() -> list[str]:
+    return sorted(_handlers)
+
+
+def unregister(kind: str) -> None:
+    """Forget ``kind`` (for tests that register handlers of their own)."""
+    _handlers.pop(kind, None)

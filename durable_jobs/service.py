@@ -1,0 +1,236 @@
+"""The public API: start, get, list, cancel, redrive.
+
+Code, the admin and the management commands all act through these functions, so a
+rule holds the same way whoever acts. Every call takes a ``scope``; leaving it out
+means the default tenant's tenant-wide scope, so single-tenant projects never think
+about tenants.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, models
+
+from durable_jobs import conf, registry, store, validation
+from durable_jobs.exceptions import IdempotencyConflict, InvalidInput, JobNotFound, UnknownKind, WrongState
+from durable_jobs.models import Job
+from durable_jobs.states import LIVE_STATUSES, Scope, Status
+
+MAX_PRIORITY = 100
+
+
+def scope_of(scope: Scope | str | tuple[str, str | None] | None) -> Scope:
+    """Normalise a scope argument: None, a tenant id, ``(tenant, organization)`` or a Scope."""
+    if scope is None:
+        return Scope(tenant=conf.get().DEFAULT_TENANT)
+    if isinstance(scope, str):
+        scope = Scope(tenant=scope)
+    elif isinstance(scope, tuple):
+        if len(scope) != 2:
+            raise InvalidInput("scope", "must be (tenant, organization)")
+        scope = Scope(tenant=scope[0], organization=scope[1])
+    if not isinstance(scope, Scope):
+        raise InvalidInput("scope", f"must be a Scope, a tenant id or a pair, got {type(scope).__name__}")
+    validation.name("scope.tenant", scope.tenant)
+    if scope.organization is not None:
+        validation.name("scope.organization", scope.organization)
+    return scope
+
+
+def _subject(subject: Any) -> tuple[str | None, str | None]:
+    if subject is None:
+        return None, None
+    if isinstance(subject, models.Model):
+        if subject.pk is None:
+            raise InvalidInput("subject", "is an unsaved model instance")
+        return subject._meta.label_lower, validation.key("subject", str(subject.pk))
+    if isinstance(subject, tuple) and len(subject) == 2:
+        return validation.key("subject type", subject[0], max_length=200), validation.key("subject id", subject[1])
+    raise InvalidInput("subject", "must be a saved model instance or a (type, id) pair")
+
+
+def _schedule(run_after: datetime | timedelta | float | int | None) -> tuple[datetime | None, int]:
+    """Return ``(absolute instant, delay ms)`` for the insert.
+
+    A ``timedelta`` or number of seconds is a duration added to the database's clock. An
+    aware ``datetime`` is the caller's chosen instant, stored as given: it is data, not a
+    reading of this process's clock.
+    """
+    if run_after is None:
+        return None, 0
+    if isinstance(run_after, datetime):
+        if run_after.tzinfo is None or run_after.utcoffset() is None:
+            raise InvalidInput("run_after", "must be an aware datetime (carry its zone), a timedelta or seconds")
+        return run_after, 0
+    if isinstance(run_after, timedelta):
+        return None, conf.ms(max(run_after, timedelta(0)))
+    if isinstance(run_after, (int, float)) and not isinstance(run_after, bool) and run_after >= 0:
+        return None, conf.ms(run_after)
+    raise InvalidInput("run_after", "must be an aware datetime, a timedelta or a non-negative number of seconds")
+
+
+def start(
+    kind: str,
+    *,
+    input: Any = None,
+    scope: Scope | str | tuple[str, str | None] | None = None,
+    subject: Any = None,
+    lock_key: str | None = None,
+    idempotency_key: str | None = None,
+    meta: dict[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    run_after: datetime | timedelta | float | None = None,
+    total_count: int | None = None,
+    created_by: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Job:
+    """Start a job in the caller's transaction and return it.
+
+    Call it inside ``transaction.atomic()`` beside the domain rows it is about: the job
+    exists exactly when they do, and the worker is woken only when the transaction
+    commits (invariant 9). A second start with the same ``idempotency_key`` in the tenant
+    returns the first job; a live job holding ``lock_key`` raises ``LockKeyHeld`` and
+    leaves the caller's transaction usable.
+    """
+    settings = conf.get()
+    scope = scope_of(scope)
+    validation.name("kind", kind)
+    handler = registry.get(kind)
+    if handler is None and settings.REQUIRE_REGISTERED_KINDS:
+        raise UnknownKind(kind)
+    limits = {"max_bytes": settings.MAX_PAYLOAD_BYTES, "max_depth": settings.MAX_PAYLOAD_DEPTH}
+    validation.payload("input", input, **limits)
+    if meta is not None:
+        if not isinstance(meta, dict):
+            raise InvalidInput("meta", "must be a dict")
+        validation.payload("meta", meta, **limits)
+    subject_type, subject_id = _subject(subject)
+    run_at, delay_ms = _schedule(run_after)
+    if queue is None:
+        queue = (handler.queue if handler else None) or settings.DEFAULT_QUEUE
+    fields = {
+        "id": uuid.uuid4(),
+        "kind": kind,
+        "input": store.dump_json(input),
+        "meta": store.dump_json(meta),
+        "idempotency_key": None if idempotency_key is None else validation.key("idempotency_key", idempotency_key),
+        "lock_key": None if lock_key is None else validation.key("lock_key", lock_key),
+        "subject_type": subject_type,
+        "subject_id": subject_id,
+        "progress_job_id": None,
+        "created_by": None if created_by is None else validation.key("created_by", created_by, max_length=200),
+        "queue": validation.name("queue", queue),
+        "priority": validation.integer("priority", priority, low=-MAX_PRIORITY, high=MAX_PRIORITY),
+        "total_count": None if total_count is None else validation.integer("total_count", total_count, low=0, high=2**62),
+        "run_at": run_at,
+        "delay_ms": delay_ms,
+        "wait_for": None,
+        "wait_key": None,
+        "wait_label": None,
+    }
+    result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
+    job = result.job
+    if not result.created and (job.kind != kind or job.organization_id != scope.organization):
+        # The key is tenant-wide; answering with another organization's job would leak
+        # it, and answering with a job of another kind would hide a caller's bug.
+        raise IdempotencyConflict(idempotency_key or "", job.id)
+    return job
+
+
+def get(job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS) -> Job:
+    """Return the job ``job_id`` of ``scope``; raise ``JobNotFound`` otherwise."""
+    scope = scope_of(scope)
+    parsed = _job_id(job_id)
+    job = store.get_job(parsed, scope, using=using)
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def list_jobs(
+    *,
+    scope: Scope | str | tuple | None = None,
+    kind: str | None = None,
+    status: str | Status | None = None,
+    subject: Any = None,
+    page: int = 1,
+    page_size: int = 20,
+    using: str = DEFAULT_DB_ALIAS,
+) -> tuple[list[Job], int]:
+    """Return ``(jobs, total)``: one page (at most 200) of the scope's jobs, newest first."""
+    scope = scope_of(scope)
+    if status is not None:
+        status = str(status)
+        if status not in {s.value for s in Status}:
+            raise InvalidInput("status", f"must be one of {', '.join(s.value for s in Status)}")
+    if kind is not None:
+        validation.name("kind", kind)
+    subject_pair = None
+    if subject is not None:
+        subject_type, subject_id = _subject(subject)
+        subject_pair = (subject_type, subject_id)
+    validation.integer("page", page, low=1, high=10**9)
+    validation.integer("page_size", page_size, low=1, high=10**9)
+    return store.list_jobs(
+        scope, kind=kind, status=status, subject=subject_pair, page=page, page_size=page_size, using=using
+    )
+
+
+def cancel(
+    job_id: Any, *, scope: Scope | str | tuple | None = None, by: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> Job:
+    """Ask for a job to be cancelled and return it (invariant 8).
+
+    Cancellation is a request: a running slice sees it at its next heartbeat and ends
+    itself; a pending job is ended by the reconciler. A finished job raises ``WrongState``.
+    """
+    scope = scope_of(scope)
+    parsed = _job_id(job_id)
+    if by is not None:
+        by = validation.key("by", by, max_length=200)
+    job = store.request_cancel(parsed, scope, by=by, using=using)
+    if job is None:
+        existing = get(parsed, scope=scope, using=using)
+        raise WrongState(existing.id, existing.status, "cancel", "it has already finished")
+    return job
+
+
+def redrive(
+    job_id: Any, *, scope: Scope | str | tuple | None = None, force: bool = False, using: str = DEFAULT_DB_ALIAS
+) -> Job:
+    """Re-issue a failed job under a new delivery, with fresh budgets (invariant 13).
+
+    ``completed`` and ``cancelled`` are final. An ``unrecoverable`` failure needs
+    ``force=True``. A running job is taken only once its lease has expired past the
+    orphan grace (its worker is gone).
+    """
+    scope = scope_of(scope)
+    parsed = _job_id(job_id)
+    job = store.operator_redrive(parsed, scope, force=bool(force), grace_ms=conf.ms(conf.get().ORPHAN_GRACE), using=using)
+    if job is not None:
+        return job
+    existing = get(parsed, scope=scope, using=using)
+    if existing.status in (Status.COMPLETED.value, Status.CANCELLED.value):
+        detail = "completed and cancelled jobs are final; start a new job instead"
+    elif existing.error_code == "unrecoverable" and existing.status == Status.FAILED.value:
+        detail = "it failed as unrecoverable; re-drive with force"
+    elif existing.status in LIVE_STATUSES:
+        detail = "it is still live (a running job is taken only once its lease expired)"
+    else:
+        detail = "refused"
+    raise WrongState(existing.id, existing.status, "redrive", detail)
+
+
+def _job_id(job_id: Any) -> uuid.UUID:
+    if isinstance(job_id, uuid.UUID):
+        return job_id
+    if isinstance(job_id, Job):
+        return job_id.id
+    try:
+        return uuid.UUID(str(job_id))
+    except ValueError:
+        raise InvalidInput("job_id", f"{validation.printable(str(job_id), limit=60)!r} is not a job id") from None

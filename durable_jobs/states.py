@@ -1,0 +1,113 @@
+"""The closed vocabularies of a job row: statuses, error classes, verdicts, park reasons."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Status(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+LIVE_STATUSES = (Status.PENDING.value, Status.RUNNING.value)
+TERMINAL_STATUSES = (Status.COMPLETED.value, Status.FAILED.value, Status.CANCELLED.value)
+
+
+class ErrorClass(str, enum.Enum):
+    TRANSIENT = "transient"
+    TERMINAL = "terminal"
+    UNRECOVERABLE = "unrecoverable"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Error codes that are verdicts: the job must end failed, decided inside the UPDATE that
+# counted the failure (invariant 3). A row carrying one is never run again, only recorded.
+VERDICT_TERMINAL = "terminal"
+VERDICT_UNRECOVERABLE = "unrecoverable"
+VERDICT_RETRY_EXHAUSTED = "retry_exhausted"
+VERDICT_CODES = (VERDICT_TERMINAL, VERDICT_UNRECOVERABLE, VERDICT_RETRY_EXHAUSTED)
+
+
+class ParkReason(str, enum.Enum):
+    """Why the reconciler or the executor gave up on a job; only an operator re-drives it."""
+
+    POISON = "poison"  # re-driven too often without committing anything
+    MIRROR_FAILED = "mirror_failed"  # the terminal transaction's mirror kept failing
+    UNKNOWN_KIND = "unknown_kind"  # no handler for the kind in the worker that met it
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Outcome(str, enum.Enum):
+    """What a handler returns: finished, or hand the rest back for another slice."""
+
+    DONE = "done"
+    YIELD = "yield"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+DONE = Outcome.DONE
+YIELD = Outcome.YIELD
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Scope:
+    """Whose job it is: ``(tenant, organization)``.
+
+    A ``None`` organization means "tenant-wide" and is a value of its own: it matches only
+    other tenant-wide jobs, never a job of some organization, and vice versa.
+    """
+
+    tenant: str
+    organization: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """The right a claim grants: who may write (owner), which generation (epoch)."""
+
+    job_id: object
+    owner: str
+    epoch: int
+    ttl_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Delivery:
+    """One attempt's identity. A straggling copy with an older pair can never claim."""
+
+    seq: int
+    redrives: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FailReply:
+    """What ``fail_slice`` decided inside its UPDATE."""
+
+    consecutive_failures: int
+    error_code: str | None
+
+    @property
+    def verdict(self) -> str | None:
+        """The verdict code when the job must now end failed, else None (it will retry)."""
+        return self.error_code if self.error_code in VERDICT_CODES else None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Done:
+    """A handler's "finished", carrying a JSON result to store on the row."""
+
+    result: object = None

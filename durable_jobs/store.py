@@ -1,0 +1,883 @@
+"""Every statement that writes a job row, and the reads that go with them.
+
+Each writing statement is a compare-and-set whose WHERE clause *is* the guarantee: "only
+the holder of epoch N may write this row", "only the delivery (seq, redrives) may claim
+it", "only one live job per lock key". They are written out as SQL, one named constant
+and one function each, so the predicate is what a reviewer reads. Nothing else in the
+project writes a job row (invariant 1); the ORM model refuses to.
+
+The fencing protocol, in short:
+
+* A claim bumps ``lease_epoch`` and names a ``lease_owner`` unique to that claim. The pair
+  is the lease. Every write a lease holder makes (heartbeat, checkpoint, yield, fail,
+  release) requires ``status = 'running'`` and both halves of the pair; the terminal CAS
+  requires the epoch alone (see ``complete``). Whoever takes a job over (a claim, an
+  orphan take, an operator redrive) bumps the epoch, so the old holder's next write finds
+  zero rows and the caller learns it lost the lease (invariant 4).
+* Time is the database's (invariant 2). Only durations (milliseconds) cross into SQL.
+  Lease arithmetic uses ``clock_timestamp()``: ``now()`` is the *transaction's* start, and
+  a lease extended at the end of a long domain transaction from ``now()`` would be born
+  expired. Bookkeeping stamps (``updated_at``) use ``now()``.
+* Verdicts are decided inside the UPDATE that has the row locked, from the row's own
+  counters, never from a value read earlier (invariant 3).
+* Every function reports a zero-row result (``None``/``False``) for its caller to handle:
+  lease lost, wrong state, not found. Nothing "carries on".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+
+from durable_jobs.exceptions import LockKeyHeld
+from durable_jobs.models import IDEMPOTENCY_INDEX, LOCK_KEY_INDEX, NO_ORGANIZATION, TABLE, Job
+from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
+
+_FIELDS = tuple(Job._meta.concrete_fields)
+_FIELD_NAMES = tuple(f.attname for f in _FIELDS)
+_JSON_COLUMNS = frozenset(f.column for f in _FIELDS if f.get_internal_type() == "JSONField")
+_JSON_POSITIONS = tuple(i for i, f in enumerate(_FIELDS) if f.column in _JSON_COLUMNS)
+
+#: Selected by every statement that returns a row, so the mapper always sees every column.
+COLUMNS = ", ".join(f.column for f in _FIELDS)
+_J_COLUMNS = ", ".join(f"j.{f.column}" for f in _FIELDS)
+
+_LIVE = "('pending', 'running')"
+_VERDICTS = "(" + ", ".join(f"'{code}'" for code in VERDICT_CODES) + ")"
+
+#: A duration parameter (milliseconds) as an interval.
+def _ms(param: str) -> str:
+    return f"(%({param})s::bigint * interval '1 millisecond')"
+
+
+#: The scope predicate. A null organization matches only a null organization: it is a
+#: value ("tenant-wide"), not a wildcard, and reading it as one would leak jobs across
+#: organizations (invariant 10).
+SCOPE = "tenant_id = %(tenant)s AND organization_id IS NOT DISTINCT FROM %(organization)s"
+
+#: The lease-holder fence (invariant 4).
+LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
+
+
+# ---------------------------------------------------------------------------------------
+# Plumbing
+# ---------------------------------------------------------------------------------------
+
+
+def _to_job(row: Sequence[Any], using: str) -> Job:
+    values = list(row)
+    for position in _JSON_POSITIONS:
+        if isinstance(values[position], str):
+            values[position] = json.loads(values[position])
+    return Job.from_db(using, _FIELD_NAMES, values)
+
+
+def _execute(using: str, sql: str, params: dict[str, Any]):
+    cursor = connections[using].cursor()
+    cursor.execute(sql, params)
+    return cursor
+
+
+def _one(using: str, sql: str, params: dict[str, Any]) -> Job | None:
+    with _execute(using, sql, params) as cursor:
+        row = cursor.fetchone()
+    return _to_job(row, using) if row is not None else None
+
+
+def _all(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
+    with _execute(using, sql, params) as cursor:
+        rows = cursor.fetchall()
+    return [_to_job(row, using) for row in rows]
+
+
+def _scalar(using: str, sql: str, params: dict[str, Any]) -> Any:
+    with _execute(using, sql, params) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else row[0]
+
+
+def dump_json(value: Any) -> str | None:
+    """Serialise a payload for a jsonb parameter (None stays SQL NULL)."""
+    if value is None:
+        return None
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _scope(scope: Scope) -> dict[str, Any]:
+    return {"tenant": scope.tenant, "organization": scope.organization}
+
+
+def _lease(lease: Lease) -> dict[str, Any]:
+    return {"id": lease.job_id, "owner": lease.owner, "epoch": lease.epoch, "ttl_ms": lease.ttl_ms}
+
+
+# ---------------------------------------------------------------------------------------
+# Creation
+# ---------------------------------------------------------------------------------------
+
+INSERT_JOB = f"""
+INSERT INTO {TABLE} (
+    id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
+    input, meta, idempotency_key, lock_key, subject_type, subject_id, progress_job_id,
+    queue_name, priority, total_count, next_run_at, pending_since,
+    wait_for, wait_key, wait_label
+) VALUES (
+    %(id)s, %(tenant)s, %(organization)s, %(kind)s, 'pending', %(created_by)s, now(), now(),
+    %(input)s::jsonb, %(meta)s::jsonb, %(idempotency_key)s, %(lock_key)s,
+    %(subject_type)s, %(subject_id)s, %(progress_job_id)s,
+    %(queue)s, %(priority)s, %(total_count)s::bigint,
+    coalesce(%(run_at)s::timestamptz, clock_timestamp() + {_ms("delay_ms")}), now(),
+    %(wait_for)s::jsonb, %(wait_key)s, %(wait_label)s
+)
+RETURNING {COLUMNS}
+"""
+
+#: The wake-up. NOTIFY issued inside the caller's transaction is delivered by PostgreSQL
+#: at commit and dropped on rollback, so a rolled-back start wakes nobody (invariant 9).
+NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+
+
+class InsertResult:
+    """The job a start produced or found, and whether this call created it."""
+
+    __slots__ = ("job", "created")
+
+    def __init__(self, job: Job, created: bool) -> None:
+        self.job = job
+        self.created = created
+
+
+def insert_job(
+    fields: dict[str, Any], scope: Scope, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> InsertResult:
+    """Insert a job in the caller's transaction, or return the one its idempotency key names.
+
+    The idempotency and lock-key lookups run *before* the insert: a failed statement
+    aborts the caller's whole transaction, so learning about a conflict from a unique
+    violation would leave their transaction unusable. The unique indexes stay the
+    authority for the race between the lookup and the insert; that insert runs in a
+    savepoint, so losing the race rolls back only the savepoint and the caller's
+    transaction stays usable, and the winner can even be looked up and named
+    (invariant 9).
+
+    Raises ``LockKeyHeld`` when a live job holds the lock key.
+    """
+    params = {**fields, **_scope(scope)}
+    key = fields.get("idempotency_key")
+    lock_key = fields.get("lock_key")
+    with transaction.atomic(using=using):
+        if key is not None:
+            existing = find_by_idempotency_key(scope, key, using=using)
+            if existing is not None:
+                return InsertResult(existing, created=False)
+        if lock_key is not None:
+            holder = find_live_by_lock_key(scope, lock_key, using=using)
+            if holder is not None:
+                raise LockKeyHeld(lock_key, holder.id)
+        try:
+            with transaction.atomic(using=using):
+                job = _one(using, INSERT_JOB, params)
+        except IntegrityError as error:
+            constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
+            if constraint == IDEMPOTENCY_INDEX and key is not None:
+                existing = find_by_idempotency_key(scope, key, using=using)
+                if existing is not None:
+                    return InsertResult(existing, created=False)
+            if constraint == LOCK_KEY_INDEX and lock_key is not None:
+                holder = find_live_by_lock_key(scope, lock_key, using=using)
+                raise LockKeyHeld(lock_key, holder.id if holder else None) from error
+            raise
+        if notify_channel:
+            _scalar(using, NOTIFY, {"channel": notify_channel, "queue": fields["queue"]})
+    assert job is not None
+    return InsertResult(job, created=True)
+
+
+FIND_BY_IDEMPOTENCY_KEY = f"""
+SELECT {COLUMNS} FROM {TABLE} WHERE tenant_id = %(tenant)s AND idempotency_key = %(key)s
+"""
+
+
+def find_by_idempotency_key(scope: Scope, key: str, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Return the job started with ``key`` in the scope's tenant (keys are tenant-wide)."""
+    return _one(using, FIND_BY_IDEMPOTENCY_KEY, {"tenant": scope.tenant, "key": key})
+
+
+# Spelled exactly as the unique index is (coalesce to the same sentinel), so the lookup
+# and the authority agree on what "the same scope" means.
+FIND_LIVE_BY_LOCK_KEY = f"""
+SELECT {COLUMNS} FROM {TABLE}
+ WHERE tenant_id = %(tenant)s
+   AND coalesce(organization_id, '{NO_ORGANIZATION}') = coalesce(%(organization)s, '{NO_ORGANIZATION}')
+   AND lock_key = %(lock_key)s
+   AND status IN {_LIVE}
+ LIMIT 1
+"""
+
+
+def find_live_by_lock_key(scope: Scope, lock_key: str, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Return the live (pending or running) job holding ``lock_key`` in ``scope``."""
+    return _one(using, FIND_LIVE_BY_LOCK_KEY, {**_scope(scope), "lock_key": lock_key})
+
+
+GET_JOB = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s AND {SCOPE}"
+
+
+def get_job(job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Return the job with ``job_id`` in ``scope``; another scope's job is simply absent."""
+    return _one(using, GET_JOB, {"id": job_id, **_scope(scope)})
+
+
+GET_JOB_ANY_SCOPE = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s"
+
+
+def get_job_unscoped(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Return a job by id alone: for the worker and reconciler, which act system-wide."""
+    return _one(using, GET_JOB_ANY_SCOPE, {"id": job_id})
+
+
+# ---------------------------------------------------------------------------------------
+# The claim and the lease
+# ---------------------------------------------------------------------------------------
+
+CLAIM = f"""
+UPDATE {TABLE}
+   SET status = 'running',
+       lease_owner = %(owner)s,
+       lease_epoch = lease_epoch + 1,
+       lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},
+       heartbeat_at = clock_timestamp(),
+       pending_since = NULL,
+       next_run_at = NULL,
+       started_at = coalesce(started_at, now()),
+       updated_at = now()
+ WHERE id = %(id)s AND {SCOPE}
+   AND status IN {_LIVE}
+   AND continuation_seq = %(seq)s AND redrives = %(redrives)s
+   AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
+RETURNING {COLUMNS}
+"""
+
+
+def claim(
+    job_id: object, scope: Scope, delivery: Delivery, owner: str, ttl_ms: int, *, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
+    """Accept one delivery and take the lease; None when the delivery is stale or the lease busy.
+
+    Invariant 4, the delivery fence: ``(continuation_seq, redrives)`` must still match what
+    the delivery carries, so a straggling copy of a slice that has moved on cannot run it
+    again. It reads no scheduled time: a broker's clock scheduled the delivery, and a
+    ``next_run_at <= now()`` clause would refuse (and so lose) a retry arriving a few
+    milliseconds early. ``next_run_at`` is cleared: the delivery is consumed.
+    """
+    return _one(
+        using,
+        CLAIM,
+        {"id": job_id, **_scope(scope), "seq": delivery.seq, "redrives": delivery.redrives,
+         "owner": owner, "ttl_ms": ttl_ms},
+    )
+
+
+# The candidates sit in a MATERIALIZED CTE carrying the LIMIT and FOR UPDATE SKIP LOCKED:
+# evaluated once, so the planner cannot re-run the limited subquery per outer row and
+# claim more rows than asked for. Eligibility is decided inside it, under the row locks.
+# A released lease (a failed slice waiting for its retry) is as deliverable as pending.
+DEQUEUE = f"""
+WITH candidates AS MATERIALIZED (
+    SELECT id FROM {TABLE}
+     WHERE status IN {_LIVE}
+       AND lease_owner IS NULL
+       AND next_run_at IS NOT NULL
+       AND next_run_at <= clock_timestamp()
+       AND queue_name = ANY(%(queues)s)
+       AND cancel_requested_at IS NULL
+     ORDER BY priority DESC, next_run_at
+     LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+)
+UPDATE {TABLE} AS j
+   SET status = 'running',
+       lease_owner = %(owner)s || ':' || j.id::text,
+       lease_epoch = j.lease_epoch + 1,
+       lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},
+       heartbeat_at = clock_timestamp(),
+       pending_since = NULL,
+       next_run_at = NULL,
+       started_at = coalesce(j.started_at, now()),
+       updated_at = now()
+  FROM candidates c
+ WHERE j.id = c.id
+RETURNING {_J_COLUMNS}
+"""
+
+
+def dequeue(
+    queues: Sequence[str], owner: str, ttl_ms: int, *, limit: int = 1, using: str = DEFAULT_DB_ALIAS
+) -> list[Job]:
+    """Claim up to ``limit`` due jobs from ``queues``: the database transport (DESIGN §6).
+
+    Each claimed row gets its own epoch and an owner unique to the claim (the worker's
+    identity plus the job id), so a batched claim keeps every per-row fence.
+    """
+    return _all(using, DEQUEUE, {"queues": list(queues), "owner": owner, "ttl_ms": ttl_ms, "limit": limit})
+
+
+HEARTBEAT = f"""
+UPDATE {TABLE}
+   SET lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},
+       heartbeat_at = clock_timestamp(),
+       processed_count = coalesce(%(processed)s::bigint, processed_count),
+       total_count = CASE WHEN %(set_total)s THEN %(total)s::bigint ELSE total_count END,
+       consecutive_failures = CASE WHEN %(committed)s THEN 0 ELSE consecutive_failures END,
+       redrives_since_commit = CASE WHEN %(committed)s THEN 0 ELSE redrives_since_commit END,
+       last_committed_at = CASE WHEN %(committed)s THEN clock_timestamp() ELSE last_committed_at END
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING cancel_requested_at IS NOT NULL
+"""
+
+_UNSET = object()
+
+
+def heartbeat(
+    lease: Lease,
+    *,
+    processed: int | None = None,
+    total: Any = _UNSET,
+    committed: bool = False,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool | None:
+    """Extend the lease and record progress; return the cancel flag, or None if the lease is gone.
+
+    ``committed=True`` says the slice durably committed a unit of work, which resets both
+    suspicion budgets (invariant 7). ``total=None`` is a value ("unknown"), so whether a
+    total was passed travels separately from the total itself.
+
+    Touches no indexed column, so it is a HOT update (invariant 12): a job heartbeating
+    for days must not bloat the indexes.
+    """
+    set_total = total is not _UNSET
+    return _scalar(
+        using,
+        HEARTBEAT,
+        {**_lease(lease), "processed": processed, "set_total": set_total,
+         "total": total if set_total else None, "committed": committed},
+    )
+
+
+ASSERT_LEASE = f"SELECT 1 FROM {TABLE} WHERE id = %(id)s AND {LEASE_HELD} FOR UPDATE"
+
+
+def assert_lease(lease: Lease, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Re-assert the lease inside the caller's transaction, locking the row until it ends.
+
+    Invariant 5: this is what makes a fenced write a fence rather than a hope. The
+    domain writes and this check commit or roll back together, and while the row is
+    locked nobody can take the job over, so a worker whose lease is gone lands nothing.
+    """
+    return _scalar(using, ASSERT_LEASE, _lease(lease)) is not None
+
+
+WRITE_CHECKPOINT = f"""
+UPDATE {TABLE}
+   SET checkpoint = %(checkpoint)s::jsonb,
+       lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},
+       heartbeat_at = clock_timestamp(),
+       processed_count = coalesce(%(processed)s::bigint, processed_count),
+       total_count = CASE WHEN %(set_total)s THEN %(total)s::bigint ELSE total_count END,
+       consecutive_failures = 0,
+       redrives_since_commit = 0,
+       last_committed_at = clock_timestamp(),
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING 1
+"""
+
+
+def write_checkpoint(
+    lease: Lease,
+    checkpoint: Any,
+    *,
+    processed: int | None = None,
+    total: Any = _UNSET,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """Record a checkpoint under the fence; a committed unit (resets the budgets, invariant 7).
+
+    Extends the lease from ``clock_timestamp()``: this runs at the end of a domain
+    transaction that may have lasted longer than the lease, and a lease computed from the
+    transaction's start (``now()``) would be written already expired.
+    """
+    set_total = total is not _UNSET
+    return _scalar(
+        using,
+        WRITE_CHECKPOINT,
+        {**_lease(lease), "checkpoint": dump_json(checkpoint), "processed": processed,
+         "set_total": set_total, "total": total if set_total else None},
+    ) is not None
+
+
+YIELD_SLICE = f"""
+UPDATE {TABLE}
+   SET status = 'pending',
+       continuation_seq = continuation_seq + 1,
+       interruptions = interruptions + CASE WHEN %(interrupted)s THEN 1 ELSE 0 END,
+       lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       pending_since = now(),
+       next_run_at = clock_timestamp() + {_ms("delay_ms")},
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING continuation_seq, redrives
+"""
+
+
+def yield_slice(
+    lease: Lease, *, interrupted: bool = False, delay_ms: int = 0, using: str = DEFAULT_DB_ALIAS
+) -> Delivery | None:
+    """Hand the rest of the work back; return the next delivery, or None if the lease is gone.
+
+    Invariant 6: yielding is the mechanism working, not failing. It bumps
+    ``continuation_seq`` (minting the next delivery and retiring this one) and spends no
+    retry budget. An interruption (shutdown) is counted on its own counter, which no
+    verdict reads, so deploys never park a healthy job.
+    """
+    with _execute(using, YIELD_SLICE, {**_lease(lease), "interrupted": interrupted, "delay_ms": delay_ms}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else Delivery(seq=row[0], redrives=row[1])
+
+
+# The verdict and the backoff are both computed from the counter this statement
+# increments (invariant 3): a committed heartbeat earlier in the slice reset it, and the
+# CASE sees that reset, so a slice that made progress is never failed on a stale count.
+# A verdict makes the row deliverable at once: if the terminal transaction that records
+# it never commits, the next claim finds the verdict and records it without running
+# the handler again.
+FAIL_SLICE = f"""
+UPDATE {TABLE}
+   SET lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       consecutive_failures = consecutive_failures + 1,
+       error_class = %(error_class)s,
+       error_message = %(message)s,
+       error_code = CASE
+           WHEN %(error_class)s = 'unrecoverable' THEN 'unrecoverable'
+           WHEN %(error_class)s = 'terminal' THEN 'terminal'
+           WHEN consecutive_failures + 1 >= %(max_failures)s THEN 'retry_exhausted'
+           ELSE %(code)s END,
+       next_run_at = CASE
+           WHEN %(error_class)s IN ('unrecoverable', 'terminal')
+             OR consecutive_failures + 1 >= %(max_failures)s THEN clock_timestamp()
+           ELSE clock_timestamp() + least(
+               %(backoff_max_ms)s::float8,
+               %(backoff_base_ms)s::float8 * power(2, consecutive_failures)
+           ) * (0.5 + random() / 2) * interval '1 millisecond' END,
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING consecutive_failures, error_code
+"""
+
+
+def fail_slice(
+    lease: Lease,
+    *,
+    error_class: str,
+    code: str | None,
+    message: str | None,
+    max_failures: int,
+    backoff_base_ms: int,
+    backoff_max_ms: int,
+    using: str = DEFAULT_DB_ALIAS,
+) -> FailReply | None:
+    """Count a failed slice and release the lease; the job stays ``running`` for its retry.
+
+    The retry delay is capped exponential in the failure count with jitter on the upper
+    half, drawn in SQL from the same counter the verdict reads. Returns None if the lease
+    is gone.
+    """
+    with _execute(
+        using,
+        FAIL_SLICE,
+        {**_lease(lease), "error_class": error_class, "code": code, "message": message,
+         "max_failures": max_failures, "backoff_base_ms": backoff_base_ms, "backoff_max_ms": backoff_max_ms},
+    ) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else FailReply(consecutive_failures=row[0], error_code=row[1])
+
+
+RELEASE_LEASE = f"""
+UPDATE {TABLE}
+   SET lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       next_run_at = clock_timestamp() + {_ms("delay_ms")},
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING {COLUMNS}
+"""
+
+
+def release_lease(lease: Lease, *, delay_ms: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Give the lease back without counting anything; the same delivery may claim again.
+
+    Used when a terminal transaction rolled back (its mirror failed): that is not a slice
+    failure, so it spends no retry budget and keeps a pending cancellation pending
+    (invariant 11).
+    """
+    return _one(using, RELEASE_LEASE, {**_lease(lease), "delay_ms": delay_ms})
+
+
+# ---------------------------------------------------------------------------------------
+# Terminal transitions: run inside the terminal transaction, beside the mirror.
+# ---------------------------------------------------------------------------------------
+
+# Fenced on the epoch alone, not the owner: on the failure path fail_slice has already
+# cleared lease_owner, while on the path that records a verdict found by a later claim
+# the owner is that claim's. The epoch is what both share, and it is what identifies the
+# generation of the lease: any takeover bumps it.
+_TERMINAL_FENCE = "id = %(id)s AND status = 'running' AND lease_epoch = %(epoch)s"
+
+COMPLETE = f"""
+UPDATE {TABLE}
+   SET status = 'completed', finished_at = now(), lease_owner = NULL,
+       lease_expires_at = clock_timestamp(), next_run_at = NULL,
+       error_class = NULL, error_code = NULL, error_message = NULL,
+       result = %(result)s::jsonb,
+       processed_count = coalesce(%(processed)s::bigint, processed_count),
+       total_count = coalesce(%(total)s::bigint, total_count),
+       updated_at = now()
+ WHERE {_TERMINAL_FENCE}
+RETURNING {COLUMNS}
+"""
+
+
+def complete(
+    lease: Lease, *, result: Any = None, processed: int | None = None, total: int | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Job | None:
+    """Mark the job completed (epoch-fenced, invariant 4); None when the epoch moved on."""
+    return _one(
+        using, COMPLETE,
+        {**_lease(lease), "result": dump_json(result), "processed": processed, "total": total},
+    )
+
+
+FAIL_TERMINAL = f"""
+UPDATE {TABLE}
+   SET status = 'failed', finished_at = now(), lease_owner = NULL,
+       lease_expires_at = clock_timestamp(), next_run_at = NULL,
+       error_code = %(code)s, error_class = %(error_class)s,
+       error_message = coalesce(%(message)s, error_message), updated_at = now()
+ WHERE {_TERMINAL_FENCE}
+RETURNING {COLUMNS}
+"""
+
+
+def fail_terminal(
+    lease: Lease, *, code: str, error_class: str, message: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
+    """Mark the job failed with its verdict (epoch-fenced); None when the epoch moved on."""
+    return _one(
+        using, FAIL_TERMINAL,
+        {**_lease(lease), "code": code, "error_class": error_class, "message": message},
+    )
+
+
+CANCEL = f"""
+UPDATE {TABLE}
+   SET status = 'cancelled', finished_at = now(), lease_owner = NULL,
+       lease_expires_at = clock_timestamp(), next_run_at = NULL, updated_at = now()
+ WHERE {_TERMINAL_FENCE}
+RETURNING {COLUMNS}
+"""
+
+
+def cancel(lease: Lease, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """End a running job the holder saw cancelled (epoch-fenced); None when the epoch moved on."""
+    return _one(using, CANCEL, _lease(lease))
+
+
+MARK_MIRRORED = f"""
+UPDATE {TABLE} SET domain_mirrored_at = now()
+ WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status = %(status)s
+RETURNING 1
+"""
+
+
+def mark_mirrored(job: Job, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Stamp the mirror as landed, in the terminal transaction, for the row that CAS wrote."""
+    return _scalar(using, MARK_MIRRORED, {"id": job.id, "epoch": job.lease_epoch, "status": job.status}) is not None
+
+
+# Its own autocommit statement, never inside the transaction it counts: that transaction
+# rolled back, and a counter written in it would roll back too, leaving a job that
+# retries its mirror forever with nothing to show for it (invariant 11).
+BUMP_MIRROR_ATTEMPTS = f"""
+UPDATE {TABLE} SET mirror_attempts = mirror_attempts + 1, updated_at = now()
+ WHERE id = %(id)s AND status = 'running' AND lease_epoch = %(epoch)s
+RETURNING mirror_attempts
+"""
+
+
+def bump_mirror_attempts(lease: Lease, *, using: str = DEFAULT_DB_ALIAS) -> int | None:
+    """Count a failed mirror attempt; return the new count, or None when the epoch moved on."""
+    return _scalar(using, BUMP_MIRROR_ATTEMPTS, _lease(lease))
+
+
+# ---------------------------------------------------------------------------------------
+# Cancellation
+# ---------------------------------------------------------------------------------------
+
+REQUEST_CANCEL = f"""
+UPDATE {TABLE}
+   SET cancel_requested_at = coalesce(cancel_requested_at, now()),
+       cancelled_by = coalesce(cancelled_by, %(by)s),
+       updated_at = now()
+ WHERE id = %(id)s AND {SCOPE} AND status IN {_LIVE}
+RETURNING {COLUMNS}
+"""
+
+
+def request_cancel(job_id: object, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Record the wish to cancel (invariant 8); None unless the job is live in ``scope``.
+
+    Never writes ``status``: a running slice sees the flag at its next heartbeat and ends
+    itself through ``cancel``; a pending job is ended by the reconciler's ``cancel_pending``.
+    The first request's time and author are kept.
+    """
+    return _one(using, REQUEST_CANCEL, {"id": job_id, **_scope(scope), "by": by})
+
+
+# The `pending` status is the fence: there is no lease to check.
+CANCEL_PENDING = f"""
+UPDATE {TABLE}
+   SET status = 'cancelled', finished_at = now(), lease_owner = NULL,
+       lease_expires_at = clock_timestamp(), next_run_at = NULL, pending_since = NULL,
+       updated_at = now()
+ WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NOT NULL
+RETURNING {COLUMNS}
+"""
+
+
+def cancel_pending(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """End a pending job whose cancellation was requested; None when it is not both."""
+    return _one(using, CANCEL_PENDING, {"id": job_id})
+
+
+# ---------------------------------------------------------------------------------------
+# The re-drive family: one core, three predicates and budgets.
+# ---------------------------------------------------------------------------------------
+
+_REDRIVE_CORE = """status = 'pending', lease_owner = NULL, lease_epoch = lease_epoch + 1,
+       lease_expires_at = clock_timestamp(), redrives = redrives + 1, pending_since = now(),
+       updated_at = now()"""
+
+# An orphan is a running job whose lease expired, past a grace, *under a live claim*
+# (lease_owner set) and nothing else (DESIGN §6). A failed slice waiting for its retry has
+# a released lease and is merely queued: taking it would spend its budget and eventually
+# park a healthy job as poison. Verdict rows are finished by the reconciler instead of
+# being run again; cancel-requested rows are ended by its cancel step.
+TAKE_ORPHAN = f"""
+UPDATE {TABLE}
+   SET {_REDRIVE_CORE},
+       redrives_since_commit = redrives_since_commit + 1,
+       next_run_at = clock_timestamp() + {_ms("backoff_ms")}
+ WHERE id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
+   AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
+   AND cancel_requested_at IS NULL
+   AND (error_code IS NULL OR error_code NOT IN {_VERDICTS})
+RETURNING {COLUMNS}
+"""
+
+
+def take_orphan(job_id: object, *, grace_ms: int, backoff_ms: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Take an orphan back to pending under a new delivery (redrives + 1, epoch + 1).
+
+    The epoch bump is what stops the old holder: if it wakes up, its heartbeat and every
+    fenced write find zero rows. Counts against ``redrives_since_commit`` (the poison
+    budget), which any committed unit resets.
+    """
+    return _one(using, TAKE_ORPHAN, {"id": job_id, "grace_ms": grace_ms, "backoff_ms": backoff_ms})
+
+
+REDRIVE_PENDING = f"""
+UPDATE {TABLE}
+   SET {_REDRIVE_CORE},
+       redrives_since_commit = redrives_since_commit + 1,
+       next_run_at = clock_timestamp()
+ WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL
+   AND greatest(pending_since, coalesce(next_run_at, pending_since))
+       < clock_timestamp() - {_ms("pending_ttl_ms")}
+RETURNING {COLUMNS}
+"""
+
+
+def redrive_pending(job_id: object, *, pending_ttl_ms: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Re-issue a pending job whose delivery a broker lost (for broker transports only).
+
+    The database transport never calls this: a pending row cannot lose its delivery, and
+    spending budget because no worker ran would park healthy jobs (DESIGN §6).
+    """
+    return _one(using, REDRIVE_PENDING, {"id": job_id, "pending_ttl_ms": pending_ttl_ms})
+
+
+PARK = f"""
+UPDATE {TABLE}
+   SET status = 'failed', parked_at = now(), finished_at = now(),
+       lease_owner = NULL, lease_expires_at = clock_timestamp(), next_run_at = NULL,
+       pending_since = NULL, error_code = %(reason)s,
+       error_class = coalesce(error_class, 'terminal'),
+       error_message = coalesce(%(message)s, error_message), updated_at = now()
+ WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status IN {_LIVE}
+RETURNING {COLUMNS}
+"""
+
+
+def park(job_id: object, epoch: int, reason: str, message: str | None, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Fail a job with a reason only an operator re-drives; fenced on the epoch the caller saw."""
+    return _one(using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message})
+
+
+# Resets the budgets, because an operator asking for a re-drive is asking for more
+# attempts; keeps `redrives` (identity, not budget: a retained broker message may carry
+# the old pair). Clears the cancellation too: an explicit re-drive supersedes a request
+# the failed slice never honoured. `completed` and `cancelled` are never re-drivable
+# (invariant 13); `unrecoverable` only with force.
+OPERATOR_REDRIVE = f"""
+UPDATE {TABLE}
+   SET {_REDRIVE_CORE},
+       redrives_since_commit = 0, consecutive_failures = 0, mirror_attempts = 0,
+       parked_at = NULL, error_code = NULL, error_class = NULL, finished_at = NULL,
+       domain_mirrored_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
+       next_run_at = clock_timestamp()
+ WHERE id = %(id)s AND {SCOPE}
+   AND (%(force)s OR error_code IS DISTINCT FROM 'unrecoverable')
+   AND (status = 'failed'
+        OR (status = 'running' AND lease_owner IS NOT NULL
+            AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}))
+RETURNING {COLUMNS}
+"""
+
+
+def operator_redrive(
+    job_id: object, scope: Scope, *, force: bool, grace_ms: int, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
+    """Re-issue a failed job (or take an expired lease by hand); None when refused."""
+    return _one(using, OPERATOR_REDRIVE, {"id": job_id, **_scope(scope), "force": force, "grace_ms": grace_ms})
+
+
+RECORD_ENQUEUE = f"""
+UPDATE {TABLE} SET queue_job_id = %(queue_job_id)s, queue_name = %(queue)s, updated_at = now()
+ WHERE id = %(id)s AND status IN {_LIVE}
+RETURNING 1
+"""
+
+
+def record_enqueue(job_id: object, queue_job_id: str, queue: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Record the message id a broker transport accepted, so a later cancel can remove it."""
+    return _scalar(using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue}) is not None
+
+
+# ---------------------------------------------------------------------------------------
+# Reconciler candidates. FOR UPDATE SKIP LOCKED lets reconcilers run side by side, each
+# taking a disjoint share instead of blocking or acting twice (invariant 14). The tenant
+# filter lets a fleet shard the loop. Call these inside a transaction.
+# ---------------------------------------------------------------------------------------
+
+_TENANT_FILTER = "(%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)"
+
+SELECT_CANCELLING = f"""
+SELECT {COLUMNS} FROM {TABLE}
+ WHERE cancel_requested_at IS NOT NULL AND status IN {_LIVE} AND {_TENANT_FILTER}
+ ORDER BY cancel_requested_at
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+
+def select_cancelling(*, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> list[Job]:
+    """Lock and return live jobs whose cancellation was requested."""
+    return _all(using, SELECT_CANCELLING, {"limit": limit, "tenant": tenant})
+
+
+SELECT_ORPHANS = f"""
+SELECT {COLUMNS} FROM {TABLE}
+ WHERE status = 'running' AND lease_owner IS NOT NULL
+   AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
+   AND {_TENANT_FILTER}
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+
+def select_orphans(*, grace_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> list[Job]:
+    """Lock and return running jobs whose lease expired past the grace (orphans and dead verdicts)."""
+    return _all(using, SELECT_ORPHANS, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant})
+
+
+SELECT_STALE_PENDING = f"""
+SELECT {COLUMNS} FROM {TABLE}
+ WHERE status = 'pending' AND cancel_requested_at IS NULL
+   AND greatest(pending_since, coalesce(next_run_at, pending_since))
+       < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {_TENANT_FILTER}
+ ORDER BY pending_since
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+
+def select_stale_pending(
+    *, pending_ttl_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> list[Job]:
+    """Lock and return pending jobs due for longer than the pending TTL."""
+    return _all(using, SELECT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant})
+
+
+# ---------------------------------------------------------------------------------------
+# Read side
+# ---------------------------------------------------------------------------------------
+
+MAX_PAGE_SIZE = 200
+
+
+def list_jobs(
+    scope: Scope,
+    *,
+    kind: str | None = None,
+    status: str | None = None,
+    subject: tuple[str, str] | None = None,
+    page: int = 1,
+    page_size: int = 20,
+    using: str = DEFAULT_DB_ALIAS,
+) -> tuple[list[Job], int]:
+    """Return one page of the scope's jobs, newest first, and the total matching count."""
+    page = max(1, int(page))
+    page_size = min(MAX_PAGE_SIZE, max(1, int(page_size)))
+    where = [SCOPE]
+    params: dict[str, Any] = _scope(scope)
+    if kind is not None:
+        where.append("kind = %(kind)s")
+        params["kind"] = kind
+    if status is not None:
+        where.append("status = %(status)s")
+        params["status"] = status
+    if subject is not None:
+        where.append("subject_type = %(subject_type)s AND subject_id = %(subject_id)s")
+        params["subject_type"], params["subject_id"] = subject
+    clause = " AND ".join(where)
+    total = _scalar(using, f"SELECT count(*) FROM {TABLE} WHERE {clause}", params)
+    params.update(limit=page_size, offset=(page - 1) * page_size)
+    jobs = _all(
+        using,
+        f"SELECT {COLUMNS} FROM {TABLE} WHERE {clause} ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
+        params,
+    )
+    return jobs, int(total or 0)
+
+
+def database_now(*, using: str = DEFAULT_DB_ALIAS):
+    """Return the database's clock: the only clock a decision may use."""
+    return _scalar(using, "SELECT clock_timestamp()", {})

@@ -1,0 +1,86 @@
+"""Settings of the test project: the demo, the benchmarks and the test suite use it.
+
+Configuration comes from the environment through django-environ. ``DATABASE_URL`` names
+the database; when it is unset an embedded PostgreSQL is started under ``.pgdata/dev``
+(kept between runs). ``testproject.settings_test`` starts a throwaway one instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+from testproject import database
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+SECRET_KEY = env.str("SECRET_KEY", default="durable-jobs-test-project-not-secret")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "durable_jobs",
+    "testproject.demo",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+
+def _database(throwaway: bool) -> dict:
+    url = database.database_url(BASE_DIR, throwaway=throwaway)
+    config = environ.Env.db_url_config(url)
+    # Workers hold their connections for hours; health checks make Django replace a
+    # connection that PostgreSQL (or an operator's pg_terminate_backend) has cut.
+    config.setdefault("CONN_HEALTH_CHECKS", True)
+    return config
+
+
+# settings_test turns this on: a server deleted at exit instead of the kept dev one.
+DATABASES = {"default": _database(throwaway=env.bool("TESTPROJECT_THROWAWAY_DB", default=False))}
+
+DURABLE_JOBS = {
+    # The demo wants to be watched: short slices and a quick heartbeat.
+    "SLICE_BUDGET": env.float("DURABLE_JOBS_SLICE_BUDGET", default=2.0),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "durable_jobs": {"handlers": ["console"], "level": env.str("DURABLE_JOBS_LOG_LEVEL", default="INFO")},
+    },
+}
