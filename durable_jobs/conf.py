@@ -58,6 +58,9 @@ class Settings:
     MAX_PAYLOAD_DEPTH: int = 64
     #: Refuse start() of a kind no handler is registered for.
     REQUIRE_REGISTERED_KINDS: bool = True
+    #: Finished (not parked) jobs older than this are deleted by the reconciler, in
+    #: bounded batches; None keeps them forever. Parked jobs wait for an operator.
+    RETENTION: float | None = 30 * 24 * 3600.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -78,6 +81,14 @@ class Settings:
                     )
             elif field.type == "bool" and not isinstance(value, bool):
                 raise ConfigurationError(f"DURABLE_JOBS[{field.name!r}] must be True or False")
+        if self.RETENTION is not None:
+            value = self.RETENTION.total_seconds() if isinstance(self.RETENTION, timedelta) else self.RETENTION
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigurationError(
+                    f"DURABLE_JOBS['RETENTION'] must be None, a positive number of seconds or a timedelta, "
+                    f"got {self.RETENTION!r}"
+                )
+            object.__setattr__(self, "RETENTION", float(value))
         for name in ("DEFAULT_TENANT", "DEFAULT_QUEUE"):
             if not isinstance(getattr(self, name), str) or not NAME_PATTERN.match(getattr(self, name)):
                 raise ConfigurationError(

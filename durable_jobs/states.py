@@ -106,7 +106,7 @@ class FailReply:
         return self.error_code if self.error_code in VERDICT_CODES else None
 
 
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Done:
     """A handler's "finished", carrying a JSON result to store on the row."""
 

@@ -347,6 +347,7 @@ def heartbeat(
     processed: int | None = None,
     total: Any = _UNSET,
     committed: bool = False,
+    lock_timeout_ms: int | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> bool | None:
     """Extend the lease and record progress; return the cancel flag, or None if the lease is gone.
@@ -359,12 +360,30 @@ def heartbeat(
     for days must not bloat the indexes.
     """
     set_total = total is not _UNSET
-    return _scalar(
-        using,
-        HEARTBEAT,
-        {**_lease(lease), "processed": processed, "set_total": set_total,
-         "total": total if set_total else None, "committed": committed},
-    )
+    params = {**_lease(lease), "processed": processed, "set_total": set_total,
+              "total": total if set_total else None, "committed": committed}
+    if lock_timeout_ms is None:
+        return _scalar(using, HEARTBEAT, params)
+    # The background heartbeat must never wait behind a row lock for long: the slot's own
+    # fenced transaction may hold this row (invariant 5). It gives up after the timeout
+    # (raising OperationalError) and tries again on its next tick.
+    with transaction.atomic(using=using):
+        _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
+        return _scalar(using, HEARTBEAT, params)
+
+
+SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
+# A worker stopped (SIGSTOP, a debugger, swap) inside a fenced transaction holds the
+# job's row lock, and SKIP LOCKED reconcilers would skip the job forever. PostgreSQL
+# ends such a session after this timeout, releasing the lock; the worker's late COMMIT
+# then fails and lands nothing.
+SET_LOCAL_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
+
+
+def limit_idle_in_transaction(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Bound how long the current transaction may sit idle before the server ends it."""
+    _scalar(using, SET_LOCAL_IDLE_TIMEOUT, {"ms": f"{int(ms)}ms"})
 
 
 ASSERT_LEASE = f"SELECT 1 FROM {TABLE} WHERE id = %(id)s AND {LEASE_HELD} FOR UPDATE"
@@ -612,17 +631,44 @@ def mark_mirrored(job: Job, *, using: str = DEFAULT_DB_ALIAS) -> bool:
 
 # Its own autocommit statement, never inside the transaction it counts: that transaction
 # rolled back, and a counter written in it would roll back too, leaving a job that
-# retries its mirror forever with nothing to show for it (invariant 11).
+# retries its mirror forever with nothing to show for it (invariant 11). It also gives
+# the lease back (the attempt is over) and, once the budget is spent, parks the job
+# `mirror_failed` — the verdict decided from the counter this statement increments
+# (invariant 3). Fenced on the epoch alone, like the terminal CAS it follows: on the
+# failure path fail_slice has already cleared the owner.
 BUMP_MIRROR_ATTEMPTS = f"""
-UPDATE {TABLE} SET mirror_attempts = mirror_attempts + 1, updated_at = now()
+UPDATE {TABLE}
+   SET mirror_attempts = mirror_attempts + 1,
+       lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       status = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN 'failed' ELSE status END,
+       parked_at = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN now() ELSE parked_at END,
+       finished_at = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN now() ELSE finished_at END,
+       error_code = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN 'mirror_failed' ELSE error_code END,
+       error_class = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s
+                          THEN coalesce(error_class, 'terminal') ELSE error_class END,
+       error_message = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s
+                            THEN %(message)s ELSE error_message END,
+       next_run_at = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN NULL
+                          ELSE clock_timestamp() + {_ms("delay_ms")} END,
+       updated_at = now()
  WHERE id = %(id)s AND status = 'running' AND lease_epoch = %(epoch)s
-RETURNING mirror_attempts
+RETURNING {COLUMNS}
 """
 
 
-def bump_mirror_attempts(lease: Lease, *, using: str = DEFAULT_DB_ALIAS) -> int | None:
-    """Count a failed mirror attempt; return the new count, or None when the epoch moved on."""
-    return _scalar(using, BUMP_MIRROR_ATTEMPTS, _lease(lease))
+def bump_mirror_attempts(
+    lease: Lease, *, max_attempts: int, delay_ms: int, message: str | None, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
+    """Count a failed mirror, release the lease, and park the job once the budget is spent.
+
+    Returns the row as written (``status == 'failed'`` when it was parked), or None when
+    the epoch moved on. Spends no retry budget: the work did not fail, its reflection did.
+    """
+    return _one(
+        using, BUMP_MIRROR_ATTEMPTS,
+        {**_lease(lease), "max_attempts": max_attempts, "delay_ms": delay_ms, "message": message},
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -836,6 +882,42 @@ def select_stale_pending(
     return _all(using, SELECT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant})
 
 
+COUNT_STALE_PENDING = f"""
+SELECT count(*) FROM {TABLE}
+ WHERE status = 'pending' AND cancel_requested_at IS NULL
+   AND greatest(pending_since, coalesce(next_run_at, pending_since))
+       < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {_TENANT_FILTER}
+"""
+
+
+def count_stale_pending(*, pending_ttl_ms: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Count pending jobs due for longer than the pending TTL (a warning, never a re-drive)."""
+    return int(_scalar(using, COUNT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "tenant": tenant}) or 0)
+
+
+# Retention. Bounded batches, SKIP LOCKED so it never waits on (or races) anyone.
+# Parked jobs are kept: they are waiting for an operator.
+DELETE_FINISHED = f"""
+DELETE FROM {TABLE} WHERE id IN (
+    SELECT id FROM {TABLE}
+     WHERE finished_at IS NOT NULL AND parked_at IS NULL
+       AND status IN ('completed', 'failed', 'cancelled')
+       AND finished_at < clock_timestamp() - {_ms("older_than_ms")}
+       AND {_TENANT_FILTER}
+     LIMIT %(limit)s
+     FOR UPDATE SKIP LOCKED
+)
+"""
+
+
+def delete_finished(*, older_than_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Delete up to ``limit`` finished, unparked jobs older than the retention; return how many."""
+    with _execute(using, DELETE_FINISHED,
+                  {"older_than_ms": older_than_ms, "limit": limit, "tenant": tenant}) as cursor:
+        return cursor.rowcount
+
+
 # ---------------------------------------------------------------------------------------
 # Read side
 # ---------------------------------------------------------------------------------------
@@ -881,3 +963,23 @@ def list_jobs(
 def database_now(*, using: str = DEFAULT_DB_ALIAS):
     """Return the database's clock: the only clock a decision may use."""
     return _scalar(using, "SELECT clock_timestamp()", {})
+
+
+MAKE_DUE = f"""
+UPDATE {TABLE} SET next_run_at = clock_timestamp(), updated_at = now()
+ WHERE id = %(id)s AND status IN {_LIVE} AND lease_owner IS NULL
+   AND next_run_at > clock_timestamp()
+RETURNING {COLUMNS}
+"""
+
+
+def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Bring a scheduled job's run time to now (the testing helpers' fast-forward)."""
+    return _one(using, MAKE_DUE, {"id": job_id})
+
+
+def listen(raw_connection: Any, channel: str) -> None:
+    """Subscribe a raw autocommit psycopg connection to the wake-up channel."""
+    from psycopg import sql
+
+    raw_connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))

@@ -1,0 +1,182 @@
+"""The slice context a handler receives: its job, its lease, and the fenced ways to write."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from django.db import DEFAULT_DB_ALIAS, connections, transaction
+
+from durable_jobs import conf, store, validation
+from durable_jobs.exceptions import CancelRequested, LeaseLost
+from durable_jobs.states import Lease, Scope
+
+if TYPE_CHECKING:
+    from durable_jobs.models import Job
+    from durable_jobs.registry import Handler
+
+_UNSET: Any = store._UNSET
+
+
+class JobLogger(logging.LoggerAdapter):
+    """Prefixes every line with the job's kind and id (both validated, never raw input)."""
+
+    def process(self, msg, kwargs):
+        return f"[{self.extra['kind']} {self.extra['job_id']}] {msg}", kwargs
+
+
+class Slice:
+    """One bounded run of a handler under one lease.
+
+    Read ``input``, ``checkpoint``, ``scope`` and ``subject``; write domain rows inside
+    ``fenced()``; record progress with ``save_checkpoint()`` (durable) or ``heartbeat()``
+    (advisory); return ``YIELD`` when ``should_yield()`` says so.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        handler: Handler,
+        lease: Lease,
+        *,
+        stopping: threading.Event | None = None,
+        using: str = DEFAULT_DB_ALIAS,
+    ) -> None:
+        self.job = job
+        self.id = job.id
+        self.kind = job.kind
+        self.input = job.input
+        self.checkpoint = job.checkpoint
+        self.meta = job.meta
+        self.scope = Scope(tenant=job.tenant_id, organization=job.organization_id)
+        self.subject = (job.subject_type, job.subject_id) if job.subject_type else None
+        self.processed = job.processed_count
+        self.total = job.total_count
+        self.lease = lease
+        self.handler = handler
+        self.using = using
+        self.log = JobLogger(logging.getLogger("durable_jobs.job"), {"kind": job.kind, "job_id": job.id})
+        self._stopping = stopping or threading.Event()
+        self._deadline = time.monotonic() + handler.setting("SLICE_BUDGET")
+        self._cancel_observed = job.cancel_requested_at is not None
+        self._lease_lost = False
+        #: True while a fenced transaction holds the job row; the background heartbeat
+        #: stands aside then, and the fence extends the lease itself at commit.
+        self.in_fence = False
+
+    # --- attempt counters, for handlers that want to behave differently on a retry ---
+    @property
+    def attempt(self) -> int:
+        """1 on the first try of this delivery, 2 after one failed slice, and so on."""
+        return self.job.consecutive_failures + 1
+
+    @property
+    def continuation(self) -> int:
+        """How many slices of this job yielded before this one."""
+        return self.job.continuation_seq
+
+    # --- what the heartbeat thread reports in ---
+    def observe_cancel(self) -> None:
+        self._cancel_observed = True
+
+    def mark_lease_lost(self) -> None:
+        self._lease_lost = True
+
+    @property
+    def cancel_observed(self) -> bool:
+        return self._cancel_observed
+
+    @property
+    def lease_lost(self) -> bool:
+        return self._lease_lost
+
+    @property
+    def interrupted(self) -> bool:
+        """The worker is shutting down and wants this slice to hand back."""
+        return self._stopping.is_set()
+
+    def should_yield(self) -> bool:
+        """True when the slice should return ``YIELD``: budget spent, shutdown, cancel, or lease lost."""
+        return (
+            self._stopping.is_set()
+            or self._cancel_observed
+            or self._lease_lost
+            or time.monotonic() >= self._deadline
+        )
+
+    # --- fenced writes ---
+    @contextlib.contextmanager
+    def fenced(self) -> Iterator[None]:
+        """Run the block's domain writes in one transaction with the lease re-asserted.
+
+        Invariant 5. The job row is locked ``FOR UPDATE`` with the owner and epoch
+        checked, so nobody can take the job over until this commits; a lost lease raises
+        ``LeaseLost`` before the block runs and nothing lands. At the end the lease is
+        extended from ``clock_timestamp()``, so a transaction that ran longer than the
+        lease commits a fresh lease, never one born expired.
+        """
+        if self._lease_lost:
+            raise LeaseLost(self.id, self.lease.epoch)
+        if self._cancel_observed:
+            raise CancelRequested(self.id)
+        if self.in_fence:  # nested: the outer fence already holds the row
+            yield
+            return
+        outermost = not connections[self.using].in_atomic_block
+        with transaction.atomic(using=self.using):
+            self.in_fence = True
+            try:
+                if outermost:
+                    store.limit_idle_in_transaction(self.lease.ttl_ms, using=self.using)
+                if not store.assert_lease(self.lease, using=self.using):
+                    self._lease_lost = True
+                    raise LeaseLost(self.id, self.lease.epoch)
+                yield
+                cancel = store.heartbeat(self.lease, using=self.using)
+                if cancel is None:  # cannot happen while we hold the row lock; never assume
+                    self._lease_lost = True
+                    raise LeaseLost(self.id, self.lease.epoch)
+                if cancel:
+                    self._cancel_observed = True
+            finally:
+                self.in_fence = False
+
+    def save_checkpoint(self, state: Any, *, processed: int | None = None, total: Any = _UNSET) -> None:
+        """Durably record where the work stands: a committed unit (resets the budgets).
+
+        Inside ``fenced()`` it commits with the block's domain writes; outside, in a
+        fenced transaction of its own.
+        """
+        settings = conf.get()
+        validation.payload("checkpoint", state, max_bytes=settings.MAX_PAYLOAD_BYTES,
+                           max_depth=settings.MAX_PAYLOAD_DEPTH)
+        with self.fenced():
+            if not store.write_checkpoint(self.lease, state, processed=processed, total=total, using=self.using):
+                self._lease_lost = True
+                raise LeaseLost(self.id, self.lease.epoch)
+        self.checkpoint = state
+        if processed is not None:
+            self.processed = processed
+        if total is not _UNSET:
+            self.total = total
+
+    def heartbeat(self, *, processed: int | None = None, total: Any = _UNSET) -> None:
+        """Report progress and extend the lease now; raises ``LeaseLost`` if it is gone.
+
+        Advisory: progress recorded here is not a committed unit. The worker heartbeats
+        in the background anyway, so call this only to publish progress.
+        """
+        cancel = store.heartbeat(self.lease, processed=processed, total=total, using=self.using)
+        if cancel is None:
+            self._lease_lost = True
+            raise LeaseLost(self.id, self.lease.epoch)
+        if cancel:
+            self._cancel_observed = True
+        if processed is not None:
+            self.processed = processed
+        if total is not _UNSET:
+            self.total = total

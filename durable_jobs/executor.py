@@ -1,0 +1,280 @@
+"""Run one claimed slice and record its outcome: the single place outcomes are normalised.
+
+Whatever a handler returns or raises maps to exactly one transition:
+
+=============================  ==============================================
+handler                        transition (store statement)
+=============================  ==============================================
+``DONE`` / ``Done(result)``    complete + mirror, one transaction
+``YIELD``                      yield_slice (seq + 1); interrupted on shutdown
+``YIELD`` after a cancel       cancel + mirror, one transaction
+raises ``CancelRequested``     cancel + mirror
+raises ``LeaseLost``           nothing: someone else owns the job now
+raises anything else           fail_slice; on a verdict, fail_terminal + mirror
+returns anything else          as a terminal error (``invalid_outcome``)
+=============================  ==============================================
+
+The bookkeeping write has a fallback: a database error there is logged, the
+connection replaced and the write tried once more. If that fails too the job is left
+to its lease, which expires and makes it an orphan the reconciler re-drives; it is
+never left looking healthy while nobody runs it, and the worker loop never dies of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
+
+from durable_jobs import conf, registry, signals, store, validation
+from durable_jobs.context import Slice
+from durable_jobs.exceptions import CancelRequested, LeaseLost
+from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
+
+if TYPE_CHECKING:
+    from durable_jobs.heartbeat import Heartbeater
+    from durable_jobs.models import Job
+    from durable_jobs.registry import Handler
+
+log = logging.getLogger("durable_jobs.worker")
+T = TypeVar("T")
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SliceReport:
+    """What happened to one slice, for logs, metrics and the testing helpers."""
+
+    job_id: Any
+    kind: str
+    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed
+    duration: float
+    error: str | None = None
+
+
+def run_slice(
+    job: Job,
+    *,
+    stopping: threading.Event | None = None,
+    heartbeater: Heartbeater | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> SliceReport:
+    """Run the handler for ``job`` (already claimed by this worker) and record the outcome."""
+    began = time.monotonic()
+    handler = registry.get(job.kind)
+    if handler is None:
+        return _report(job, began, _park_unknown_kind(job, using))
+    lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
+                  ttl_ms=conf.ms(handler.setting("LEASE_TTL")))
+    if job.error_code in VERDICT_CODES:
+        # A verdict decided by fail_slice whose terminal transaction never committed: record
+        # it, never run the work again.
+        outcome = _guarded(using, lambda: _finish(job, handler, lease, "failed", using=using,
+                                                 code=job.error_code, error_class=job.error_class))
+        return _report(job, began, outcome)
+
+    context = Slice(job, handler, lease, stopping=stopping, using=using)
+    signals.slice_started.send_robust(sender=Slice, job=job)
+    if heartbeater is not None:
+        heartbeater.track(context)
+    try:
+        outcome, error = _run_handler(context, handler, using)
+    finally:
+        if heartbeater is not None:
+            heartbeater.untrack(context)
+    report = _report(job, began, outcome, error)
+    signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
+    return report
+
+
+def _run_handler(context: Slice, handler: Handler, using: str) -> tuple[str, str | None]:
+    lease = context.lease
+    job = context.job
+    if lease.ttl_ms != conf.ms(conf.get().LEASE_TTL):
+        # The claim used the default TTL; this kind has its own.
+        if store.heartbeat(lease, using=using) is None:
+            return "lease_lost", None
+    try:
+        returned = handler.func(context)
+    except LeaseLost:
+        return "lease_lost", None
+    except CancelRequested:
+        return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
+    except Exception as error:  # noqa: BLE001 - every handler failure is an outcome
+        _leave_broken_transaction(using)
+        return _fail(context, handler, error, using), _describe(error)
+
+    if isinstance(returned, Done) or returned == Outcome.DONE:
+        result = returned.result if isinstance(returned, Done) else None
+        try:
+            validation.payload("result", result, max_bytes=conf.get().MAX_PAYLOAD_BYTES,
+                               max_depth=conf.get().MAX_PAYLOAD_DEPTH)
+        except Exception as error:  # noqa: BLE001
+            return _fail(context, handler, _InvalidOutcome(str(error)), using), _describe(error)
+        return _guarded(using, lambda: _finish(job, handler, lease, "completed", using=using,
+                                               result=result, processed=None)), None
+    if returned == Outcome.YIELD:
+        if context.cancel_observed:
+            return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
+        interrupted = context.interrupted
+        delivery = _guarded(using, lambda: store.yield_slice(lease, interrupted=interrupted, using=using))
+        if delivery == "bookkeeping_failed":
+            return "bookkeeping_failed", None
+        if delivery is None:
+            return "lease_lost", None
+        return ("interrupted" if interrupted else "yielded"), None
+    error = _InvalidOutcome(f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD")
+    return _fail(context, handler, error, using), str(error)
+
+
+class _InvalidOutcome(Exception):
+    """A handler returned something that is not an outcome: a bug, so a terminal error."""
+
+    error_class = ErrorClass.TERMINAL.value
+    code = "invalid_outcome"
+
+
+def _fail(context: Slice, handler: Handler, error: BaseException, using: str) -> str:
+    lease = context.lease
+    error_class = error.error_class if isinstance(error, _InvalidOutcome) else handler.error_class_of(error)
+    code = _error_code(error)
+    message = _describe(error)
+    reply = _guarded(using, lambda: store.fail_slice(
+        lease,
+        error_class=error_class,
+        code=code,
+        message=message,
+        max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
+        backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
+        backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")),
+        using=using,
+    ))
+    if reply == "bookkeeping_failed":
+        return "bookkeeping_failed"
+    if reply is None:
+        return "lease_lost"
+    if reply.verdict is None:
+        return "retrying"
+    return _guarded(using, lambda: _finish(context.job, handler, lease, "failed", using=using,
+                                           code=reply.verdict, error_class=error_class, message=message))
+
+
+def _finish(
+    job: Job,
+    handler: Handler,
+    lease: Lease,
+    outcome: str,
+    *,
+    using: str,
+    result: Any = None,
+    processed: int | None = None,
+    code: str | None = None,
+    error_class: str | None = None,
+    message: str | None = None,
+) -> str:
+    """The terminal transaction: the epoch-fenced CAS and the mirror commit together.
+
+    Invariant 11: when the mirror raises, both roll back; the attempt is then counted in
+    its own autocommit statement, which also releases the lease and, past the budget,
+    parks the job ``mirror_failed``. A mirror failure spends no retry budget.
+    """
+    try:
+        with transaction.atomic(using=using):
+            if outcome == "completed":
+                row = store.complete(lease, result=result, processed=processed, using=using)
+            elif outcome == "failed":
+                row = store.fail_terminal(lease, code=code or "failed", error_class=error_class or "terminal",
+                                          message=message, using=using)
+            else:
+                row = store.cancel(lease, using=using)
+            if row is None:
+                return "lease_lost"
+            if handler.mirror is not None:
+                handler.mirror(row, outcome)
+            if not store.mark_mirrored(row, using=using):
+                raise RuntimeError("mark_mirrored found no row inside its own terminal transaction")
+    except (OperationalError, InterfaceError):
+        raise  # the connection failed, not the mirror: _guarded retries the whole transaction
+    except Exception as error:  # noqa: BLE001 - the mirror is user code
+        _leave_broken_transaction(using)
+        log.warning("[%s %s] mirror failed: %s", job.kind, job.id, _describe(error))
+        parked = store.bump_mirror_attempts(
+            lease,
+            max_attempts=handler.setting("MAX_MIRROR_ATTEMPTS"),
+            delay_ms=conf.ms(handler.retry_delay(job.mirror_attempts + 1)),
+            message=f"mirror failed: {_describe(error)}",
+            using=using,
+        )
+        if parked is None:
+            return "lease_lost"
+        return "parked" if parked.status == "failed" else "mirror_retry"
+    signals.job_finished.send_robust(sender=Slice, job=row, outcome=outcome)
+    return outcome
+
+
+def _park_unknown_kind(job: Job, using: str) -> str:
+    parked = _guarded(using, lambda: store.park(
+        job.id, job.lease_epoch, ParkReason.UNKNOWN_KIND.value,
+        f"no handler is registered for kind {job.kind!r} in this worker", using=using))
+    if parked == "bookkeeping_failed":
+        return parked
+    return "parked" if parked is not None else "lease_lost"
+
+
+def _guarded(using: str, write: Callable[[], T]) -> T | str:
+    """Run a bookkeeping write; on a connection failure replace the connection and retry once."""
+    for attempt in (1, 2):
+        try:
+            return write()
+        except (OperationalError, InterfaceError, DatabaseError) as error:
+            log.warning("bookkeeping write failed (attempt %d): %s", attempt, _describe(error))
+            _reset_connection(using)
+    log.error("bookkeeping write failed twice; the job's lease will expire and the reconciler will re-drive it")
+    return "bookkeeping_failed"
+
+
+def _reset_connection(using: str) -> None:
+    connection = connections[using]
+    try:
+        if connection.in_atomic_block:
+            return
+        connection.close()
+    except Exception:  # noqa: BLE001 - closing a dead connection may itself fail
+        connection.connection = None
+
+
+def _leave_broken_transaction(using: str) -> None:
+    """Make sure no half-finished transaction of the handler's leaks into bookkeeping."""
+    connection = connections[using]
+    if connection.in_atomic_block:
+        return  # the caller's own transaction (testing helpers inside a test case)
+    try:
+        if connection.connection is not None and not connection.get_autocommit():
+            connection.rollback()
+    except Exception:  # noqa: BLE001
+        _reset_connection(using)
+
+
+def _error_code(error: BaseException) -> str:
+    code = getattr(error, "code", None)
+    if isinstance(code, str) and validation.NAME.match(code):
+        return code
+    return type(error).__name__[:100]
+
+
+def _describe(error: BaseException) -> str:
+    return validation.printable(f"{type(error).__name__}: {error}", limit=2000)
+
+
+def _report(job: Job, began: float, outcome: str, error: str | None = None) -> SliceReport:
+    duration = time.monotonic() - began
+    report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error)
+    level = logging.WARNING if outcome in ("lease_lost", "bookkeeping_failed", "parked") else logging.INFO
+    # kind matched KIND_PATTERN at start and the id is a UUID: only validated bytes here.
+    log.log(level, "slice kind=%s job=%s outcome=%s duration_ms=%d%s", job.kind, job.id, outcome,
+            duration * 1000, f" error={error!r}" if error else "")
+    return report

@@ -1,0 +1,42 @@
+"""``manage.py durable_reconciler``: re-drive orphans, end cancelled jobs, park poison."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from django.core.management.base import BaseCommand
+
+from durable_jobs.management.commands.durable_worker import LOG_LEVELS
+from durable_jobs.reconciler import Reconciler
+from durable_jobs.validation import NAME
+
+
+def tenant_id(text: str) -> str:
+    if not NAME.match(text):
+        raise ValueError("tenant ids are letters, digits, _ . : -")
+    return text
+
+
+class Command(BaseCommand):
+    help = "Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds (safe to run many)."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--once", action="store_true", help="run one pass and exit")
+        parser.add_argument("--tenant", type=tenant_id, default=None, help="only this tenant's jobs (shard a fleet)")
+
+    def handle(self, *args, once, tenant, verbosity, **options) -> None:
+        logging.getLogger("durable_jobs").setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
+        reconciler = Reconciler(tenant=tenant)
+        if once:
+            report = reconciler.run_pass()
+            self.stdout.write(str(report))
+            return
+        stop = threading.Event()
+        previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            reconciler.run(stop=stop)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)

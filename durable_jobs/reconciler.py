@@ -1,0 +1,184 @@
+"""One reconciler pass, and the loop that repeats it.
+
+The reconciler is what turns "a worker died" into a non-event. Each step picks its
+candidates with ``FOR UPDATE SKIP LOCKED`` (so reconcilers run side by side, each on
+a disjoint share, invariant 14) and acts through the store's CAS statements, each job
+in a savepoint of its own so one failing mirror never undoes its neighbours.
+
+Steps:
+
+1. **Cancel**: a pending job with a cancel request is ended (``cancel_pending``); a
+   running one whose worker is gone (lease released or expired past the grace) is
+   ended by the epoch-fenced ``cancel``. A running job with a live lease is left to
+   its worker, which sees the request at its next heartbeat.
+2. **Orphans**: a running job whose lease expired past the grace under a live claim.
+   A verdict already decided (``retry_exhausted``, ``unrecoverable``, ``terminal``) is
+   recorded without running the work again; anything else is taken back to pending
+   (``take_orphan``: epoch + 1 fences off the old holder) and, once its re-drives
+   without a committed unit exceed the budget, parked ``poison``.
+3. **Stale pending**: counted and reported, never re-driven. With the database as the
+   transport a pending row cannot lose its delivery; work waiting past the pending TTL
+   means no worker serves its queue, and spending budgets or parking jobs for that
+   would punish the jobs for an operations problem (DESIGN §6).
+4. **Retention**: finished jobs older than ``RETENTION`` are deleted in bounded
+   batches; parked jobs are kept until an operator acts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
+
+from durable_jobs import conf, metrics, registry, store
+from durable_jobs.states import VERDICT_CODES, Lease, ParkReason
+
+log = logging.getLogger("durable_jobs.reconciler")
+
+BATCH = 100
+
+
+@dataclasses.dataclass(slots=True)
+class PassReport:
+    cancelled: int = 0
+    orphans_taken: int = 0
+    verdicts_recorded: int = 0
+    parked: int = 0
+    stale_pending: int = 0
+    deleted: int = 0
+    mirror_failures: int = 0
+
+    def acted(self) -> bool:
+        return any((self.cancelled, self.orphans_taken, self.verdicts_recorded, self.parked, self.deleted))
+
+
+class Reconciler:
+    def __init__(self, *, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> None:
+        self.tenant = tenant
+        self.using = using
+
+    def run(self, *, stop: threading.Event, once: bool = False) -> None:
+        """Repeat passes every RECONCILE_INTERVAL until ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                self.run_pass()
+            except DatabaseError as error:
+                log.warning("reconciler pass failed: %s", type(error).__name__)
+                from django.db import connections
+
+                connections[self.using].close()
+            if once:
+                return
+            stop.wait(conf.get().RECONCILE_INTERVAL)
+
+    def run_pass(self) -> PassReport:
+        report = PassReport()
+        self.end_cancelled(report)
+        self.recover_orphans(report)
+        self.count_stale_pending(report)
+        self.apply_retention(report)
+        if report.acted() or report.stale_pending:
+            log.info("reconciler pass: %s", report)
+        return report
+
+    # --- step 1 ---
+    def end_cancelled(self, report: PassReport) -> None:
+        settings = conf.get()
+        grace_ms = conf.ms(settings.ORPHAN_GRACE)
+        with transaction.atomic(using=self.using):
+            now = store.database_now(using=self.using)
+            for job in store.select_cancelling(limit=BATCH, tenant=self.tenant, using=self.using):
+                if job.status == "pending":
+                    self._terminal(job, report, lambda j=job: store.cancel_pending(j.id, using=self.using), "cancelled")
+                    continue
+                expired = job.lease_expires_at is not None and (now - job.lease_expires_at).total_seconds() * 1000 > grace_ms
+                if job.lease_owner is None or expired:
+                    lease = _lease_of(job)
+                    self._terminal(job, report, lambda: store.cancel(lease, using=self.using), "cancelled")
+
+    # --- step 2 ---
+    def recover_orphans(self, report: PassReport) -> None:
+        settings = conf.get()
+        grace_ms = conf.ms(settings.ORPHAN_GRACE)
+        with transaction.atomic(using=self.using):
+            for job in store.select_orphans(grace_ms=grace_ms, limit=BATCH, tenant=self.tenant, using=self.using):
+                if job.cancel_requested_at is not None:
+                    continue  # step 1 ends it
+                if job.error_code in VERDICT_CODES:
+                    lease = _lease_of(job)
+                    code, error_class = job.error_code, job.error_class or "terminal"
+                    self._terminal(
+                        job, report,
+                        lambda: store.fail_terminal(lease, code=code, error_class=error_class, using=self.using),
+                        "failed",
+                    )
+                    continue
+                handler = registry.get(job.kind)
+                backoff = handler.retry_delay(job.redrives_since_commit + 1) if handler else settings.RETRY_BACKOFF_BASE
+                with transaction.atomic(using=self.using):
+                    taken = store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=conf.ms(backoff), using=self.using)
+                    if taken is None:
+                        continue
+                    report.orphans_taken += 1
+                    metrics.emit("orphans_taken", kind=job.kind)
+                    if taken.redrives_since_commit > settings.MAX_REDRIVES_WITHOUT_COMMIT:
+                        message = (f"re-driven {taken.redrives_since_commit} times without committing any work "
+                                   f"(budget {settings.MAX_REDRIVES_WITHOUT_COMMIT})")
+                        if store.park(taken.id, taken.lease_epoch, ParkReason.POISON.value, message, using=self.using):
+                            report.parked += 1
+                            metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.POISON.value)
+                            log.warning("[%s %s] parked as poison: %s", job.kind, job.id, message)
+
+    # --- step 3 ---
+    def count_stale_pending(self, report: PassReport) -> None:
+        ttl_ms = conf.ms(conf.get().PENDING_TTL)
+        report.stale_pending = store.count_stale_pending(pending_ttl_ms=ttl_ms, tenant=self.tenant, using=self.using)
+        metrics.gauge("stale_pending", report.stale_pending)
+        if report.stale_pending:
+            log.warning("%d pending jobs have been due for longer than PENDING_TTL; is a worker serving their queue?",
+                        report.stale_pending)
+
+    # --- step 4 ---
+    def apply_retention(self, report: PassReport) -> None:
+        retention = conf.get().RETENTION
+        if retention is None:
+            return
+        for _ in range(10):  # bounded work per pass
+            deleted = store.delete_finished(older_than_ms=conf.ms(retention), limit=1000, tenant=self.tenant,
+                                            using=self.using)
+            report.deleted += deleted
+            if deleted < 1000:
+                break
+
+    def _terminal(self, job, report: PassReport, cas, outcome: str) -> None:
+        """Run a terminal CAS and the kind's mirror together, in a savepoint of their own."""
+        handler = registry.get(job.kind)
+        try:
+            with transaction.atomic(using=self.using):
+                row = cas()
+                if row is None:
+                    return
+                if handler is not None and handler.mirror is not None:
+                    handler.mirror(row, outcome)
+                store.mark_mirrored(row, using=self.using)
+        except DatabaseError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the mirror is user code
+            report.mirror_failures += 1
+            log.warning("[%s %s] mirror failed during reconcile: %s: %s", job.kind, job.id, type(error).__name__, error)
+            if job.status == "running":
+                max_attempts = handler.setting("MAX_MIRROR_ATTEMPTS") if handler else conf.get().MAX_MIRROR_ATTEMPTS
+                store.bump_mirror_attempts(_lease_of(job), max_attempts=max_attempts, delay_ms=0,
+                                           message=f"mirror failed: {type(error).__name__}", using=self.using)
+            return
+        if outcome == "cancelled":
+            report.cancelled += 1
+        else:
+            report.verdicts_recorded += 1
+        metrics.emit(f"jobs_{outcome}", kind=job.kind)
+
+
+def _lease_of(job) -> Lease:
+    return Lease(job_id=job.id, owner=job.lease_owner or "", epoch=job.lease_epoch, ttl_ms=0)

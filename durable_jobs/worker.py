@@ -1,0 +1,188 @@
+"""The worker process: slots that claim and run slices, a heartbeat, a wake-up listener.
+
+Each slot is a thread with its own database connection. A slot claims one due job
+(``store.dequeue``), runs its slice, and goes again; when nothing is due it sleeps
+until the poll interval passes or a NOTIFY from a committed start wakes it. Polling
+alone is correct (a transaction-mode pooler drops LISTEN); the notification only
+makes it prompt.
+
+Stopping is two-phase: the first SIGTERM/SIGINT stops claiming and asks running slices
+to yield (they are recorded as interrupted, which spends no budget); a second signal,
+or the grace period running out, exits at once and leaves the leases to expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Sequence
+
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, close_old_connections, connections
+
+from durable_jobs import conf, store
+from durable_jobs.executor import SliceReport, run_slice
+from durable_jobs.heartbeat import Heartbeater
+
+log = logging.getLogger("durable_jobs.worker")
+
+
+def worker_identity() -> str:
+    """``host:pid:token`` — unique per process, so a restarted process never shares one."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:60] or "host"
+    return f"{host}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 1,
+        burst: bool = False,
+        reconcile: bool = False,
+        using: str = DEFAULT_DB_ALIAS,
+    ) -> None:
+        settings = conf.get()
+        self.queues = list(queues or [settings.DEFAULT_QUEUE])
+        self.concurrency = concurrency
+        self.burst = burst
+        self.reconcile = reconcile
+        self.using = using
+        self.identity = worker_identity()
+        self.stopping = threading.Event()  # phase one: stop claiming, slices yield
+        self.hard_stop = threading.Event()  # phase two: leave now
+        self.reports: list[SliceReport] = []
+        self._wakes = [threading.Event() for _ in range(concurrency)]
+        self._idle = [False] * concurrency
+        self._idle_lock = threading.Lock()
+        self._heartbeater = Heartbeater(using=using)
+        self._previous_handlers: dict[int, object] = {}
+
+    # --- signals: handlers only set flags ---
+    def _on_signal(self, signum, frame) -> None:
+        if self.stopping.is_set():
+            self.hard_stop.set()
+        else:
+            log.info("signal %d: finishing running slices (again to stop at once)", signum)
+            self.stopping.set()
+        for wake in self._wakes:
+            wake.set()
+
+    def install_signal_handlers(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+
+    def restore_signal_handlers(self) -> None:
+        for signum, previous in self._previous_handlers.items():
+            signal.signal(signum, previous)
+        self._previous_handlers.clear()
+
+    # --- the run ---
+    def run(self) -> int:
+        """Run until stopped (or idle, in burst mode); return the process exit code."""
+        settings = conf.get()
+        log.info("worker %s starting: queues=%s concurrency=%d", self.identity, ",".join(self.queues), self.concurrency)
+        self._heartbeater.start()
+        threads = [threading.Thread(target=self._slot, args=(n,), name=f"durable-slot-{n}", daemon=True)
+                   for n in range(self.concurrency)]
+        if settings.NOTIFY_CHANNEL and not self.burst:
+            threading.Thread(target=self._listen, args=(settings.NOTIFY_CHANNEL,), name="durable-listener",
+                             daemon=True).start()
+        if self.reconcile:
+            threading.Thread(target=self._reconcile_loop, name="durable-reconciler", daemon=True).start()
+        for thread in threads:
+            thread.start()
+        deadline = None
+        while any(t.is_alive() for t in threads):
+            if self.hard_stop.is_set():
+                log.warning("worker %s stopping at once; running leases will expire", self.identity)
+                return 1
+            if self.stopping.is_set() and deadline is None:
+                deadline = time.monotonic() + settings.SHUTDOWN_GRACE
+            if deadline is not None and time.monotonic() > deadline:
+                log.warning("worker %s: slices did not yield within %.0fs", self.identity, settings.SHUTDOWN_GRACE)
+                return 1
+            for thread in threads:
+                thread.join(timeout=0.1)
+        self.stopping.set()
+        self._heartbeater.stop()
+        log.info("worker %s stopped after %d slices", self.identity, len(self.reports))
+        return 0
+
+    def _slot(self, number: int) -> None:
+        owner = f"{self.identity}/{number}"
+        wake = self._wakes[number]
+        settings = conf.get()
+        ttl_ms = conf.ms(settings.LEASE_TTL)
+        failures = 0
+        try:
+            while not self.stopping.is_set():
+                try:
+                    close_old_connections()
+                    claimed = store.dequeue(self.queues, owner, ttl_ms, limit=1, using=self.using)
+                    failures = 0
+                except (DatabaseError, InterfaceError) as error:
+                    failures += 1
+                    delay = min(5.0, 0.1 * 2 ** failures)
+                    log.warning("slot %s: database unavailable (%s); retrying in %.1fs", owner,
+                                type(error).__name__, delay)
+                    connections[self.using].close()
+                    self.stopping.wait(delay)
+                    continue
+                if claimed:
+                    self._set_idle(number, False)
+                    for job in claimed:
+                        self.reports.append(
+                            run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater, using=self.using)
+                        )
+                    continue
+                if self.burst and self._set_idle(number, True):
+                    self.stopping.set()  # every slot found nothing due: the burst is over
+                    break
+                wake.wait(settings.POLL_INTERVAL)
+                wake.clear()
+        finally:
+            connections[self.using].close()
+
+    def _set_idle(self, number: int, idle: bool) -> bool:
+        with self._idle_lock:
+            self._idle[number] = idle
+            return all(self._idle)
+
+    def _listen(self, channel: str) -> None:
+        """Wake every idle slot when a start commits; reconnect with backoff when cut."""
+        failures = 0
+        while not self.stopping.is_set():
+            raw = None
+            try:
+                connection = connections[self.using]
+                raw = connection.get_new_connection(connection.get_connection_params())
+                raw.autocommit = True
+                store.listen(raw, channel)
+                failures = 0
+                while not self.stopping.is_set():
+                    for _ in raw.notifies(timeout=1.0, stop_after=1):
+                        for wake in self._wakes:
+                            wake.set()
+            except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
+                failures += 1
+                log.info("listener reconnecting after %s", type(error).__name__)
+                self.stopping.wait(min(5.0, 0.2 * 2 ** failures))
+            finally:
+                if raw is not None:
+                    try:
+                        raw.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+
+    def _reconcile_loop(self) -> None:
+        from durable_jobs.reconciler import Reconciler
+
+        reconciler = Reconciler(using=self.using)
+        reconciler.run(stop=self.stopping)

@@ -1,0 +1,48 @@
+"""Demo and test handlers, discovered at startup like admin.py."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import durable_jobs as durable
+from testproject.demo.models import Effect, Report
+
+
+def mirror_report(job, outcome: str) -> None:
+    """Reflect the job's outcome onto its Report, inside the terminal transaction."""
+    if job.subject_type == "demo.report":
+        Report.objects.filter(pk=job.subject_id).update(status=outcome, rows_written=job.processed_count)
+        if os.environ.get("DEMO_FAIL_MIRROR"):
+            raise RuntimeError("mirror refused (DEMO_FAIL_MIRROR)")
+
+
+@durable.handler("demo.import", mirror=mirror_report)
+def import_rows(job: durable.Slice):
+    """Write ``input.rows`` effects in batches, checkpointing after each batch.
+
+    ``input.delay`` seconds per batch makes it slow enough to watch, kill or stall.
+    """
+    total = int(job.input.get("rows", 10))
+    batch = int(job.input.get("batch", 2))
+    delay = float(job.input.get("delay", 0.0))
+    cursor = (job.checkpoint or {}).get("next", 0)
+    while cursor < total:
+        time.sleep(delay)
+        upto = min(total, cursor + batch)
+        with job.fenced():
+            for item in range(cursor, upto):
+                Effect.objects.create(job_id=job.id, item=item, epoch=job.lease.epoch)
+            job.save_checkpoint({"next": upto}, processed=upto, total=total)
+        cursor = upto
+        if cursor < total and job.should_yield():
+            return durable.YIELD
+    return durable.Done({"rows": total})
+
+
+@durable.handler("demo.flaky")
+def flaky(job: durable.Slice):
+    """Fail transiently ``input.failures`` times, then succeed."""
+    if job.attempt <= int(job.input.get("failures", 2)):
+        raise durable.TransientError(f"attempt {job.attempt} failed on purpose", code="flaky")
+    return durable.Done({"attempts": job.attempt})

@@ -1,0 +1,62 @@
+"""Small helpers shared by the integration tests (leases, deliveries, row snapshots).
+
+Rows are built with ``tests.factories``; these helpers only name the lease or delivery a
+row carries, so a test can write ``lease_of(job, epoch=job.lease_epoch - 1)`` and read
+like the fence it pins.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from durable_jobs import store
+from durable_jobs.models import Job
+from durable_jobs.states import Delivery, Lease, Scope
+from tests.factories import reload
+
+DEFAULT_SCOPE = Scope(tenant="default")
+TTL_MS = 60_000
+#: Tolerance for comparing a stamp written by one statement with clocks read around it.
+SLACK = timedelta(milliseconds=500)
+
+FAIL_DEFAULTS = dict(
+    error_class="transient", code="boom", message="it broke",
+    max_failures=5, backoff_base_ms=1_000, backoff_max_ms=60_000,
+)
+
+
+def lease_of(job: Job, *, owner: str | None = None, epoch: int | None = None, ttl_ms: int = TTL_MS) -> Lease:
+    """The lease ``job`` carries now, or a forged one (another owner, an older epoch)."""
+    return Lease(
+        job_id=job.id,
+        owner=job.lease_owner if owner is None else owner,
+        epoch=job.lease_epoch if epoch is None else epoch,
+        ttl_ms=ttl_ms,
+    )
+
+
+def delivery_of(job: Job) -> Delivery:
+    return Delivery(seq=job.continuation_seq, redrives=job.redrives)
+
+
+def db_now() -> datetime:
+    return store.database_now()
+
+
+def snapshot(job: Job | Any) -> dict[str, Any]:
+    """Every column of the row as it is in the database now."""
+    row = reload(job)
+    return {f.attname: getattr(row, f.attname) for f in Job._meta.concrete_fields}
+
+
+def claim(job: Job, owner: str = "worker-b", *, ttl_ms: int = TTL_MS, scope: Scope = DEFAULT_SCOPE):
+    """Claim ``job`` with the delivery it carries now; return ``(row, lease)`` or ``(None, None)``."""
+    claimed = store.claim(job.id, scope, delivery_of(reload(job)), owner, ttl_ms)
+    if claimed is None:
+        return None, None
+    return claimed, lease_of(claimed, ttl_ms=ttl_ms)
+
+
+def fail(lease: Lease, **overrides: Any):
+    return store.fail_slice(lease, **{**FAIL_DEFAULTS, **overrides})
