@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, close_old_connections, connections
 
-from durable_jobs import conf, store
+from durable_jobs import conf, store, validation
 from durable_jobs.executor import SliceReport, run_slice
 from durable_jobs.heartbeat import Heartbeater
 
@@ -131,7 +131,7 @@ class Worker:
                     failures += 1
                     delay = min(5.0, 0.1 * 2 ** failures)
                     log.warning("slot %s: database unavailable (%s); retrying in %.1fs", owner,
-                                type(error).__name__, delay)
+                                validation.printable(f"{type(error).__name__}: {error}", limit=300), delay)
                     connections[self.using].close()
                     self.stopping.wait(delay)
                     continue
@@ -172,7 +172,8 @@ class Worker:
                             wake.set()
             except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
                 failures += 1
-                log.info("listener reconnecting after %s", type(error).__name__)
+                log.info("listener reconnecting after %s",
+                         validation.printable(f"{type(error).__name__}: {error}", limit=300))
                 self.stopping.wait(min(5.0, 0.2 * 2 ** failures))
             finally:
                 if raw is not None:

@@ -61,6 +61,13 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 def _database(throwaway: bool) -> dict:
     url = database.database_url(BASE_DIR, throwaway=throwaway)
     config = environ.Env.db_url_config(url)
+    # A unix-socket URL (postgresql://user@/name?host=/socket/dir, what the embedded
+    # server gives) arrives with the socket in OPTIONS; HOST is where Django expects it.
+    options = config.setdefault("OPTIONS", {})
+    if not config.get("HOST") and "host" in options:
+        config["HOST"] = options.pop("host")
+    if not config.get("PORT") and "port" in options:
+        config["PORT"] = options.pop("port")
     # Workers hold their connections for hours; health checks make Django replace a
     # connection that PostgreSQL (or an operator's pg_terminate_backend) has cut.
     config.setdefault("CONN_HEALTH_CHECKS", True)

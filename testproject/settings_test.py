@@ -24,5 +24,14 @@ DURABLE_JOBS = {
     "RETRY_BACKOFF_BASE": 0.05,
     "RETRY_BACKOFF_MAX": 0.2,
     "SLICE_BUDGET": 30.0,
+    "SHUTDOWN_GRACE": 10.0,
 }
+# A test starting a worker subprocess tunes it with DURABLE_JOBS_<NAME>=value.
+for _name, _default in list(DURABLE_JOBS.items()) + [
+    ("MAX_CONSECUTIVE_FAILURES", None), ("MAX_MIRROR_ATTEMPTS", None),
+    ("MAX_REDRIVES_WITHOUT_COMMIT", None), ("RECONCILE_INTERVAL", None),
+]:
+    _raw = os.environ.get(f"DURABLE_JOBS_{_name}")
+    if _raw is not None:
+        DURABLE_JOBS[_name] = int(_raw) if _name.startswith("MAX_") else float(_raw)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

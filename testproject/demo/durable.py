@@ -46,3 +46,37 @@ def flaky(job: durable.Slice):
     if job.attempt <= int(job.input.get("failures", 2)):
         raise durable.TransientError(f"attempt {job.attempt} failed on purpose", code="flaky")
     return durable.Done({"attempts": job.attempt})
+
+
+@durable.handler("demo.always_fails")
+def always_fails(job: durable.Slice):
+    """Fail every slice transiently: ends failed/retry_exhausted."""
+    raise durable.TransientError(f"attempt {job.attempt} failed", code="always")
+
+
+@durable.handler("demo.progress_then_fail")
+def progress_then_fail(job: durable.Slice):
+    """Commit one unit, then fail, ``input.steps`` times; then finish.
+
+    Each failure follows a committed unit, so the consecutive-failure count never
+    builds up (invariant 7) however many failures there are in all.
+    """
+    step = (job.checkpoint or {}).get("step", 0)
+    if step >= int(job.input["steps"]):
+        return durable.Done({"steps": step})
+    job.save_checkpoint({"step": step + 1}, processed=step + 1)
+    raise durable.TransientError(f"failed after step {step + 1}", code="after_progress")
+
+
+@durable.handler("demo.sleep")
+def sleep(job: durable.Slice):
+    """Sleep ``input.seconds`` without touching the database, then finish.
+
+    ``input.stubborn`` ignores should_yield(), like a handler stuck in a long call.
+    """
+    deadline = time.monotonic() + float(job.input.get("seconds", 1))
+    while time.monotonic() < deadline:
+        if job.should_yield() and not job.input.get("stubborn"):
+            return durable.YIELD
+        time.sleep(0.05)
+    return durable.DONE

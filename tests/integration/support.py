@@ -10,6 +10,10 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+import pytest
+from django.db import connection
+
 from durable_jobs import store
 from durable_jobs.models import Job
 from durable_jobs.states import Delivery, Lease, Scope
@@ -60,3 +64,32 @@ def claim(job: Job, owner: str = "worker-b", *, ttl_ms: int = TTL_MS, scope: Sco
 
 def fail(lease: Lease, **overrides: Any):
     return store.fail_slice(lease, **{**FAIL_DEFAULTS, **overrides})
+
+
+def connect_to_test_database(**kwargs: Any) -> psycopg.Connection:
+    """A new psycopg connection to the database Django's connection uses.
+
+    Reads the host from ``OPTIONS['host']`` too: the embedded server is reached through a
+    socket directory given there, which ``tests.conftest.database_url`` does not read
+    (it falls back to the default socket and finds no test database).
+    """
+    s = connection.settings_dict
+    options = s.get("OPTIONS") or {}
+    params: dict[str, Any] = {"dbname": s["NAME"], "user": s.get("USER") or "postgres"}
+    if s.get("PASSWORD"):
+        params["password"] = s["PASSWORD"]
+    host = s.get("HOST") or options.get("host")
+    port = s.get("PORT") or options.get("port")
+    if host:
+        params["host"] = host
+    if port:
+        params["port"] = str(port)
+    return psycopg.connect(**params, **kwargs)
+
+
+@pytest.fixture
+def other_connection(transactional_db):
+    """A second, autocommit connection (overrides the conftest one; see above)."""
+    conn = connect_to_test_database(autocommit=True)
+    yield conn
+    conn.close()

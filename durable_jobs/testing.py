@@ -1,0 +1,94 @@
+"""Helpers for an application's own tests: run handlers against the real store, in-process.
+
+    from durable_jobs import testing
+
+    def test_rebuild(db):
+        job = durable.start("reports.rebuild", input={"report": 1})
+        testing.run_jobs()                      # every due slice, until idle
+        testing.assert_started("reports.rebuild", input={"report": 1})
+
+Slices run on the calling thread and connection, so they work inside Django's
+``TestCase`` transaction; no worker process, no background heartbeat (a slice run here
+is expected to be short).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+
+from durable_jobs import conf, service, store
+from durable_jobs.executor import SliceReport, run_slice
+from durable_jobs.models import Job
+from durable_jobs.states import LIVE_STATUSES
+
+_OWNER = "durable_jobs.testing"
+
+
+def run_jobs(
+    *,
+    queues: Sequence[str] | None = None,
+    max_slices: int | None = None,
+    fast_forward: bool = False,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[SliceReport]:
+    """Run due slices one after another until none is due (or ``max_slices`` ran).
+
+    ``fast_forward=True`` also brings scheduled jobs (retries after a backoff, a
+    ``run_after`` in the future) forward, so a job runs to its end in one call.
+    Returns one report per slice, in order.
+    """
+    queues = list(queues) if queues else _all_queues(using)
+    ttl_ms = conf.ms(conf.get().LEASE_TTL)
+    reports: list[SliceReport] = []
+    while max_slices is None or len(reports) < max_slices:
+        claimed = store.dequeue(queues, _OWNER, ttl_ms, limit=1, using=using)
+        if not claimed and fast_forward and _bring_forward(queues, using):
+            continue
+        if not claimed:
+            break
+        reports.append(run_slice(claimed[0], using=using))
+    return reports
+
+
+def fast_forward(job: Job | Any, *, using: str = DEFAULT_DB_ALIAS) -> Job:
+    """Make a scheduled (or backing-off) job due now; returns the row."""
+    job_id = getattr(job, "id", job)
+    row = store.make_due(job_id, using=using)
+    if row is None:
+        row = store.get_job_unscoped(job_id, using=using)
+        if row is None:
+            raise AssertionError(f"no job {job_id}")
+    return row
+
+
+def assert_started(kind: str, *, input: Any = ..., scope: Any = None, count: int | None = None) -> list[Job]:
+    """Assert jobs of ``kind`` were started (with ``input``, if given); return them."""
+    jobs, _ = service.list_jobs(scope=scope, kind=kind, page_size=200)
+    if input is not ...:
+        jobs = [job for job in jobs if job.input == input]
+    if count is None and not jobs:
+        raise AssertionError(f"no {kind!r} job was started" + ("" if input is ... else f" with input {input!r}"))
+    if count is not None and len(jobs) != count:
+        raise AssertionError(f"expected {count} {kind!r} job(s), found {len(jobs)}")
+    return jobs
+
+
+def _all_queues(using: str) -> list[str]:
+    queues = set(Job.objects.using(using).filter(status__in=LIVE_STATUSES).values_list("queue_name", flat=True))
+    return sorted(queues) or [conf.get().DEFAULT_QUEUE]
+
+
+def _bring_forward(queues: Sequence[str], using: str) -> bool:
+    waiting = (
+        Job.objects.using(using)
+        .filter(status__in=LIVE_STATUSES, lease_owner__isnull=True, cancel_requested_at__isnull=True,
+                queue_name__in=list(queues), next_run_at__isnull=False)
+        .order_by("next_run_at")
+        .values_list("id", flat=True)[:1]
+    )
+    for job_id in waiting:
+        return store.make_due(job_id, using=using) is not None
+    return False

@@ -1,0 +1,97 @@
+"""Run real worker and reconciler processes against the test database.
+
+Each process gets the test database's URL, ``testproject.settings_test`` (short leases)
+and ``PGAPPNAME`` set to a name of the test's choosing, so a test can find exactly
+that process's connections in ``pg_stat_activity`` and cut them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Process:
+    def __init__(self, args: list[str], *, db_url: str, app_name: str, env: dict[str, str] | None = None) -> None:
+        self.app_name = app_name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"{app_name}-", suffix=".log")[1])
+        full_env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "DJANGO_SETTINGS_MODULE": "testproject.settings_test",
+            "PGAPPNAME": app_name,
+            "DURABLE_JOBS_LOG_LEVEL": "INFO",
+            "PYTHONUNBUFFERED": "1",
+            **(env or {}),
+        }
+        self._log = open(self.log_path, "w")
+        self.popen = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def signal(self, signum: int) -> None:
+        self.popen.send_signal(signum)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def output(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        """End the process if it is still running (SIGCONT first, in case it was stopped)."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGCONT)
+            self.popen.kill()
+            self.popen.wait(timeout=10)
+        self._log.close()
+
+
+def worker(db_url: str, *args: str, app_name: str = "durable-test-worker", env: dict[str, str] | None = None) -> Process:
+    return Process(["durable_worker", "-v", "1", *args], db_url=db_url, app_name=app_name, env=env)
+
+
+def wait_until(predicate, *, timeout: float = 30, interval: float = 0.1, message: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+def backends_of(app_name: str) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [app_name])
+        return [row[0] for row in cursor.fetchall()]
+
+
+def terminate_backends(app_name: str, *, query_like: str | None = None) -> int:
+    """``pg_terminate_backend`` every connection of ``app_name`` (optionally by query text)."""
+    sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s"
+    params: list = [app_name]
+    if query_like:
+        sql += " AND query LIKE %s"
+        params.append(query_like)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchone()[0]

@@ -1,0 +1,202 @@
+"""The worker as a real process: crashes, stalls, signals, cut connections, wake-ups.
+
+Handlers are the demo app's (testproject/demo/durable.py). `demo.import` writes one
+`Effect` row per item inside `fenced()`, with no unique constraint, so a duplicated
+write would show up as a second row rather than being refused.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from django.db.models import Count
+
+import durable_jobs as durable
+from durable_jobs import conf, store
+from testproject.demo.models import Effect, Report
+from tests.acceptance.harness import backends_of, terminate_backends, wait_until
+from tests.factories import reload
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+
+def status_of(job) -> str:
+    return reload(job).status
+
+
+def effects_exactly_once(job, rows: int) -> None:
+    items = list(Effect.objects.filter(job_id=job.id).values("item").annotate(n=Count("id")).order_by("item"))
+    assert [row["item"] for row in items] == list(range(rows)), "every item written"
+    assert all(row["n"] == 1 for row in items), f"an item was written twice: {items}"
+
+
+def test_multi_slice_job_resumes_from_its_checkpoint_after_each_yield(processes):
+    report = Report.objects.create(name="r")
+    job = durable.start("demo.import", input={"rows": 12, "batch": 1, "delay": 0.05}, subject=report)
+    worker = processes.worker("--concurrency", "1", env={"DURABLE_JOBS_SLICE_BUDGET": "0.15"})
+    wait_until(lambda: status_of(job) == "completed", message="the job to complete")
+    final = reload(job)
+    assert final.continuation_seq >= 2, "the job ran in several slices"
+    assert final.consecutive_failures == 0 and final.interruptions == 0
+    assert final.processed_count == 12 and final.result == {"rows": 12}
+    effects_exactly_once(job, 12)
+    report.refresh_from_db()
+    assert report.status == "completed" and report.rows_written == 12, "the mirror committed with the job"
+    assert final.domain_mirrored_at is not None
+    worker.signal(signal.SIGTERM)
+    assert worker.wait() == 0
+
+
+def test_sigkilled_worker__orphan_is_redriven_and_resumes_from_its_checkpoint(processes):
+    job = durable.start("demo.import", input={"rows": 20, "batch": 1, "delay": 0.1})
+    first = processes.worker()
+    wait_until(lambda: reload(job).processed_count >= 3, message="some committed progress")
+    first.signal(signal.SIGKILL)
+    first.wait()
+    crashed = reload(job)
+    assert crashed.status == "running" and crashed.lease_owner is not None
+    done_before = crashed.processed_count
+
+    settings = conf.get()
+    grace_ms = conf.ms(settings.ORPHAN_GRACE)
+    taken = wait_until(lambda: store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=0),
+                       message="the lease to expire so the orphan can be taken")
+    assert taken.status == "pending" and taken.redrives == 1 and taken.lease_epoch == crashed.lease_epoch + 1
+
+    processes.worker(app_name="durable-test-worker-2")
+    wait_until(lambda: status_of(job) == "completed", message="the re-driven job to complete")
+    effects_exactly_once(job, 20)
+    later = Effect.objects.filter(job_id=job.id, item__gte=done_before + 1)
+    assert all(e.epoch > crashed.lease_epoch for e in later), "work after the crash ran under the new lease"
+    assert reload(job).redrives_since_commit == 0, "committed progress reset the poison budget"
+
+
+def test_worker_stopped_past_its_lease_lands_nothing_after_it_continues(processes):
+    job = durable.start("demo.import", input={"rows": 6, "batch": 1, "delay": 1.0})
+    zombie = processes.worker(app_name="durable-test-zombie")
+    wait_until(lambda: reload(job).processed_count >= 1, message="the first committed unit")
+    zombie.signal(signal.SIGSTOP)
+    stopped = reload(job)
+
+    grace_ms = conf.ms(conf.get().ORPHAN_GRACE)
+    wait_until(lambda: store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=0), timeout=30,
+               message="the stopped worker's lease to expire")
+    rescuer = processes.worker(app_name="durable-test-rescuer")
+    wait_until(lambda: status_of(job) == "completed", timeout=60, message="the rescuer to finish the job")
+    rescuer.signal(signal.SIGTERM)
+    rescuer.wait()
+
+    zombie.signal(signal.SIGCONT)
+    wait_until(lambda: "outcome=lease_lost" in zombie.output() or "lease lost" in zombie.output(),
+               timeout=20, message="the zombie to notice it lost the lease")
+    time.sleep(1.5)  # give the zombie every chance to (wrongly) write
+    effects_exactly_once(job, 6)
+    zombie_writes = Effect.objects.filter(job_id=job.id, epoch=stopped.lease_epoch)
+    assert zombie_writes.count() == stopped.processed_count, "nothing landed under the stale epoch after the stop"
+    assert reload(job).status == "completed"
+
+
+def test_cancel_requested_mid_slice_ends_the_job_cancelled(processes):
+    report = Report.objects.create(name="c")
+    job = durable.start("demo.import", input={"rows": 200, "batch": 1, "delay": 0.05}, subject=report)
+    processes.worker()
+    wait_until(lambda: reload(job).processed_count >= 2, message="the job to be under way")
+    durable.cancel(job.id, by="tester")
+    wait_until(lambda: status_of(job) == "cancelled", message="the worker to end the job cancelled")
+    final = reload(job)
+    assert final.cancelled_by == "tester" and final.processed_count < 200
+    report.refresh_from_db()
+    assert report.status == "cancelled", "the mirror saw the cancellation in the same commit"
+
+
+def test_transient_errors_retry_then_succeed(processes):
+    job = durable.start("demo.flaky", input={"failures": 2})
+    processes.worker()
+    wait_until(lambda: status_of(job) == "completed", message="the flaky job to succeed")
+    final = reload(job)
+    assert final.result == {"attempts": 3}
+    assert final.error_code is None and final.status == "completed"
+
+
+def test_consecutive_failures_end_failed_retry_exhausted(processes):
+    job = durable.start("demo.always_fails")
+    processes.worker(env={"DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "3"})
+    wait_until(lambda: status_of(job) == "failed", message="the verdict")
+    final = reload(job)
+    assert final.error_code == "retry_exhausted" and final.consecutive_failures == 3
+    assert final.error_class == "transient" and "attempt 3 failed" in final.error_message
+
+
+def test_a_committed_unit_between_failures_resets_the_count(processes):
+    job = durable.start("demo.progress_then_fail", input={"steps": 6})
+    processes.worker(env={"DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "2"})
+    wait_until(lambda: status_of(job) in ("completed", "failed"), message="the job to end")
+    final = reload(job)
+    assert final.status == "completed", f"6 failures, each after progress, must not exhaust a budget of 2: {final.error_code}"
+    assert final.result == {"steps": 6}
+
+
+def test_mirror_failure_rolls_back_the_completion_and_parks_after_its_budget(processes):
+    report = Report.objects.create(name="m")
+    job = durable.start("demo.import", input={"rows": 2, "batch": 2}, subject=report)
+    processes.worker(env={"DEMO_FAIL_MIRROR": "1", "DURABLE_JOBS_MAX_MIRROR_ATTEMPTS": "3",
+                          "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "1"})
+    wait_until(lambda: status_of(job) == "failed", message="the job to be parked")
+    final = reload(job)
+    assert final.error_code == "mirror_failed" and final.parked_at is not None
+    assert final.mirror_attempts == 3
+    assert final.consecutive_failures == 0, "a mirror failure spends no retry budget"
+    assert final.domain_mirrored_at is None
+    report.refresh_from_db()
+    assert report.status == "queued", "the mirror's write rolled back with the completion"
+    effects_exactly_once(job, 2)
+
+
+def test_sigterm_yields_interrupted_and_the_next_worker_finishes(processes):
+    job = durable.start("demo.import", input={"rows": 30, "batch": 1, "delay": 0.1})
+    first = processes.worker()
+    wait_until(lambda: reload(job).processed_count >= 2, message="progress")
+    first.signal(signal.SIGTERM)
+    assert first.wait(timeout=20) == 0, first.output()
+    paused = reload(job)
+    assert paused.status == "pending" and paused.interruptions == 1
+    assert paused.consecutive_failures == 0 and paused.redrives == 0, "an interruption spends no budget"
+    processes.worker(app_name="durable-test-worker-2")
+    wait_until(lambda: status_of(job) == "completed", message="the next worker to finish")
+    effects_exactly_once(job, 30)
+
+
+def test_second_signal_exits_at_once(processes):
+    job = durable.start("demo.sleep", input={"seconds": 60, "stubborn": True})
+    worker = processes.worker()
+    wait_until(lambda: status_of(job) == "running", message="the slice to start")
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert worker.popen.poll() is None, "a stubborn slice keeps the first signal waiting (grace is 10 s)"
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=8) == 1
+    assert "stopping at once" in worker.output()
+    assert reload(job).status == "running", "the lease is left to expire; the reconciler re-drives it"
+
+
+def test_terminated_slot_connections_are_survived(processes):
+    job = durable.start("demo.import", input={"rows": 15, "batch": 1, "delay": 0.1})
+    processes.worker(app_name="durable-test-cut")
+    wait_until(lambda: reload(job).processed_count >= 2, message="progress")
+    assert terminate_backends("durable-test-cut") >= 1
+    wait_until(lambda: status_of(job) == "completed", timeout=60, message="the job to complete after the cut")
+    effects_exactly_once(job, 15)
+    after = durable.start("demo.flaky", input={"failures": 0})
+    wait_until(lambda: status_of(after) == "completed", message="the worker to keep taking new work")
+
+
+def test_a_start_wakes_an_idle_worker_before_the_poll_interval(processes):
+    processes.worker(app_name="durable-test-listener", env={"DURABLE_JOBS_POLL_INTERVAL": "120"})
+    # Wait until the listener connection exists (it is the one that ran LISTEN).
+    wait_until(lambda: len(backends_of("durable-test-listener")) >= 2, message="the worker's connections")
+    time.sleep(0.5)
+    job = durable.start("demo.flaky", input={"failures": 0})
+    # Polling alone would take 120 s; the notification makes it prompt.
+    wait_until(lambda: status_of(job) == "completed", timeout=30, message="the woken worker to run the job")

@@ -1,0 +1,257 @@
+"""Invariant 4 (the delivery fence) and DESIGN §6 (the database transport): ``claim`` and
+``dequeue``, each success and every "does not apply when…" case."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+
+from durable_jobs import store
+from durable_jobs.states import Delivery, Scope
+from tests.factories import JobFactory, reload, running
+from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
+    DEFAULT_SCOPE,
+    db_now,
+    delivery_of,
+    lease_of,
+    other_connection,
+    snapshot,
+)
+
+# ---------------------------------------------------------------------------------------
+# claim
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_claim__takes_the_lease_of_a_pending_job_on_the_database_clock():
+    """Invariant 4: a claim bumps the epoch, names the owner, consumes the delivery."""
+    job = JobFactory(lease_epoch=4, next_run_at=-5)
+    before = db_now()
+    claimed = store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000)
+    after = db_now()
+
+    assert claimed is not None
+    assert claimed.status == "running"
+    assert claimed.lease_owner == "worker-b"
+    assert claimed.lease_epoch == 5
+    assert before + timedelta(seconds=30) <= claimed.lease_expires_at <= after + timedelta(seconds=30)
+    assert claimed.next_run_at is None and claimed.pending_since is None
+    assert claimed.started_at is not None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("seq", "redrives"),
+    [(2, 1), (3, 0), (4, 1), (2, 0)],
+    ids=["older-seq", "older-redrives", "newer-seq", "both-older"],
+)
+def test_claim__refuses_a_straggling_delivery(seq, redrives):
+    """Invariant 4: only the delivery ``(continuation_seq, redrives)`` the row carries may claim."""
+    job = JobFactory(continuation_seq=3, redrives=1)
+    before = snapshot(job)
+
+    assert store.claim(job.id, DEFAULT_SCOPE, Delivery(seq=seq, redrives=redrives), "late", 30_000) is None
+    assert snapshot(job) == before
+    assert store.claim(job.id, DEFAULT_SCOPE, Delivery(seq=3, redrives=1), "current", 30_000) is not None
+
+
+@pytest.mark.django_db
+def test_claim__refuses_while_a_lease_is_live():
+    """Invariant 4: a claim requires a free or expired lease, even for the current delivery."""
+    job = running(lease_expires_at=5)
+    before = snapshot(job)
+
+    assert store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000) is None
+    assert snapshot(job) == before
+
+
+@pytest.mark.django_db
+def test_claim__accepts_once_the_lease_expired_and_fences_out_the_old_holder():
+    """Invariant 4: an expired lease may be claimed; the epoch bump stops the old holder."""
+    job = running(lease_expires_at=-1)
+    old = lease_of(job)
+
+    claimed = store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000)
+
+    assert claimed is not None and claimed.lease_epoch == job.lease_epoch + 1
+    assert store.heartbeat(old) is None
+    assert store.heartbeat(lease_of(claimed)) is False
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
+def test_claim__refuses_a_finished_job(status):
+    """Invariant 4 / 13: only live rows (pending, running) can be claimed."""
+    job = JobFactory(status=status, next_run_at=None, lease_expires_at=-10, finished_at=-5)
+    assert store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000) is None
+    assert reload(job).status == status
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("row_org", "scope"),
+    [
+        (None, Scope(tenant="other")),
+        (None, Scope(tenant="default", organization="acme")),
+        ("acme", Scope(tenant="default")),
+        ("acme", Scope(tenant="default", organization="umbrella")),
+    ],
+    ids=["other-tenant", "org-scope-on-tenant-wide-row", "tenant-wide-scope-on-org-row", "other-org"],
+)
+def test_claim__refuses_another_scope(row_org, scope):
+    """Invariant 10: a claim by id carries the exact scope; a null organization is a value."""
+    job = JobFactory(organization_id=row_org)
+    assert store.claim(job.id, scope, delivery_of(job), "worker-b", 30_000) is None
+    assert reload(job).status == "pending"
+    own = Scope(tenant="default", organization=row_org)
+    assert store.claim(job.id, own, delivery_of(job), "worker-b", 30_000) is not None
+
+
+# ---------------------------------------------------------------------------------------
+# dequeue
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_dequeue__claims_a_due_pending_job():
+    """DESIGN §6: the database transport claims through the same fenced shape as claim."""
+    job = JobFactory(next_run_at=-1, lease_epoch=2)
+
+    [claimed] = store.dequeue(["default"], "host-1", 30_000)
+
+    assert claimed.id == job.id
+    assert claimed.status == "running"
+    assert claimed.lease_epoch == 3
+    assert claimed.lease_owner.startswith("host-1")
+    assert claimed.next_run_at is None
+    assert claimed.lease_expires_at > db_now() + timedelta(seconds=29)
+
+
+@pytest.mark.django_db
+def test_dequeue__takes_only_the_queues_asked_for():
+    JobFactory(queue_name="mail", next_run_at=-1)
+    wanted = JobFactory(queue_name="reports", next_run_at=-1)
+
+    claimed = store.dequeue(["reports", "nothing"], "host-1", 30_000, limit=10)
+
+    assert [j.id for j in claimed] == [wanted.id]
+
+
+@pytest.mark.django_db
+def test_dequeue__takes_higher_priority_first_then_earlier_run_time():
+    """The candidate order is ``priority DESC, next_run_at``."""
+    low_old = JobFactory(priority=1, next_run_at=-60)
+    high_new = JobFactory(priority=9, next_run_at=-1)
+    high_old = JobFactory(priority=9, next_run_at=-30)
+
+    first = store.dequeue(["default"], "host-1", 30_000, limit=1)
+    second = store.dequeue(["default"], "host-1", 30_000, limit=1)
+    third = store.dequeue(["default"], "host-1", 30_000, limit=1)
+
+    assert [j.id for j in first + second + third] == [high_old.id, high_new.id, low_old.id]
+
+
+@pytest.mark.django_db
+def test_dequeue__skips_a_job_whose_run_time_has_not_come():
+    future = JobFactory(next_run_at=30)
+
+    assert store.dequeue(["default"], "host-1", 30_000, limit=10) == []
+    assert reload(future).status == "pending"
+
+
+@pytest.mark.django_db
+def test_dequeue__skips_a_job_whose_cancellation_was_requested():
+    """Invariant 8: a cancel-requested pending job is for the reconciler to end, not to run."""
+    JobFactory(next_run_at=-1, cancel_requested_at=-1)
+    assert store.dequeue(["default"], "host-1", 30_000, limit=10) == []
+
+
+@pytest.mark.django_db
+def test_dequeue__skips_a_job_under_a_live_claim_and_finished_jobs():
+    running(next_run_at=-1, lease_expires_at=-100)  # leased (even expired): an orphan, not a delivery
+    JobFactory(status="completed", next_run_at=-1, finished_at=-1)
+    JobFactory(status="failed", next_run_at=-1, finished_at=-1)
+
+    assert store.dequeue(["default"], "host-1", 30_000, limit=10) == []
+
+
+@pytest.mark.django_db
+def test_dequeue__delivers_a_failed_slice_waiting_for_its_retry():
+    """DESIGN §6: ``running`` with a released lease and a due ``next_run_at`` is deliverable."""
+    job = running(lease_owner=None, lease_expires_at=-5, next_run_at=-1, consecutive_failures=1)
+
+    [claimed] = store.dequeue(["default"], "host-1", 30_000)
+
+    assert claimed.id == job.id
+    assert claimed.lease_epoch == job.lease_epoch + 1
+    assert claimed.consecutive_failures == 1  # a claim spends nothing
+
+
+@pytest.mark.django_db
+def test_dequeue__gives_each_claimed_row_its_own_owner_and_epoch():
+    """Invariant 4 per row: a batched claim must not hand two rows the same lease."""
+    jobs = [JobFactory(next_run_at=-3 + i, lease_epoch=epoch) for i, epoch in enumerate((0, 4, 7))]
+
+    claimed = {j.id: j for j in store.dequeue(["default"], "host-1", 30_000, limit=10)}
+
+    assert set(claimed) == {j.id for j in jobs}
+    assert len({j.lease_owner for j in claimed.values()}) == 3
+    for job in jobs:
+        assert claimed[job.id].lease_epoch == job.lease_epoch + 1
+    # Each lease fences its own row only: one row's owner cannot write another row.
+    a, b = jobs[0], jobs[1]
+    assert store.heartbeat(lease_of(claimed[a.id])) is False
+    forged = lease_of(claimed[b.id], owner=claimed[a.id].lease_owner)
+    assert store.heartbeat(forged) is None
+
+
+@pytest.mark.django_db
+def test_dequeue__claims_at_most_the_limit():
+    for i in range(5):
+        JobFactory(next_run_at=-10 + i)
+
+    first = store.dequeue(["default"], "host-1", 30_000, limit=3)
+    second = store.dequeue(["default"], "host-1", 30_000, limit=3)
+    third = store.dequeue(["default"], "host-1", 30_000, limit=3)
+
+    assert (len(first), len(second), len(third)) == (3, 2, 0)
+    assert {j.id for j in first}.isdisjoint({j.id for j in second})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dequeue__skips_rows_locked_by_another_transaction(other_connection):
+    """SKIP LOCKED: a row another transaction holds is passed over, not waited for."""
+    locked = JobFactory(priority=9, next_run_at=-5)
+    free = JobFactory(priority=1, next_run_at=-1)
+
+    with other_connection.transaction():
+        other_connection.execute("SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE", [locked.id])
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                # Without SKIP LOCKED this would wait for the other transaction: fail fast.
+                cursor.execute("SET LOCAL lock_timeout = '2s'")
+            claimed = store.dequeue(["default"], "host-1", 30_000, limit=10)
+
+    assert [j.id for j in claimed] == [free.id]
+    assert reload(locked).status == "pending"
+    assert [j.id for j in store.dequeue(["default"], "host-1", 30_000, limit=10)] == [locked.id]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dequeue__two_workers_at_once_claim_disjoint_rows(other_connection):
+    """The claim is one statement with SKIP LOCKED inside: concurrent dequeues never share."""
+    ids = {JobFactory(next_run_at=-1).id for _ in range(4)}
+
+    with other_connection.transaction():
+        theirs = other_connection.execute(
+            store.DEQUEUE, {"queues": ["default"], "owner": "host-2", "ttl_ms": 30_000, "limit": 2}
+        ).fetchall()
+        ours = store.dequeue(["default"], "host-1", 30_000, limit=10)
+
+    their_ids = {row[0] for row in theirs}
+    assert len(their_ids) == 2
+    assert {j.id for j in ours} == ids - their_ids
+    assert all(reload(i).lease_owner.startswith("host-2") for i in their_ids)

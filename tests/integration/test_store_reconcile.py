@@ -1,0 +1,461 @@
+"""The reconciler's and the operator's statements: take_orphan, redrive_pending, park,
+cancel_pending, request_cancel, operator_redrive, record_enqueue, and the candidate
+selections (invariants 4, 8, 13, 14 and DESIGN §6)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+
+from durable_jobs import store
+from durable_jobs.states import Scope
+from tests.factories import JobFactory, reload, running
+from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
+    DEFAULT_SCOPE,
+    db_now,
+    fail,
+    lease_of,
+    other_connection,
+    snapshot,
+)
+
+GRACE_MS = 10_000
+
+
+def take(job, *, grace_ms=GRACE_MS, backoff_ms=0):
+    return store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=backoff_ms)
+
+
+# ---------------------------------------------------------------------------------------
+# take_orphan
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_take_orphan__takes_a_lease_expired_past_the_grace():
+    """A running job whose worker died: new delivery identity, poison budget spent."""
+    job = running(lease_epoch=3, redrives=1, redrives_since_commit=2, continuation_seq=5, lease_expires_at=-11)
+    before = db_now()
+
+    taken = take(job, backoff_ms=4_000)
+
+    assert taken is not None
+    assert taken.status == "pending"
+    assert taken.lease_owner is None
+    assert taken.lease_epoch == 4
+    assert (taken.redrives, taken.redrives_since_commit) == (2, 3)
+    assert taken.continuation_seq == 5
+    assert taken.next_run_at >= before + timedelta(seconds=4)
+    assert taken.pending_since is not None
+
+
+@pytest.mark.django_db
+def test_take_orphan__the_old_holder_is_fenced_out():
+    """Invariant 4: the epoch bump stops the old holder's every write."""
+    job = running(lease_expires_at=-60)
+    old = lease_of(job)
+    take(job)
+
+    assert store.heartbeat(old) is None
+    assert store.write_checkpoint(old, {"late": 1}) is False
+    assert store.complete(old) is None
+    assert store.assert_lease(old) is False
+    assert reload(job).checkpoint is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(lease_expires_at=30),
+        dict(lease_expires_at=-2),
+        dict(lease_owner=None, lease_expires_at=-600, next_run_at=-600, consecutive_failures=1),
+        dict(lease_expires_at=-600, error_code="retry_exhausted", error_class="transient"),
+        dict(lease_expires_at=-600, error_code="unrecoverable", error_class="unrecoverable"),
+        dict(lease_expires_at=-600, error_code="terminal", error_class="terminal"),
+        dict(lease_expires_at=-600, cancel_requested_at=-700),
+        dict(status="pending", lease_owner=None, lease_expires_at=-600),
+        dict(status="completed", lease_expires_at=-600, finished_at=-600),
+    ],
+    ids=[
+        "live-lease", "inside-grace", "released-lease-waiting-for-retry", "verdict-retry-exhausted",
+        "verdict-unrecoverable", "verdict-terminal", "cancel-requested", "pending", "completed",
+    ],
+)
+def test_take_orphan__does_not_apply(fields):
+    """DESIGN §6: an orphan is a running job whose lease expired past the grace under a
+    live claim, and nothing else. A failed slice waiting for its retry is merely queued;
+    verdict rows are recorded and cancel-requested rows ended by the reconciler instead."""
+    job = running(**fields)
+    before = snapshot(job)
+
+    assert take(job) is None
+    assert snapshot(job) == before
+
+
+# ---------------------------------------------------------------------------------------
+# redrive_pending (broker transports only)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_redrive_pending__reissues_a_pending_job_past_the_ttl():
+    job = JobFactory(pending_since=-120, next_run_at=-100, lease_epoch=2)
+    redriven = store.redrive_pending(job.id, pending_ttl_ms=60_000)
+
+    assert redriven is not None
+    assert (redriven.status, redriven.lease_epoch, redriven.redrives, redriven.redrives_since_commit) == (
+        "pending", 3, 1, 1,
+    )
+    assert redriven.next_run_at <= db_now()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(pending_since=-30, next_run_at=-30),
+        dict(pending_since=-300, next_run_at=-10),  # scheduled recently: the TTL counts from the run time
+        dict(pending_since=-300, next_run_at=-300, cancel_requested_at=-5),
+        dict(status="running", lease_owner="w", lease_epoch=1, lease_expires_at=-300,
+             pending_since=-300, next_run_at=-300),
+    ],
+    ids=["fresh", "recently-due", "cancel-requested", "running"],
+)
+def test_redrive_pending__does_not_apply(fields):
+    job = JobFactory(**fields)
+    before = snapshot(job)
+    assert store.redrive_pending(job.id, pending_ttl_ms=60_000) is None
+    assert snapshot(job) == before
+
+
+# ---------------------------------------------------------------------------------------
+# park
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["pending", "running"])
+def test_park__fails_a_live_job_with_its_reason(status):
+    job = running(status=status, lease_epoch=6, redrives_since_commit=5)
+    parked = store.park(job.id, 6, "poison", "re-driven 5 times without progress")
+
+    assert (parked.status, parked.error_code, parked.error_class) == ("failed", "poison", "terminal")
+    assert parked.parked_at is not None and parked.finished_at is not None
+    assert parked.lease_owner is None and parked.next_run_at is None
+    assert parked.error_message == "re-driven 5 times without progress"
+
+
+@pytest.mark.django_db
+def test_park__is_fenced_on_the_epoch_the_caller_saw():
+    """Invariant 4: a job taken over since the reconciler looked is not parked by it."""
+    job = running(lease_epoch=6)
+    before = snapshot(job)
+    assert store.park(job.id, 5, "poison", None) is None
+    assert snapshot(job) == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
+def test_park__refused_for_a_finished_job(status):
+    job = running(status=status, lease_epoch=6)
+    assert store.park(job.id, 6, "poison", None) is None
+    assert reload(job).parked_at is None
+
+
+# ---------------------------------------------------------------------------------------
+# request_cancel and cancel_pending (invariant 8)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["pending", "running"])
+def test_request_cancel__records_the_wish_and_writes_no_status(status):
+    job = running(status=status)
+    asked = store.request_cancel(job.id, DEFAULT_SCOPE, by="alice")
+
+    assert asked.cancel_requested_at is not None and asked.cancelled_by == "alice"
+    assert asked.status == status
+
+
+@pytest.mark.django_db
+def test_request_cancel__keeps_the_first_requester_and_time():
+    job = JobFactory(cancel_requested_at=-60, cancelled_by="alice")
+    first_time = job.cancel_requested_at
+
+    again = store.request_cancel(job.id, DEFAULT_SCOPE, by="bob")
+
+    assert (again.cancelled_by, again.cancel_requested_at) == ("alice", first_time)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
+def test_request_cancel__refused_for_a_finished_job(status):
+    job = JobFactory(status=status, next_run_at=None, finished_at=-1)
+    assert store.request_cancel(job.id, DEFAULT_SCOPE, by="alice") is None
+    assert reload(job).cancel_requested_at is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("row_org", "scope"),
+    [
+        (None, Scope(tenant="tenant-b")),
+        (None, Scope(tenant="default", organization="acme")),
+        ("acme", Scope(tenant="default")),
+    ],
+    ids=["other-tenant", "org-scope-on-tenant-wide-row", "tenant-wide-scope-on-org-row"],
+)
+def test_request_cancel__refused_from_another_scope(row_org, scope):
+    """Invariant 10."""
+    job = JobFactory(organization_id=row_org)
+    assert store.request_cancel(job.id, scope, by="mallory") is None
+    assert reload(job).cancel_requested_at is None
+
+
+@pytest.mark.django_db
+def test_cancel_pending__ends_a_pending_job_whose_cancellation_was_requested():
+    job = JobFactory(cancel_requested_at=-1)
+    ended = store.cancel_pending(job.id)
+    assert ended.status == "cancelled" and ended.finished_at is not None and ended.next_run_at is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "fields",
+    [dict(status="pending"), dict(status="running", cancel_requested_at=-1),
+     dict(status="failed", cancel_requested_at=-1, finished_at=-1)],
+    ids=["not-requested", "running", "finished"],
+)
+def test_cancel_pending__does_not_apply(fields):
+    """A running job ends itself through the cancel CAS; only a pending one is ended here."""
+    job = running(**fields) if fields["status"] == "running" else JobFactory(**fields)
+    before = snapshot(job)
+    assert store.cancel_pending(job.id) is None
+    assert snapshot(job) == before
+
+
+# ---------------------------------------------------------------------------------------
+# operator_redrive (invariant 13)
+# ---------------------------------------------------------------------------------------
+
+
+def redrive(job, *, force=False, scope=DEFAULT_SCOPE, grace_ms=GRACE_MS):
+    return store.operator_redrive(job.id, scope, force=force, grace_ms=grace_ms)
+
+
+@pytest.mark.django_db
+def test_operator_redrive__reissues_a_failed_job_with_fresh_budgets():
+    """Invariant 13: budgets reset, identity kept (redrives + 1 as a new delivery)."""
+    job = JobFactory(
+        status="failed", next_run_at=None, finished_at=-5, parked_at=-5, error_code="poison",
+        error_class="terminal", redrives=2, redrives_since_commit=5, consecutive_failures=3,
+        mirror_attempts=4, lease_epoch=8, continuation_seq=6, cancel_requested_at=-9,
+        cancelled_by="alice", domain_mirrored_at=db_now(), checkpoint={"cursor": 7},
+    )
+
+    redriven = redrive(job)
+
+    assert redriven.status == "pending"
+    assert (redriven.redrives, redriven.lease_epoch, redriven.continuation_seq) == (3, 9, 6)
+    assert (redriven.redrives_since_commit, redriven.consecutive_failures, redriven.mirror_attempts) == (0, 0, 0)
+    assert redriven.parked_at is None and redriven.finished_at is None and redriven.domain_mirrored_at is None
+    assert redriven.error_code is None and redriven.error_class is None
+    assert redriven.cancel_requested_at is None and redriven.cancelled_by is None
+    assert redriven.checkpoint == {"cursor": 7}  # the work done so far is kept
+    assert redriven.next_run_at <= db_now()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["completed", "cancelled"])
+def test_operator_redrive__refuses_completed_and_cancelled(status):
+    """Invariant 13: terminal is terminal, even with force."""
+    job = JobFactory(status=status, next_run_at=None, finished_at=-5)
+    before = snapshot(job)
+    assert redrive(job) is None
+    assert redrive(job, force=True) is None
+    assert snapshot(job) == before
+
+
+@pytest.mark.django_db
+def test_operator_redrive__refuses_unrecoverable_unless_forced():
+    job = JobFactory(status="failed", next_run_at=None, finished_at=-5,
+                     error_code="unrecoverable", error_class="unrecoverable")
+    assert redrive(job) is None
+    assert reload(job).status == "failed"
+    assert redrive(job, force=True).status == "pending"
+
+
+@pytest.mark.django_db
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: operator_redrive (and service.redrive) test error_code = 'unrecoverable', "
+    "but parking a job whose verdict was unrecoverable (mirror_failed via "
+    "bump_mirror_attempts, or park) overwrites error_code with the park reason and keeps "
+    "error_class = 'unrecoverable'; such a job is re-driven without force (invariant 13).",
+)
+def test_operator_redrive__refuses_an_unrecoverable_failure_parked_for_its_mirror_unless_forced():
+    job = running(lease_epoch=2)
+    lease = lease_of(job)
+    assert fail(lease, error_class="unrecoverable").verdict == "unrecoverable"
+    # The terminal transaction's mirror keeps failing: the budget parks the job.
+    parked = store.bump_mirror_attempts(lease, max_attempts=1, delay_ms=0, message="mirror broke")
+    assert (parked.status, parked.error_code, parked.error_class) == ("failed", "mirror_failed", "unrecoverable")
+
+    assert redrive(job) is None
+
+
+@pytest.mark.django_db
+def test_operator_redrive__takes_a_running_job_whose_lease_expired_past_the_grace():
+    job = running(lease_expires_at=-60, lease_epoch=3)
+    old = lease_of(job)
+    taken = redrive(job)
+    assert (taken.status, taken.lease_epoch, taken.redrives) == ("pending", 4, 1)
+    assert store.heartbeat(old) is None
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(lease_expires_at=30),
+        dict(lease_expires_at=-2),
+        dict(lease_owner=None, lease_expires_at=-600, next_run_at=-600),
+        dict(status="pending", lease_owner=None),
+    ],
+    ids=["live-lease", "inside-grace", "released-lease", "pending"],
+)
+def test_operator_redrive__refuses_a_live_job(fields):
+    job = running(**fields)
+    before = snapshot(job)
+    assert redrive(job) is None
+    assert snapshot(job) == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "scope",
+    [Scope(tenant="tenant-b"), Scope(tenant="default", organization="acme")],
+    ids=["other-tenant", "other-organization"],
+)
+def test_operator_redrive__refused_from_another_scope(scope):
+    """Invariant 10."""
+    job = JobFactory(status="failed", next_run_at=None, finished_at=-5)
+    assert redrive(job, scope=scope) is None
+    assert reload(job).status == "failed"
+
+
+# ---------------------------------------------------------------------------------------
+# record_enqueue
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_record_enqueue__records_the_broker_message_of_a_live_job():
+    job = JobFactory()
+    assert store.record_enqueue(job.id, "msg-1", "bulk") is True
+    row = reload(job)
+    assert (row.queue_job_id, row.queue_name) == ("msg-1", "bulk")
+
+
+@pytest.mark.django_db
+def test_record_enqueue__refused_for_a_finished_job():
+    job = JobFactory(status="completed", next_run_at=None, finished_at=-1)
+    assert store.record_enqueue(job.id, "msg-1", "bulk") is False
+    assert reload(job).queue_job_id is None
+
+
+# ---------------------------------------------------------------------------------------
+# Candidate selections (invariant 14)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_select_cancelling__returns_live_cancel_requested_jobs_of_the_tenant():
+    wanted = JobFactory(cancel_requested_at=-5)
+    wanted_running = running(cancel_requested_at=-4)
+    JobFactory()  # not requested
+    JobFactory(status="cancelled", cancel_requested_at=-5, finished_at=-1, next_run_at=None)
+    other_tenant = JobFactory(tenant_id="tenant-b", cancel_requested_at=-5)
+
+    with transaction.atomic():
+        everyone = {j.id for j in store.select_cancelling(limit=10)}
+        ours = {j.id for j in store.select_cancelling(limit=10, tenant="default")}
+        theirs = {j.id for j in store.select_cancelling(limit=10, tenant="tenant-b")}
+
+    assert everyone == {wanted.id, wanted_running.id, other_tenant.id}
+    assert ours == {wanted.id, wanted_running.id}
+    assert theirs == {other_tenant.id}
+
+
+@pytest.mark.django_db
+def test_select_orphans__returns_leases_expired_past_the_grace_of_the_tenant():
+    orphan = running(lease_expires_at=-60)
+    running(lease_expires_at=-1)  # inside the grace
+    running(lease_expires_at=60)  # live
+    running(lease_owner=None, lease_expires_at=-600, next_run_at=-600)  # waiting for its retry
+    other_tenant = running(tenant_id="tenant-b", lease_expires_at=-60)
+
+    with transaction.atomic():
+        everyone = {j.id for j in store.select_orphans(grace_ms=GRACE_MS, limit=10)}
+        ours = {j.id for j in store.select_orphans(grace_ms=GRACE_MS, limit=10, tenant="default")}
+
+    assert everyone == {orphan.id, other_tenant.id}
+    assert ours == {orphan.id}
+
+
+@pytest.mark.django_db
+def test_select_stale_pending__returns_pending_jobs_due_longer_than_the_ttl():
+    stale = JobFactory(pending_since=-300, next_run_at=-300)
+    JobFactory(pending_since=-300, next_run_at=-5)
+    JobFactory(pending_since=-300, next_run_at=-300, cancel_requested_at=-1)
+    other_tenant = JobFactory(tenant_id="tenant-b", pending_since=-300, next_run_at=-300)
+
+    with transaction.atomic():
+        everyone = {j.id for j in store.select_stale_pending(pending_ttl_ms=60_000, limit=10)}
+        ours = {j.id for j in store.select_stale_pending(pending_ttl_ms=60_000, limit=10, tenant="default")}
+
+    assert everyone == {stale.id, other_tenant.id}
+    assert ours == {stale.id}
+
+
+SELECTIONS = {
+    "select_cancelling": (
+        lambda: JobFactory(cancel_requested_at=-5),
+        store.SELECT_CANCELLING,
+        lambda limit: store.select_cancelling(limit=limit),
+        {},
+    ),
+    "select_orphans": (
+        lambda: running(lease_expires_at=-60),
+        store.SELECT_ORPHANS,
+        lambda limit: store.select_orphans(grace_ms=GRACE_MS, limit=limit),
+        {"grace_ms": GRACE_MS},
+    ),
+    "select_stale_pending": (
+        lambda: JobFactory(pending_since=-300, next_run_at=-300),
+        store.SELECT_STALE_PENDING,
+        lambda limit: store.select_stale_pending(pending_ttl_ms=60_000, limit=limit),
+        {"pending_ttl_ms": 60_000},
+    ),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", SELECTIONS)
+def test_selection__two_reconcilers_side_by_side_take_disjoint_rows(name, other_connection):
+    """Invariant 14: FOR UPDATE SKIP LOCKED; the second reconciler neither waits nor
+    takes what the first holds."""
+    build, sql, select, params = SELECTIONS[name]
+    ids = {build().id for _ in range(4)}
+
+    with other_connection.transaction():
+        other_connection.execute("SET LOCAL lock_timeout = '2s'")
+        theirs = {row[0] for row in other_connection.execute(sql, {**params, "limit": 2, "tenant": None})}
+        with transaction.atomic():
+            ours = {j.id for j in select(10)}
+
+    assert len(theirs) == 2
+    assert ours == ids - theirs
