@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 
-from durable_jobs import conf, registry, signals, store, validation
+from durable_jobs import conf, metrics, registry, signals, store, validation
 from durable_jobs.context import Slice
 from durable_jobs.exceptions import CancelRequested, LeaseLost
 from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
@@ -211,8 +211,12 @@ def _finish(
         )
         if parked is None:
             return "lease_lost"
-        return "parked" if parked.status == "failed" else "mirror_retry"
+        if parked.status != "failed":
+            return "mirror_retry"
+        metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.MIRROR_FAILED.value)
+        return "parked"
     signals.job_finished.send_robust(sender=Slice, job=row, outcome=outcome)
+    metrics.emit(f"jobs_{outcome}", kind=job.kind)
     return outcome
 
 
@@ -222,7 +226,10 @@ def _park_unknown_kind(job: Job, using: str) -> str:
         f"no handler is registered for kind {job.kind!r} in this worker", using=using))
     if parked == "bookkeeping_failed":
         return parked
-    return "parked" if parked is not None else "lease_lost"
+    if parked is None:
+        return "lease_lost"
+    metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.UNKNOWN_KIND.value)
+    return "parked"
 
 
 def _guarded(using: str, write: Callable[[], T]) -> T | str:
@@ -273,6 +280,8 @@ def _describe(error: BaseException) -> str:
 def _report(job: Job, began: float, outcome: str, error: str | None = None) -> SliceReport:
     duration = time.monotonic() - began
     report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error)
+    metrics.emit("slices", kind=job.kind, outcome=outcome)
+    metrics.observe("slice_seconds", duration, kind=job.kind, outcome=outcome)
     level = logging.WARNING if outcome in ("lease_lost", "bookkeeping_failed", "parked") else logging.INFO
     # kind matched KIND_PATTERN at start and the id is a UUID: only validated bytes here.
     log.log(level, "slice kind=%s job=%s outcome=%s duration_ms=%d%s", job.kind, job.id, outcome,

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, models
 
-from durable_jobs import conf, registry, store, validation
+from durable_jobs import conf, metrics, registry, signals, store, validation
 from durable_jobs.exceptions import IdempotencyConflict, InvalidInput, JobNotFound, UnknownKind, WrongState
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES, Scope, Status
@@ -138,6 +138,9 @@ def start(
         # The key is tenant-wide; answering with another organization's job would leak
         # it, and answering with a job of another kind would hide a caller's bug.
         raise IdempotencyConflict(idempotency_key or "", job.id)
+    if result.created:
+        metrics.emit("jobs_started", kind=kind)
+        signals.job_started.send_robust(sender=Job, job=job)
     return job
 
 

@@ -182,7 +182,10 @@ def insert_job(
                 job = _one(using, INSERT_JOB, params)
         except IntegrityError as error:
             constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
-            if constraint == IDEMPOTENCY_INDEX and key is not None:
+            # Whichever index refused, a job under this idempotency key is the answer: a
+            # retried request racing its original loses on the lock key it also carries,
+            # yet must get the original back, exactly as when the two run one after another.
+            if constraint in (IDEMPOTENCY_INDEX, LOCK_KEY_INDEX) and key is not None:
                 existing = find_by_idempotency_key(scope, key, using=using)
                 if existing is not None:
                     return InsertResult(existing, created=False)
@@ -485,6 +488,9 @@ UPDATE {TABLE}
            WHEN %(error_class)s = 'unrecoverable' THEN 'unrecoverable'
            WHEN %(error_class)s = 'terminal' THEN 'terminal'
            WHEN consecutive_failures + 1 >= %(max_failures)s THEN 'retry_exhausted'
+           -- A handler's own code never reads as a verdict: only the class and the
+           -- counter decide one.
+           WHEN %(code)s IN {_VERDICTS} THEN 'reported_' || %(code)s
            ELSE %(code)s END,
        next_run_at = CASE
            WHEN %(error_class)s IN ('unrecoverable', 'terminal')

@@ -1,0 +1,174 @@
+"""The reconciler's steps, each through the store's SKIP LOCKED selections and CAS statements."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+from durable_jobs import conf, store
+from durable_jobs.reconciler import Reconciler
+from durable_jobs.states import Lease
+from tests.factories import JobFactory, reload, running
+
+pytestmark = pytest.mark.django_db
+
+
+def settings_with(**overrides):
+    base = dict(conf.get().__class__.__dataclass_fields__)
+    current = {name: getattr(conf.get(), name) for name in base}
+    current.update(overrides)
+    return override_settings(DURABLE_JOBS=current)
+
+
+@pytest.fixture
+def mirrored(kinds):
+    """A kind whose mirror records every outcome it sees."""
+    seen: list[tuple[object, str]] = []
+    kinds.add("tests.mirrored", mirror=lambda job, outcome: seen.append((job.id, outcome)))
+    return seen
+
+
+class TestCancelStep:
+    def test_ends_a_pending_job_whose_cancel_was_requested_with_its_mirror(self, mirrored):
+        job = JobFactory(kind="tests.mirrored", cancel_requested_at=-1)
+        report = Reconciler().run_pass()
+        assert report.cancelled == 1
+        after = reload(job)
+        assert after.status == "cancelled" and after.domain_mirrored_at is not None
+        assert mirrored == [(job.id, "cancelled")]
+
+    def test_ends_a_running_job_whose_worker_is_gone(self, mirrored):
+        gone = running(kind="tests.mirrored", cancel_requested_at=-5, lease_expires_at=-60)
+        released = running(kind="tests.mirrored", cancel_requested_at=-5, lease_owner=None, lease_expires_at=-1,
+                           next_run_at=30)
+        Reconciler().run_pass()
+        assert reload(gone).status == "cancelled"
+        assert reload(released).status == "cancelled"
+
+    def test_leaves_a_running_job_with_a_live_lease_to_its_worker(self, mirrored):
+        live = running(kind="tests.mirrored", cancel_requested_at=-1, lease_expires_at=60)
+        Reconciler().run_pass()
+        assert reload(live).status == "running", "Invariant 8: the worker ends it at its next heartbeat"
+        assert mirrored == []
+
+    def test_a_job_not_asked_to_cancel_is_never_cancelled(self, mirrored):
+        job = JobFactory(kind="tests.mirrored")
+        Reconciler().run_pass()
+        assert reload(job).status == "pending"
+
+
+class TestOrphanStep:
+    def test_takes_an_orphan_back_to_pending_under_a_new_epoch(self, kinds):
+        kinds.add("tests.noop")
+        orphan = running(lease_expires_at=-60, lease_epoch=4)
+        report = Reconciler().run_pass()
+        assert report.orphans_taken == 1
+        after = reload(orphan)
+        assert after.status == "pending" and after.lease_epoch == 5 and after.redrives == 1
+        assert after.redrives_since_commit == 1
+        old = Lease(job_id=orphan.id, owner="worker-a", epoch=4, ttl_ms=1000)
+        assert store.heartbeat(old) is None, "the old worker, waking up, finds its lease gone"
+
+    def test_leaves_a_lease_inside_its_grace_and_a_released_retry_alone(self, kinds):
+        kinds.add("tests.noop")
+        fresh = running(lease_expires_at=-0.1)  # expired, but inside the 0.5 s grace
+        retry = running(lease_owner=None, lease_expires_at=-3600, next_run_at=-3600)
+        Reconciler().run_pass()
+        assert reload(fresh).status == "running" and reload(fresh).redrives == 0
+        after = reload(retry)
+        assert after.status == "running" and after.redrives == 0, "DESIGN §6: a queued retry is not an orphan"
+
+    def test_parks_a_job_redriven_too_often_without_progress_as_poison(self, kinds):
+        kinds.add("tests.noop")
+        job = running(lease_expires_at=-60, redrives_since_commit=5)
+        with settings_with(MAX_REDRIVES_WITHOUT_COMMIT=5):
+            report = Reconciler().run_pass()
+        after = reload(job)
+        assert report.parked == 1
+        assert after.status == "failed" and after.error_code == "poison" and after.parked_at is not None
+        assert "6 times" in after.error_message
+
+    def test_a_committed_unit_resets_the_poison_budget(self, kinds):
+        kinds.add("tests.noop")
+        job = running(lease_expires_at=60, redrives_since_commit=5)
+        lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=1)
+        assert store.heartbeat(lease, committed=True) is False
+        # the lease (1 ms) now expires; the job is an orphan again, but with a fresh budget
+        with connections["default"].cursor() as cursor:
+            cursor.execute("UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 minute' "
+                           "WHERE id = %s", [job.id])
+        with settings_with(MAX_REDRIVES_WITHOUT_COMMIT=5):
+            Reconciler().run_pass()
+        after = reload(job)
+        assert after.status == "pending" and after.redrives_since_commit == 1
+
+    def test_records_a_verdict_whose_worker_died_without_running_the_work_again(self, mirrored):
+        job = running(kind="tests.mirrored", lease_expires_at=-60, error_code="retry_exhausted",
+                      error_class="transient", consecutive_failures=5)
+        report = Reconciler().run_pass()
+        after = reload(job)
+        assert report.verdicts_recorded == 1
+        assert after.status == "failed" and after.error_code == "retry_exhausted"
+        assert after.redrives == 0, "a decided verdict is recorded, never re-driven"
+        assert mirrored == [(job.id, "failed")]
+
+
+class TestStalePendingStep:
+    def test_counts_work_waiting_past_the_pending_ttl_and_spends_nothing(self, kinds):
+        kinds.add("tests.noop")
+        stale = JobFactory(pending_since=-7200, next_run_at=-7200)
+        with settings_with(PENDING_TTL=60):
+            report = Reconciler().run_pass()
+        assert report.stale_pending == 1
+        after = reload(stale)
+        assert (after.status, after.redrives, after.redrives_since_commit, after.lease_epoch) == ("pending", 0, 0, 0)
+
+
+class TestRetention:
+    def test_deletes_only_old_finished_unparked_jobs_in_batches(self, kinds):
+        old_done = [JobFactory(status="completed", finished_at=-90_000, pending_since=None) for _ in range(5)]
+        recent = JobFactory(status="completed", finished_at=-10, pending_since=None)
+        parked = JobFactory(status="failed", finished_at=-90_000, parked_at=-90_000, error_code="poison")
+        live = JobFactory(pending_since=-90_000)
+        with settings_with(RETENTION=86_400):
+            assert store.delete_finished(older_than_ms=86_400_000, limit=2) == 2, "bounded batch"
+            Reconciler().run_pass()
+        assert all(reload(job) is None for job in old_done)
+        assert reload(recent) is not None and reload(parked) is not None and reload(live) is not None
+
+    def test_retention_none_keeps_everything(self, kinds):
+        job = JobFactory(status="completed", finished_at=-10**7, pending_since=None)
+        with settings_with(RETENTION=None):
+            assert Reconciler().run_pass().deleted == 0
+        assert reload(job) is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_reconcilers_side_by_side_act_once_on_each_orphan(kinds):
+    """Invariant 14: SKIP LOCKED gives each pass a disjoint share; no job is taken twice."""
+    kinds.add("tests.noop")
+    orphans = [running(lease_expires_at=-60) for _ in range(150)]
+    barrier = threading.Barrier(2)
+    reports = []
+
+    def one_pass():
+        barrier.wait()
+        try:
+            while True:
+                report = Reconciler().run_pass()
+                reports.append(report)
+                if report.orphans_taken == 0:
+                    break
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=one_pass) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(r.orphans_taken for r in reports) == 150
+    assert {reload(job).redrives for job in orphans} == {1}, "every orphan re-driven exactly once"

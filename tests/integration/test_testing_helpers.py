@@ -1,0 +1,49 @@
+"""durable_jobs.testing: run handlers in-process inside a test's transaction."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+import durable_jobs as durable
+from durable_jobs import testing
+from testproject.demo.models import Effect, Report
+from tests.factories import reload
+
+pytestmark = pytest.mark.django_db
+
+
+def test_run_jobs_runs_every_slice_until_idle():
+    report = Report.objects.create(name="t")
+    job = durable.start("demo.import", input={"rows": 5, "batch": 2}, subject=report)
+    reports = testing.run_jobs()
+    assert [r.outcome for r in reports] == ["completed"]
+    assert reload(job).status == "completed"
+    assert Effect.objects.filter(job_id=job.id).count() == 5
+    report.refresh_from_db()
+    assert report.status == "completed"
+
+
+def test_fast_forward_runs_retries_and_scheduled_jobs_to_their_end():
+    flaky = durable.start("demo.flaky", input={"failures": 2})
+    later = durable.start("demo.flaky", input={"failures": 0}, run_after=timedelta(hours=1))
+    assert [r.outcome for r in testing.run_jobs()] == ["retrying"], "the retry and the later job are not due"
+    outcomes = [r.outcome for r in testing.run_jobs(fast_forward=True)]
+    assert outcomes.count("completed") == 2
+    assert reload(flaky).result == {"attempts": 3} and reload(later).status == "completed"
+
+
+def test_max_slices_and_assert_started():
+    durable.start("demo.import", input={"rows": 1})
+    assert len(testing.run_jobs(max_slices=0)) == 0
+    testing.assert_started("demo.import", input={"rows": 1}, count=1)
+    with pytest.raises(AssertionError, match="no 'demo.flaky' job"):
+        testing.assert_started("demo.flaky")
+
+
+def test_fast_forward_one_job():
+    job = durable.start("demo.flaky", input={"failures": 0}, run_after=timedelta(days=1))
+    assert testing.run_jobs() == []
+    testing.fast_forward(job)
+    assert [r.outcome for r in testing.run_jobs()] == ["completed"]
