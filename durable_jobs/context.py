@@ -61,7 +61,9 @@ class Slice:
         self.using = using
         self.log = JobLogger(logging.getLogger("durable_jobs.job"), {"kind": job.kind, "job_id": job.id})
         self._stopping = stopping or threading.Event()
-        self._deadline = time.monotonic() + handler.setting("SLICE_BUDGET")
+        budget = handler.setting("SLICE_BUDGET")
+        self._deadline = time.monotonic() + budget
+        self._stuck_at = self._deadline + budget
         self._cancel_observed = job.cancel_requested_at is not None
         self._lease_lost = False
         #: True while a fenced transaction holds the job row; the background heartbeat
@@ -107,6 +109,10 @@ class Slice:
             or self._lease_lost
             or time.monotonic() >= self._deadline
         )
+
+    def overran(self) -> bool:
+        """True once the slice has run twice its budget: it is taken for stuck."""
+        return time.monotonic() >= self._stuck_at
 
     # --- fenced writes ---
     @contextlib.contextmanager

@@ -5,6 +5,12 @@ a handler genuinely stuck must lose it. So leases are extended by this thread, o
 own database connection, on each kind's cadence, independent of the handler. The
 heartbeat carries the cancel flag back to the slice and tells it when the lease is gone.
 
+A slice still running at twice its ``SLICE_BUDGET`` is taken for stuck (an infinite loop,
+a call that never returns): the heartbeat stops extending its lease, so the lease
+expires, the reconciler re-drives the job, and everything the stuck slice tries to
+write afterwards is refused. A handler that needs longer slices says so with its
+``slice_budget``.
+
 While a slice is inside ``fenced()`` its transaction holds the job row; the heartbeat
 stands aside (the fence extends the lease itself at commit) and, should it race the
 fence to the row, gives up after a short lock timeout instead of waiting behind it
@@ -75,7 +81,12 @@ class Heartbeater:
             due = [(key, ctx) for key, (ctx, at) in self._slices.items() if at <= now]
         for key, context in due:
             interval = context.handler.setting("HEARTBEAT_INTERVAL")
-            if not context.in_fence:
+            if context.overran():
+                if not context.lease_lost:
+                    log.warning("[%s %s] slice overran twice its budget: its lease is left to expire",
+                                context.kind, context.id)
+                    context.mark_lease_lost()
+            elif not context.in_fence:
                 self._beat(context, lock_timeout_ms=max(50, conf.ms(interval) // 4))
             with self._lock:
                 if key in self._slices:

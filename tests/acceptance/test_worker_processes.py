@@ -200,3 +200,24 @@ def test_a_start_wakes_an_idle_worker_before_the_poll_interval(processes):
     job = durable.start("demo.flaky", input={"failures": 0})
     # Polling alone would take 120 s; the notification makes it prompt.
     wait_until(lambda: status_of(job) == "completed", timeout=30, message="the woken worker to run the job")
+
+
+def test_a_long_computation_keeps_its_lease_through_the_background_heartbeat(processes):
+    job = durable.start("demo.sleep", input={"seconds": 5})  # the lease is 3 s
+    processes.worker("--reconcile", env={"DURABLE_JOBS_RECONCILE_INTERVAL": "0.3"})
+    wait_until(lambda: status_of(job) == "completed", message="the long slice to finish")
+    final = reload(job)
+    assert final.redrives == 0 and final.lease_epoch == 1, "never taken for an orphan"
+
+
+def test_a_stuck_slice_loses_its_lease_and_a_poison_job_is_parked(processes):
+    job = durable.start("demo.sleep", input={"seconds": 120, "stubborn": True})
+    healthy = durable.start("demo.flaky", input={"failures": 0}, run_after=4)
+    processes.worker("--concurrency", "3", "--reconcile", env={
+        "DURABLE_JOBS_SLICE_BUDGET": "0.5", "DURABLE_JOBS_RECONCILE_INTERVAL": "0.3",
+        "DURABLE_JOBS_MAX_REDRIVES_WITHOUT_COMMIT": "1",
+    })
+    wait_until(lambda: status_of(job) == "failed", timeout=60, message="the stuck job to be parked")
+    final = reload(job)
+    assert final.error_code == "poison" and final.parked_at is not None and final.redrives == 2
+    wait_until(lambda: status_of(healthy) == "completed", message="other jobs to keep flowing")

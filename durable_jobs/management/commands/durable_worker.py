@@ -41,9 +41,17 @@ class Command(BaseCommand):
                             help="exit once no job is due (for scripts and tests)")
         parser.add_argument("--reconcile", action="store_true",
                             help="also run the reconciler loop inside this worker")
+        parser.add_argument("--metrics-port", type=positive_int, default=None,
+                            help="serve Prometheus counters on 127.0.0.1:PORT (needs durable-jobs[prometheus])")
 
-    def handle(self, *args, queues, concurrency, burst, reconcile, verbosity, **options) -> None:
+    def handle(self, *args, queues, concurrency, burst, reconcile, metrics_port, verbosity, **options) -> None:
         logging.getLogger("durable_jobs").setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
+        if metrics_port is not None:
+            try:
+                from durable_jobs import prometheus
+            except ImportError:
+                raise CommandError("--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]")
+            prometheus.serve(metrics_port)
         worker = Worker(queues=queues, concurrency=concurrency, burst=burst, reconcile=reconcile)
         worker.install_signal_handlers()
         try:

@@ -1,0 +1,133 @@
+"""The executor's outcome table, in-process (one slice at a time, no worker process)."""
+
+from __future__ import annotations
+
+import pytest
+
+import durable_jobs as durable
+from durable_jobs import store, testing
+from tests.factories import JobFactory, reload, running
+
+pytestmark = pytest.mark.django_db
+
+
+def test_an_unknown_kind_is_parked_with_a_clear_code_instead_of_crashing(kinds):
+    job = JobFactory(kind="tests.nobody_handles_this")
+    reports = testing.run_jobs()
+    assert [r.outcome for r in reports] == ["parked"]
+    after = reload(job)
+    assert after.status == "failed" and after.error_code == "unknown_kind"
+    assert "tests.nobody_handles_this" in after.error_message
+
+
+def test_a_verdict_decided_but_not_recorded_is_recorded_without_running_the_work(kinds):
+    ran = []
+    kinds.add("tests.counted", lambda job: ran.append(job.id) or durable.DONE)
+    job = running(kind="tests.counted", lease_owner=None, lease_expires_at=-1, next_run_at=-1,
+                  error_code="retry_exhausted", error_class="transient", consecutive_failures=5)
+    assert [r.outcome for r in testing.run_jobs()] == ["failed"]
+    assert ran == [], "the handler never ran again"
+    after = reload(job)
+    assert after.status == "failed" and after.error_code == "retry_exhausted"
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "error_class"),
+    [
+        (durable.TerminalError("bad input"), "terminal", "terminal"),
+        (durable.UnrecoverableError("corrupt"), "unrecoverable", "unrecoverable"),
+    ],
+)
+def test_terminal_and_unrecoverable_errors_fail_at_once(kinds, raised, code, error_class):
+    def handler(job):
+        raise raised
+
+    kinds.add("tests.raises", handler)
+    job = durable.start("tests.raises")
+    assert [r.outcome for r in testing.run_jobs()] == ["failed"]
+    after = reload(job)
+    assert (after.status, after.error_code, after.error_class) == ("failed", code, error_class)
+    assert after.consecutive_failures == 1
+
+
+def test_an_invalid_return_value_is_a_terminal_error(kinds):
+    kinds.add("tests.returns_junk", lambda job: 42)
+    job = durable.start("tests.returns_junk")
+    testing.run_jobs()
+    after = reload(job)
+    assert (after.status, after.error_code) == ("failed", "terminal")
+    assert "invalid" in after.error_message.lower() or "returned int" in after.error_message
+
+
+def test_a_classifier_maps_exceptions_to_classes(kinds):
+    def handler(job):
+        raise KeyError("missing")
+
+    kinds.add("tests.classified", handler, classify=lambda e: "unrecoverable" if isinstance(e, KeyError) else "transient")
+    job = durable.start("tests.classified")
+    testing.run_jobs()
+    assert reload(job).error_code == "unrecoverable"
+
+
+def test_a_cancel_observed_by_the_slice_ends_the_job_cancelled(kinds):
+    def handler(job):
+        durable.cancel(job.id, scope=job.scope)
+        job.heartbeat()  # the heartbeat carries the flag back
+        assert job.should_yield()
+        return durable.YIELD
+
+    kinds.add("tests.self_cancelling", handler)
+    job = durable.start("tests.self_cancelling")
+    assert [r.outcome for r in testing.run_jobs()] == ["cancelled"]
+    assert reload(job).status == "cancelled"
+
+
+def test_a_fenced_write_after_the_cancel_was_seen_is_refused(kinds):
+    writes = []
+
+    def handler(job):
+        durable.cancel(job.id, scope=job.scope)
+        job.heartbeat()
+        with job.fenced():
+            writes.append("landed")
+        return durable.DONE
+
+    kinds.add("tests.writes_after_cancel", handler)
+    job = durable.start("tests.writes_after_cancel")
+    testing.run_jobs()
+    assert writes == [] and reload(job).status == "cancelled"
+
+
+def test_a_lost_lease_lands_nothing_and_the_slice_stops(kinds):
+    writes = []
+
+    def handler(job):
+        # Someone takes the job over (epoch + 1) while this slice runs.
+        store.take_orphan(job.id, grace_ms=0, backoff_ms=0) or _force_takeover(job)
+        with job.fenced():
+            writes.append("landed")
+        return durable.DONE
+
+    kinds.add("tests.loses_lease", handler)
+    job = durable.start("tests.loses_lease")
+    reports = testing.run_jobs(max_slices=1)
+    assert [r.outcome for r in reports] == ["lease_lost"]
+    assert writes == []
+    assert reload(job).status == "pending", "the taker's state stands"
+
+
+def _force_takeover(job):
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # test-only: expire the lease so it can be taken
+        cursor.execute("UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 hour' "
+                       "WHERE id = %s", [job.id])
+    assert store.take_orphan(job.id, grace_ms=0, backoff_ms=0) is not None
+
+
+def test_a_result_that_is_not_json_fails_the_job_instead_of_stranding_it(kinds):
+    kinds.add("tests.bad_result", lambda job: durable.Done({"when": object()}))
+    job = durable.start("tests.bad_result")
+    testing.run_jobs()
+    after = reload(job)
+    assert after.status == "failed" and after.error_code == "terminal"

@@ -1,0 +1,119 @@
+"""Races between an operator and a late worker: exactly one of them wins, on two connections."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections, transaction
+
+import durable_jobs as durable
+from durable_jobs import store
+from durable_jobs.states import Lease
+from tests.factories import reload, running
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def race(*actions):
+    """Run each action on its own thread and connection, released together; return results."""
+    barrier = threading.Barrier(len(actions))
+    results: list = [None] * len(actions)
+
+    def run(index, action):
+        barrier.wait()
+        try:
+            results[index] = action()
+        except Exception as error:  # noqa: BLE001 - the loser may be refused with an error
+            results[index] = error
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i, a)) for i, a in enumerate(actions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_cancel_racing_completion_leaves_exactly_one_terminal_status(kinds):
+    """Invariant 8: cancellation is a request; it never overwrites a completion."""
+    kinds.add("tests.noop")
+    for _ in range(10):
+        job = running(lease_expires_at=60)
+        lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=1000)
+        completed, cancelled = race(lambda: store.complete(lease), lambda: durable.cancel(job.id))
+        after = reload(job)
+        assert completed is not None and after.status == "completed", "the holder's completion stands"
+        assert isinstance(cancelled, durable.WrongState) or cancelled.status == "running"
+
+
+def test_the_cancel_cas_and_a_completion_cannot_both_win(kinds):
+    kinds.add("tests.noop")
+    for _ in range(10):
+        job = running(lease_expires_at=60, cancel_requested_at=-1)
+        lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=1000)
+        done, cancelled = race(lambda: store.complete(lease), lambda: store.cancel(lease))
+        assert (done is None) != (cancelled is None), "exactly one terminal CAS applies"
+        assert reload(job).status in ("completed", "cancelled")
+
+
+def test_operator_redrive_racing_a_late_completion(kinds):
+    """A stalled worker completes late while an operator re-drives its expired lease."""
+    kinds.add("tests.noop")
+    for _ in range(10):
+        job = running(lease_expires_at=-120)
+        lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=1000)
+        done, redriven = race(lambda: store.complete(lease), lambda: durable.redrive(job.id))
+        after = reload(job)
+        if done is not None:
+            assert after.status == "completed" and isinstance(redriven, durable.WrongState)
+        else:
+            assert after.status == "pending" and after.lease_epoch == 2 and not isinstance(redriven, Exception)
+
+
+def test_orphan_take_racing_the_old_worker_s_heartbeat(kinds):
+    """Whoever wins, the old holder never keeps writing after a take."""
+    kinds.add("tests.noop")
+    for _ in range(10):
+        job = running(lease_expires_at=-60)
+        lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=60_000)
+        beat, taken = race(lambda: store.heartbeat(lease), lambda: store.take_orphan(job.id, grace_ms=0, backoff_ms=0))
+        if taken is not None:
+            assert beat is None or reload(job).lease_epoch == 2
+            assert store.heartbeat(lease) is None, "after the take the old lease is dead"
+        else:
+            assert beat is False, "the heartbeat renewed first, so the job was no orphan any more"
+
+
+def test_an_orphan_take_waits_for_a_fenced_transaction_holding_the_row(kinds):
+    """A fenced transaction holds the row; a concurrent take waits for it and then wins."""
+    kinds.add("tests.noop")
+    job = running(lease_expires_at=-60)
+    lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=60_000)
+    inside = threading.Event()
+    release = threading.Event()
+
+    def fenced_writer():
+        try:
+            with transaction.atomic():
+                assert store.assert_lease(lease)
+                inside.set()
+                release.wait(5)
+                return store.write_checkpoint(lease, {"at": 1})
+        finally:
+            connections.close_all()
+
+    def taker():
+        try:
+            inside.wait(5)
+            threading.Timer(0.3, release.set).start()
+            return store.take_orphan(job.id, grace_ms=0, backoff_ms=0)
+        finally:
+            connections.close_all()
+
+    wrote, taken = race(fenced_writer, taker)
+    assert wrote is True, "the fence held the row: its write landed first"
+    assert taken is None, "the checkpoint renewed the lease, so the job was no orphan by the time the take ran"
+    assert reload(job).checkpoint == {"at": 1}
