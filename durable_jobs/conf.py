@@ -50,6 +50,9 @@ class Settings:
     NOTIFY_CHANNEL: str | None = "durable_jobs"
     #: How long running slices get to yield after the first SIGTERM/SIGINT.
     SHUTDOWN_GRACE: float = 30.0
+    #: A fenced transaction left idle this long (its worker stopped or stuck while holding
+    #: the job row) is ended by PostgreSQL, releasing the row so the job can be re-driven.
+    FENCED_IDLE_TIMEOUT: float = 300.0
     #: Reconciler pass cadence.
     RECONCILE_INTERVAL: float = 5.0
     #: Largest serialized input/checkpoint/meta/result accepted, in bytes.

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from durable_jobs import conf, store, validation
+from durable_jobs import conf, faults, store, validation
 from durable_jobs.exceptions import CancelRequested, LeaseLost
 from durable_jobs.states import Lease, Scope
 
@@ -137,11 +137,12 @@ class Slice:
             self.in_fence = True
             try:
                 if outermost:
-                    store.limit_idle_in_transaction(self.lease.ttl_ms, using=self.using)
+                    store.limit_idle_in_transaction(conf.ms(conf.get().FENCED_IDLE_TIMEOUT), using=self.using)
                 if not store.assert_lease(self.lease, using=self.using):
                     self._lease_lost = True
                     raise LeaseLost(self.id, self.lease.epoch)
                 yield
+                faults.point("domain_before_commit")
                 cancel = store.heartbeat(self.lease, using=self.using)
                 if cancel is None:  # cannot happen while we hold the row lock; never assume
                     self._lease_lost = True
@@ -150,6 +151,7 @@ class Slice:
                     self._cancel_observed = True
             finally:
                 self.in_fence = False
+        faults.point("domain_after_commit")
 
     def save_checkpoint(self, state: Any, *, processed: int | None = None, total: Any = _UNSET) -> None:
         """Durably record where the work stands: a committed unit (resets the budgets).

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 
-from durable_jobs import conf, metrics, registry, signals, store, validation
+from durable_jobs import conf, faults, metrics, registry, signals, store, validation
 from durable_jobs.context import Slice
 from durable_jobs.exceptions import CancelRequested, LeaseLost
 from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
@@ -65,6 +65,7 @@ def run_slice(
 ) -> SliceReport:
     """Run the handler for ``job`` (already claimed by this worker) and record the outcome."""
     began = time.monotonic()
+    faults.point("after_claim")
     handler = registry.get(job.kind)
     if handler is None:
         return _report(job, began, _park_unknown_kind(job, using))
@@ -197,6 +198,7 @@ def _finish(
                 handler.mirror(row, outcome)
             if not store.mark_mirrored(row, using=using):
                 raise RuntimeError("mark_mirrored found no row inside its own terminal transaction")
+            faults.point("terminal_inside")
     except (OperationalError, InterfaceError):
         raise  # the connection failed, not the mirror: _guarded retries the whole transaction
     except Exception as error:  # noqa: BLE001 - the mirror is user code
@@ -215,6 +217,7 @@ def _finish(
             return "mirror_retry"
         metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.MIRROR_FAILED.value)
         return "parked"
+    faults.point("terminal_after")
     signals.job_finished.send_robust(sender=Slice, job=row, outcome=outcome)
     metrics.emit(f"jobs_{outcome}", kind=job.kind)
     return outcome

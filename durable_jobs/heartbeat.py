@@ -26,7 +26,7 @@ import time
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 
-from durable_jobs import conf, store
+from durable_jobs import conf, faults, store
 from durable_jobs.context import Slice
 
 log = logging.getLogger("durable_jobs.heartbeat")
@@ -93,6 +93,7 @@ class Heartbeater:
                     self._slices[key] = (context, time.monotonic() + interval)
 
     def _beat(self, context: Slice, *, lock_timeout_ms: int) -> None:
+        faults.point("before_heartbeat")
         try:
             cancel = store.heartbeat(context.lease, lock_timeout_ms=lock_timeout_ms, using=self.using)
         except DatabaseError as error:

@@ -32,7 +32,7 @@ import threading
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 
-from durable_jobs import conf, metrics, registry, store
+from durable_jobs import conf, faults, metrics, registry, store
 from durable_jobs.states import VERDICT_CODES, Lease, ParkReason
 
 log = logging.getLogger("durable_jobs.reconciler")
@@ -117,6 +117,7 @@ class Reconciler:
                     continue
                 handler = registry.get(job.kind)
                 backoff = handler.retry_delay(job.redrives_since_commit + 1) if handler else settings.RETRY_BACKOFF_BASE
+                faults.point("reconciler_between")
                 with transaction.atomic(using=self.using):
                     taken = store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=conf.ms(backoff), using=self.using)
                     if taken is None:

@@ -24,12 +24,25 @@ import time
 from collections.abc import Sequence
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, close_old_connections, connections
+from django.db.backends.signals import connection_created
 
 from durable_jobs import conf, store, validation
 from durable_jobs.executor import SliceReport, run_slice
 from durable_jobs.heartbeat import Heartbeater
 
 log = logging.getLogger("durable_jobs.worker")
+
+
+def tag_connection(sender, connection, **kwargs) -> None:
+    """Name each worker connection after its thread (``<application_name>/durable-slot-0``).
+
+    ``pg_stat_activity`` then tells an operator which connection is a slot, the heartbeat
+    or the listener, and a fault-injection test can cut exactly one of them.
+    """
+    role = threading.current_thread().name
+    if role.startswith("durable-"):
+        store.set_application_name(f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/{role}"[:63],
+                                   using=connection.alias)
 
 
 def worker_identity() -> str:
@@ -87,6 +100,7 @@ class Worker:
     def run(self) -> int:
         """Run until stopped (or idle, in burst mode); return the process exit code."""
         settings = conf.get()
+        connection_created.connect(tag_connection, dispatch_uid="durable_jobs.tag_connection")
         log.info("worker %s starting: queues=%s concurrency=%d", self.identity, ",".join(self.queues), self.concurrency)
         self._heartbeater.start()
         threads = [threading.Thread(target=self._slot, args=(n,), name=f"durable-slot-{n}", daemon=True)
@@ -162,7 +176,9 @@ class Worker:
             raw = None
             try:
                 connection = connections[self.using]
-                raw = connection.get_new_connection(connection.get_connection_params())
+                params = connection.get_connection_params()
+                params["application_name"] = f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/durable-listener"[:63]
+                raw = connection.get_new_connection(params)
                 raw.autocommit = True
                 store.listen(raw, channel)
                 failures = 0

@@ -80,3 +80,11 @@ def sleep(job: durable.Slice):
             return durable.YIELD
         time.sleep(0.05)
     return durable.DONE
+
+
+@durable.handler("demo.suicide")
+def suicide(job: durable.Slice):
+    """Kill the worker process running it: a poison job (never commits anything)."""
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,6 +1,7 @@
 """Domain rows the demo and the tests write through fenced() slices."""
 
 from django.db import models
+from django.db.models import Func
 
 
 class Report(models.Model):
@@ -19,3 +20,6 @@ class Effect(models.Model):
     item = models.IntegerField()
     epoch = models.BigIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
+    # The writing transaction, so the fault-injection checker can find the job-row
+    # change the same transaction made and compare epochs.
+    txid = models.BigIntegerField(db_default=Func(function="txid_current", output_field=models.BigIntegerField()))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from durable_jobs import store
 from durable_jobs.states import Scope
@@ -421,6 +421,12 @@ def test_select_stale_pending__returns_pending_jobs_due_longer_than_the_ttl():
     assert ours == {stale.id}
 
 
+def _fail_fast_on_locks() -> None:
+    """Without SKIP LOCKED the selection would wait for the other transaction: fail fast."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '2s'")
+
+
 SELECTIONS = {
     "select_cancelling": (
         lambda: JobFactory(cancel_requested_at=-5),
@@ -455,6 +461,7 @@ def test_selection__two_reconcilers_side_by_side_take_disjoint_rows(name, other_
         other_connection.execute("SET LOCAL lock_timeout = '2s'")
         theirs = {row[0] for row in other_connection.execute(sql, {**params, "limit": 2, "tenant": None})}
         with transaction.atomic():
+            _fail_fast_on_locks()
             ours = {j.id for j in select(10)}
 
     assert len(theirs) == 2

@@ -1,0 +1,395 @@
+"""The durable_jobs scenarios. Imported after ``django.setup()`` by ``benchmarks.run``.
+
+Every figure is computed from the database: completions are counted in SQL, latencies
+are ``started_at - created_at`` (both stamped by the database clock) computed in SQL,
+throughput is completed rows over the database-clock window from the first claim to the
+last completion.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+import uuid
+from pathlib import Path
+
+from django.db import connection, transaction
+
+import durable_jobs as durable
+from benchmarks import procs
+from durable_jobs import conf, store
+from durable_jobs.states import Lease
+
+TABLE = "durable_jobs_job"
+KIND = "bench.noop"
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Ctx:
+    """What every scenario needs: the server, the measuring connection, env, paths."""
+
+    def __init__(self, server, dburl: str, env: dict, logs: Path, python: str) -> None:
+        self.server = server
+        self.dburl = dburl
+        self.env = env
+        self.logs = logs
+        self.python = python
+
+    def sql(self, query: str, params=None):
+        """Run a measuring query on a fresh autocommit connection (never the Django one)."""
+        import psycopg
+
+        with psycopg.connect(self.dburl, autocommit=True) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else None
+
+    def worker_cmd(self, concurrency: int, *, burst: bool, verbosity: int = 1) -> list[str]:
+        cmd = [self.python, "manage.py", "durable_worker", "--concurrency", str(concurrency), "-v", str(verbosity)]
+        return cmd + (["--burst"] if burst else [])
+
+    def worker_env(self, *, notify: bool = True, poll_interval: float = 1.0) -> dict:
+        env = dict(self.env)
+        env["BENCH_NOTIFY"] = "1" if notify else "0"
+        env["BENCH_POLL_INTERVAL"] = repr(poll_interval)
+        return env
+
+
+def reset() -> None:
+    with connection.cursor() as cur:
+        cur.execute(f"TRUNCATE {TABLE}")
+
+
+def fill(n: int, *, batch: int = 500) -> float:
+    """Start ``n`` no-op jobs through the public API, ``batch`` per transaction; return seconds."""
+    began = time.perf_counter()
+    done = 0
+    while done < n:
+        chunk = min(batch, n - done)
+        with transaction.atomic():
+            for _ in range(chunk):
+                durable.start(KIND)
+        done += chunk
+    with connection.cursor() as cur:
+        cur.execute(f"ANALYZE {TABLE}")
+    return time.perf_counter() - began
+
+
+# ---------------------------------------------------------------------------------------
+# start rate
+# ---------------------------------------------------------------------------------------
+
+def start_rate(n: int) -> dict:
+    """One ``durable.start()`` per transaction, one client (this process)."""
+    reset()
+    with transaction.atomic():
+        durable.start(KIND)  # warm the connection and the code paths
+    times = []
+    began = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        with transaction.atomic():
+            durable.start(KIND)
+        times.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - began
+    return {"n": n, "seconds": elapsed, "per_second": n / elapsed,
+            "p50_ms": _pct(times, 50) * 1000, "p99_ms": _pct(times, 99) * 1000}
+
+
+def bulk_start(n: int) -> dict:
+    """``durable.start_many`` if the API exists; otherwise reported as not implemented."""
+    start_many = getattr(durable, "start_many", None)
+    if start_many is None:
+        try:
+            from durable_jobs import service
+
+            start_many = getattr(service, "start_many", None)
+        except ImportError:
+            start_many = None
+    if start_many is None:
+        return {"implemented": False}
+    import inspect
+
+    reset()
+    params = list(inspect.signature(start_many).parameters)
+    began = time.perf_counter()
+    try:
+        with transaction.atomic():
+            if params and params[0] == "kind":
+                start_many(KIND, [None] * n)
+            else:
+                start_many([{"kind": KIND, "input": None} for _ in range(n)])
+    except Exception as error:  # noqa: BLE001 - an API we did not write: report, never guess
+        return {"implemented": True, "error": f"{type(error).__name__}: {error}"[:300]}
+    elapsed = time.perf_counter() - began
+    count = _count_kind()
+    return {"implemented": True, "n": n, "rows": count, "seconds": elapsed, "per_second": n / elapsed}
+
+
+def _count_kind() -> int:
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT count(*) FROM {TABLE} WHERE kind = %s", [KIND])
+        return cur.fetchone()[0]
+
+
+# ---------------------------------------------------------------------------------------
+# throughput
+# ---------------------------------------------------------------------------------------
+
+def throughput(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeout: float,
+               extra_cmd_prefix: list[str] | None = None) -> dict:
+    """Pre-fill ``n`` jobs, run ``processes`` × ``durable_worker --concurrency slots --burst``."""
+    reset()
+    fill_seconds = fill(n)
+    cpu0 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
+    cmds = [(extra_cmd_prefix or []) + ctx.worker_cmd(slots, burst=True) for _ in range(processes)]
+    logs = [ctx.logs / f"durable-{tag}-{i}.log" for i in range(processes)]
+    group = procs.Group(cmds, env=ctx.worker_env(), cwd=REPO, logs=logs)
+    results = group.wait(timeout)
+    cpu1 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
+    row = ctx.sql(
+        f"""SELECT count(*) FILTER (WHERE status = 'completed'), count(*),
+                   extract(epoch FROM max(finished_at) - min(started_at))
+              FROM {TABLE} WHERE kind = %s""", [KIND])[0]
+    completed, total, window = row[0], row[1], float(row[2] or 0)
+    out = {
+        "n": n, "processes": processes, "slots_per_process": slots, "completed": completed, "rows": total,
+        "db_window_seconds": window, "per_second": completed / window if window else None,
+        "wall_seconds": max(r.wall_seconds for r in results),
+        "exit_codes": [r.exit_code for r in results], "timed_out": any(r.timed_out for r in results),
+        "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
+        "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
+        "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
+        "fill_seconds": fill_seconds, "logs": [str(p) for p in logs],
+    }
+    out["verified"] = completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# latency
+# ---------------------------------------------------------------------------------------
+
+def latency(ctx: Ctx, m: int, *, notify: bool, poll_interval: float, slots: int, gap: float, tag: str) -> dict:
+    """``m`` single starts, spaced ``gap`` s apart on average, to an idle worker."""
+    reset()
+    group = procs.Group([ctx.worker_cmd(slots, burst=False)], env=ctx.worker_env(notify=notify,
+                        poll_interval=poll_interval), cwd=REPO, logs=[ctx.logs / f"durable-latency-{tag}.log"])
+    try:
+        problem = _warm_up(ctx, group, notify=notify)
+        if problem:
+            return {"error": problem}
+        warm_ids = [r[0] for r in ctx.sql(f"SELECT id FROM {TABLE}")]
+        rng = random.Random(6)
+        for _ in range(m):
+            with transaction.atomic():
+                durable.start(KIND)
+            time.sleep(rng.uniform(gap / 2, gap * 1.5))
+        deadline = time.monotonic() + max(30.0, poll_interval * 5)
+        while time.monotonic() < deadline:
+            left = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0]
+            if left == 0:
+                break
+            time.sleep(0.1)
+    finally:
+        results = group.stop()
+    return _latency_sql(ctx, warm_ids, m) | {"worker_exit": results[0].exit_code,
+                                               "max_rss_mib": results[0].max_rss_kib / 1024}
+
+
+def _warm_up(ctx: Ctx, group: procs.Group, *, notify: bool) -> str | None:
+    deadline = time.monotonic() + 60
+    for _ in range(3):
+        with transaction.atomic():
+            durable.start(KIND)
+    while time.monotonic() < deadline:
+        if not group.alive():
+            return f"worker exited during warm-up: {procs.tail(group.logs[0])}"
+        done = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status = 'completed'")[0][0]
+        listening = (not notify) or ctx.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN %%'"
+        )[0][0] > 0
+        if done >= 3 and listening:
+            return None
+        time.sleep(0.1)
+    return "worker not ready after 60 s (warm-up jobs not completed or no LISTEN connection)"
+
+
+def _latency_sql(ctx: Ctx, warm_ids: list, m: int) -> dict:
+    row = ctx.sql(
+        f"""SELECT count(*),
+                   count(*) FILTER (WHERE status = 'completed'),
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
+                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
+                   max(extract(epoch FROM started_at - created_at)),
+                   avg(extract(epoch FROM started_at - created_at))
+              FROM {TABLE} WHERE NOT (id = ANY(%s))""", [warm_ids])[0]
+    count, completed, p50, p99, worst, mean = row
+    return {"m": m, "rows": count, "completed": completed,
+            "p50_ms": _ms(p50), "p99_ms": _ms(p99), "max_ms": _ms(worst), "mean_ms": _ms(mean),
+            "verified": count == m and completed == m}
+
+
+def _ms(seconds) -> float | None:
+    return None if seconds is None else float(seconds) * 1000
+
+
+# ---------------------------------------------------------------------------------------
+# heartbeat
+# ---------------------------------------------------------------------------------------
+
+def heartbeat(ctx: Ctx, seconds: float) -> dict:
+    """``store.heartbeat`` in a loop on one lease; the HOT share of the updates it made."""
+    reset()
+    with transaction.atomic():
+        durable.start(KIND, queue="bench_heartbeat")
+    ttl_ms = conf.ms(conf.get().LEASE_TTL)
+    claimed = store.dequeue(["bench_heartbeat"], f"bench:{uuid.uuid4().hex[:6]}", ttl_ms, limit=1)
+    if not claimed:
+        return {"error": "could not claim the heartbeat job"}
+    job = claimed[0]
+    lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=ttl_ms)
+    before = _table_stats(ctx)
+    beats = 0
+    lost = 0
+    began = time.perf_counter()
+    deadline = began + seconds
+    while time.perf_counter() < deadline:
+        if store.heartbeat(lease, processed=beats) is None:
+            lost += 1
+        beats += 1
+    elapsed = time.perf_counter() - began
+    after = _table_stats(ctx)
+    upd = after[0] - before[0]
+    hot = after[1] - before[1]
+    return {"beats": beats, "seconds": elapsed, "per_second": beats / elapsed, "lost": lost,
+            "n_tup_upd": upd, "n_tup_hot_upd": hot, "hot_share": hot / upd if upd else None}
+
+
+def _table_stats(ctx: Ctx) -> tuple[int, int]:
+    # The updating backend (Django's connection) flushes its pending counters now; a fresh
+    # connection then reads them (a session caches what it read within a transaction).
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_stat_force_next_flush()")
+    time.sleep(0.05)
+    row = ctx.sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", [TABLE])[0]
+    return int(row[0]), int(row[1])
+
+
+# ---------------------------------------------------------------------------------------
+# table size: dequeue and reconciler with many finished rows
+# ---------------------------------------------------------------------------------------
+
+FILL_FINISHED = f"""
+INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, lease_epoch,
+                     started_at, finished_at, heartbeat_at, lease_expires_at, domain_mirrored_at)
+SELECT gen_random_uuid(), 'default', %(kind)s, 'completed', t - interval '2 seconds', t, 'default', 1,
+       t - interval '1 second', t, t - interval '1 second', t, t
+  FROM (SELECT clock_timestamp() - random() * interval '7 days' AS t
+          FROM generate_series(1, %(n)s)) AS finished
+"""
+
+
+def grow_finished(ctx: Ctx, target: int) -> dict:
+    """Bring the number of finished rows to ``target`` with one INSERT … SELECT generate_series."""
+    have = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status = 'completed'")[0][0]
+    began = time.perf_counter()
+    if target > have:
+        ctx.sql(FILL_FINISHED, {"kind": KIND, "n": target - have})
+    ctx.sql(f"VACUUM (ANALYZE) {TABLE}")
+    size = ctx.sql(f"SELECT pg_size_pretty(pg_total_relation_size('{TABLE}'))")[0][0]
+    return {"finished_rows": target, "fill_seconds": time.perf_counter() - began, "total_size": size}
+
+
+def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int) -> dict:
+    """Time ``store.dequeue`` (one row per call, as a slot calls it) and reconciler passes."""
+    from durable_jobs.reconciler import Reconciler
+
+    with connection.cursor() as cur:  # leftovers of the previous size
+        cur.execute(f"DELETE FROM {TABLE} WHERE status <> 'completed'")
+    warm = 20
+    pending = warm + reps + explain_reps + 5
+    with transaction.atomic():
+        for _ in range(pending):
+            durable.start(KIND)
+    ctx.sql(f"ANALYZE {TABLE}")
+    settings = conf.get()
+    ttl_ms = conf.ms(settings.LEASE_TTL)
+    owner = f"bench:{uuid.uuid4().hex[:6]}"
+    queues = [settings.DEFAULT_QUEUE]
+    for _ in range(warm):
+        store.dequeue(queues, owner, ttl_ms, limit=1)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        got = store.dequeue(queues, owner, ttl_ms, limit=1)
+        times.append(time.perf_counter() - t0)
+        assert got, "ran out of pending jobs"
+    dequeue_params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1}
+    exec_ms = [_explain_time(store.DEQUEUE, dequeue_params) for _ in range(explain_reps)]
+    plans = {"DEQUEUE": _explain_text(store.DEQUEUE, dequeue_params)}
+
+    reconciler = Reconciler()
+    reconciler.run_pass()
+    pass_times = []
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        reconciler.run_pass()
+        pass_times.append(time.perf_counter() - t0)
+    grace_ms = conf.ms(settings.ORPHAN_GRACE)
+    candidates = {
+        "SELECT_CANCELLING": {"limit": 100, "tenant": None},
+        "SELECT_ORPHANS": {"grace_ms": grace_ms, "limit": 100, "tenant": None},
+        "SELECT_STALE_PENDING": {"pending_ttl_ms": conf.ms(settings.PENDING_TTL), "limit": 100, "tenant": None},
+        "COUNT_STALE_PENDING": {"pending_ttl_ms": conf.ms(settings.PENDING_TTL), "tenant": None},
+        "DELETE_FINISHED": {"older_than_ms": conf.ms(settings.RETENTION or 30 * 86400), "limit": 1000,
+                            "tenant": None},
+    }
+    for name, params in candidates.items():
+        sql = getattr(store, name, None)
+        if sql is None:
+            plans[name] = f"(store.{name} does not exist in this version)"
+            continue
+        try:
+            plans[name] = _explain_text(sql, params)
+        except Exception as error:  # noqa: BLE001 - statements evolve; report instead of failing
+            plans[name] = f"(EXPLAIN failed: {type(error).__name__}: {error})"
+    return {
+        "dequeue_p50_ms": _pct(times, 50) * 1000, "dequeue_p90_ms": _pct(times, 90) * 1000,
+        "dequeue_mean_ms": statistics.fmean(times) * 1000,
+        "dequeue_exec_p50_ms": _pct(exec_ms, 50), "dequeue_exec_values_ms": exec_ms,
+        "reconcile_p50_ms": _pct(pass_times, 50) * 1000, "reconcile_max_ms": max(pass_times) * 1000,
+        "reps": reps, "passes": passes, "plans": plans,
+    }
+
+
+def _explain(sql: str, params: dict, options: str):
+    """EXPLAIN ANALYZE a statement inside a transaction that is rolled back."""
+    with transaction.atomic():
+        with connection.cursor() as cur:
+            cur.execute(f"EXPLAIN ({options}) {sql}", params)
+            rows = cur.fetchall()
+        transaction.set_rollback(True)
+    return rows
+
+
+def _explain_text(sql: str, params: dict) -> str:
+    return "\n".join(r[0] for r in _explain(sql, params, "ANALYZE, BUFFERS, VERBOSE OFF, SETTINGS"))
+
+
+def _explain_time(sql: str, params: dict) -> float:
+    data = _explain(sql, params, "ANALYZE, FORMAT JSON")[0][0]
+    if isinstance(data, str):
+        data = json.loads(data)
+    return float(data[0]["Execution Time"])
+
+
+def _pct(values: list[float], pct: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * pct / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)

@@ -1,0 +1,163 @@
+"""Subprocesses with exact resource accounting, and the server's CPU time.
+
+Worker processes are reaped with ``os.wait4``, which returns the child's own rusage:
+user/system CPU seconds and ``ru_maxrss`` (peak resident set, KiB on Linux) — the
+worker's peak memory, measured by the kernel rather than sampled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_LIVE: list[subprocess.Popen] = []
+
+
+@dataclass
+class ProcResult:
+    cmd: list[str]
+    exit_code: int | None
+    wall_seconds: float
+    user_cpu: float = 0.0
+    system_cpu: float = 0.0
+    max_rss_kib: int = 0
+    timed_out: bool = False
+    log: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return self.user_cpu + self.system_cpu
+
+
+class Group:
+    """A set of processes started together and reaped with their rusage."""
+
+    def __init__(self, cmds: list[list[str]], *, env: dict, cwd: Path, logs: list[Path]) -> None:
+        self.cmds = cmds
+        self.began = time.monotonic()
+        self.procs: list[subprocess.Popen] = []
+        self.logs = logs
+        self.results: dict[int, ProcResult] = {}
+        for cmd, log in zip(cmds, logs):
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "wb") as sink:
+                proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs.append(proc)
+            _LIVE.append(proc)
+
+    def poll(self) -> bool:
+        """Reap whatever exited; True when every process has."""
+        for index, proc in enumerate(self.procs):
+            if index in self.results:
+                continue
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            proc.returncode = code
+            if proc in _LIVE:
+                _LIVE.remove(proc)
+            self.results[index] = ProcResult(
+                cmd=self.cmds[index], exit_code=code, wall_seconds=time.monotonic() - self.began,
+                user_cpu=usage.ru_utime, system_cpu=usage.ru_stime, max_rss_kib=usage.ru_maxrss,
+                log=str(self.logs[index]),
+            )
+        return len(self.results) == len(self.procs)
+
+    def alive(self) -> bool:
+        return not self.poll()
+
+    def wait(self, timeout: float) -> list[ProcResult]:
+        deadline = time.monotonic() + timeout
+        while not self.poll():
+            if time.monotonic() > deadline:
+                self.stop(signal.SIGKILL)
+                for result in self.results.values():
+                    result.timed_out = True
+                break
+            time.sleep(0.02)
+        return [self.results[i] for i in range(len(self.procs))]
+
+    def stop(self, signum: int = signal.SIGTERM, timeout: float = 20.0) -> list[ProcResult]:
+        """Signal every live process (SIGTERM: a graceful stop), then reap them."""
+        for index, proc in enumerate(self.procs):
+            if index not in self.results:
+                try:
+                    proc.send_signal(signum)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        while not self.poll():
+            if time.monotonic() > deadline and signum != signal.SIGKILL:
+                return self.stop(signal.SIGKILL, timeout=10)
+            time.sleep(0.02)
+        return [self.results[i] for i in range(len(self.procs))]
+
+
+def kill_all() -> None:
+    """Last resort on an interrupted run: kill the processes this run started (by pid)."""
+    for proc in list(_LIVE):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        _LIVE.remove(proc)
+
+
+def run(cmd: list[str], *, env: dict, cwd: Path, log: Path, timeout: float) -> ProcResult:
+    return Group([cmd], env=env, cwd=cwd, logs=[log]).wait(timeout)[0]
+
+
+def tail(path: str | Path, lines: int = 5) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+# --- the server's CPU ---------------------------------------------------------------
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int, *, with_children: bool) -> float:
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    # fields[0] is state (field 3); utime=14, stime=15, cutime=16, cstime=17 (1-based)
+    utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
+    total = utime + stime + ((cutime + cstime) if with_children else 0)
+    return total / _TICKS
+
+
+def server_cpu_seconds(postmaster_pid: int | None) -> float | None:
+    """CPU seconds used so far by a local server: the postmaster, its live backends, and
+    (through the postmaster's reaped-children counters) every backend that has exited."""
+    if postmaster_pid is None:
+        return None
+    try:
+        total = _proc_cpu(postmaster_pid, with_children=True)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    stat = handle.read()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid == postmaster_pid:
+                    total += _proc_cpu(int(entry), with_children=False)
+            except (OSError, ValueError, IndexError):
+                continue
+        return total
+    except OSError:
+        return None

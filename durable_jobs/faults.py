@@ -1,0 +1,64 @@
+"""Named crash and pause points for the fault-injection suite (tests only).
+
+Inert unless the environment variable ``DURABLE_JOBS_FAULTS`` is set when the process
+starts: then ``point(name)`` is one truthiness test of an empty dict. A test sets, for
+example::
+
+    DURABLE_JOBS_FAULTS="domain_before_commit=kill@3,before_heartbeat=pause:5"
+
+``kill`` sends SIGKILL to this process, ``stop`` SIGSTOP, ``pause:S`` sleeps S seconds
+on the calling thread. ``@N`` fires on the N-th time the point is reached (default:
+the first), ``@*`` every time.
+
+Points: ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
+``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+POINTS = frozenset({
+    "after_claim", "domain_before_commit", "domain_after_commit", "terminal_inside", "terminal_after",
+    "reconciler_between", "before_heartbeat",
+})
+
+
+def _parse(raw: str) -> dict[str, tuple[str, float, str]]:
+    plan = {}
+    for entry in filter(None, (part.strip() for part in raw.split(","))):
+        name, _, spec = entry.partition("=")
+        spec, _, when = spec.partition("@")
+        action, _, arg = spec.partition(":")
+        if name not in POINTS or action not in ("kill", "stop", "pause"):
+            raise ValueError(f"DURABLE_JOBS_FAULTS: cannot read {entry!r}")
+        plan[name] = (action, float(arg or 0), when or "1")
+    return plan
+
+
+_PLAN = _parse(os.environ.get("DURABLE_JOBS_FAULTS", ""))
+_hits: dict[str, int] = {}
+_lock = threading.Lock()
+
+
+def point(name: str) -> None:
+    """Fire the fault planned for ``name``, if any."""
+    if not _PLAN or name not in _PLAN:
+        return
+    action, arg, when = _PLAN[name]
+    with _lock:
+        _hits[name] = _hits.get(name, 0) + 1
+        count = _hits[name]
+    if when != "*" and count != int(when):
+        return
+    # stderr, unbuffered: the test reads it to know the fault fired.
+    os.write(2, f"FAULT {name} {action} (hit {count}) pid={os.getpid()}\n".encode())
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    else:
+        time.sleep(arg)

@@ -1,0 +1,158 @@
+"""Fault-injection scenarios. Each runs real worker processes with a named fault, lets a
+rescuing worker (with its reconciler) finish, then checks every invariant over the
+recorded history (tests/chaos/history.py)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+import durable_jobs as durable
+from durable_jobs.models import Job
+from tests.acceptance.harness import backends_of, terminate_backends, wait_until
+from tests.chaos.conftest import assert_invariants
+
+pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
+
+RESCUE = {"DURABLE_JOBS_RECONCILE_INTERVAL": "0.3"}
+
+
+def start_imports(n: int, rows: int = 6, delay: float = 0.05) -> list:
+    return [durable.start("demo.import", input={"rows": rows, "batch": 1, "delay": delay}) for _ in range(n)]
+
+
+def finish_with_rescuer(processes, jobs, *, timeout: float = 60) -> None:
+    processes.worker("--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE)
+    ids = [job.id for job in jobs]
+    wait_until(lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
+               timeout=timeout, message="every job to finish after the fault")
+
+
+@pytest.mark.parametrize("point", ["after_claim", "domain_before_commit", "domain_after_commit",
+                                   "terminal_inside", "terminal_after", "before_heartbeat"])
+def test_sigkill_at_a_named_point_loses_nothing_and_duplicates_nothing(recorded, processes, point):
+    jobs = start_imports(3, rows=6, delay=0.2)  # long enough for heartbeats to come due
+    victim = processes.worker(app_name="durable-victim", env={"DURABLE_JOBS_FAULTS": f"{point}=kill@2"})
+    victim.wait(timeout=60)
+    assert victim.popen.returncode == -signal.SIGKILL, victim.output()
+    assert f"FAULT {point} kill" in victim.output()
+    finish_with_rescuer(processes, jobs)
+    assert all(job.status == "completed" for job in Job.objects.filter(id__in=[j.id for j in jobs]))
+    assert_invariants(recorded, processes)
+
+
+def test_a_reconciler_killed_between_select_and_update(recorded, processes):
+    jobs = start_imports(2, rows=20, delay=0.1)
+    first = processes.worker(app_name="durable-first")
+    wait_until(lambda: Job.objects.filter(processed_count__gte=2).count() == 2, message="progress")
+    first.signal(signal.SIGKILL)
+    first.wait()
+    reconciler = processes.worker("--reconcile", "--queues", "nothing", app_name="durable-reconciler",
+                                  env={**RESCUE, "DURABLE_JOBS_FAULTS": "reconciler_between=kill"})
+    reconciler.wait(timeout=30)
+    assert "FAULT reconciler_between kill" in reconciler.output()
+    finish_with_rescuer(processes, jobs)
+    assert_invariants(recorded, processes)
+
+
+def test_sigstop_past_the_lease_then_sigcont_lands_no_zombie_write(recorded, processes):
+    jobs = start_imports(2, rows=8, delay=0.6)
+    zombie = processes.worker("--concurrency", "2", app_name="durable-zombie")
+    wait_until(lambda: Job.objects.filter(processed_count__gte=1).count() == 2, message="both under way")
+    zombie.signal(signal.SIGSTOP)
+    time.sleep(4.5)  # past the 3 s lease and the 0.5 s grace
+    processes.worker("--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE)
+    wait_until(lambda: Job.objects.filter(redrives__gte=1).count() == 2, message="the orphans to be taken")
+    zombie.signal(signal.SIGCONT)
+    wait_until(lambda: zombie.output().count("outcome=lease_lost") == 2, timeout=30,
+               message="the zombie to try, and be refused, for both jobs")
+    wait_until(lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(), message="the finish")
+    assert_invariants(recorded, processes)
+
+
+def test_a_domain_transaction_held_open_past_the_lease(recorded, processes):
+    """The heartbeat must not deadlock against the worker's own row lock, and the lease
+    written at commit must be fresh, not computed from the transaction's start."""
+    jobs = start_imports(1, rows=3, delay=0)
+    worker = processes.worker("--reconcile", app_name="durable-slow-tx",
+                              env={**RESCUE, "DURABLE_JOBS_FAULTS": "domain_before_commit=pause:5"})
+    wait_until(lambda: "FAULT domain_before_commit pause" in worker.output(), message="the pause")
+    wait_until(lambda: Job.objects.get(id=jobs[0].id).status == "completed", message="the job to complete")
+    job = Job.objects.get(id=jobs[0].id)
+    assert job.redrives == 0, "nobody took the job while its fence held the row"
+    with __import__("django").db.connection.cursor() as cursor:
+        cursor.execute("SELECT lease_expires_at > at FROM durable_jobs_history WHERE job_id = %s AND op = 'UPDATE' "
+                       "AND status = 'running' AND lease_owner IS NOT NULL ORDER BY seq", [job.id])
+        fresh = [row[0] for row in cursor.fetchall()]
+    assert fresh and all(fresh), "every lease the slice wrote lay in the future of its own write"
+    assert_invariants(recorded, processes)
+
+
+def test_a_worker_stopped_inside_its_fenced_transaction_is_cut_off_by_the_server(recorded, processes):
+    """The stopped worker holds the job row; PostgreSQL ends its idle transaction after
+    FENCED_IDLE_TIMEOUT, the job is re-driven, and the zombie's late commit lands nothing."""
+    jobs = start_imports(1, rows=4, delay=0.2)
+    zombie = processes.worker(app_name="durable-zombie", env={
+        "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2", "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2"})
+    wait_until(lambda: "FAULT domain_before_commit stop" in zombie.output(), message="the stop inside the fence")
+    finish_with_rescuer(processes, jobs)
+    zombie.signal(signal.SIGCONT)
+    wait_until(lambda: "outcome=" in zombie.output().split("FAULT domain_before_commit stop")[-1], timeout=20,
+               message="the zombie to finish its slice after waking")
+    assert Job.objects.get(id=jobs[0].id).redrives >= 1
+    assert_invariants(recorded, processes)
+
+
+@pytest.mark.parametrize("role", ["durable-slot-0", "durable-heartbeat", "durable-listener"])
+def test_pg_terminate_backend_of_one_worker_connection(recorded, processes, role):
+    jobs = start_imports(2, rows=10, delay=0.1)
+    worker = processes.worker("--reconcile", app_name="durable-cut", env=RESCUE)
+    name = f"durable-cut/{role}"
+    wait_until(lambda: backends_of(name), message=f"the {role} connection")
+    wait_until(lambda: Job.objects.filter(processed_count__gte=2).exists(), message="progress")
+    assert terminate_backends(name) == 1
+    if role == "durable-listener":
+        later = durable.start("demo.flaky", input={"failures": 0})
+        jobs.append(later)
+    wait_until(lambda: not Job.objects.filter(id__in=[j.id for j in jobs], status__in=["pending", "running"]).exists(),
+               timeout=60, message="every job to finish after the cut")
+    assert worker.popen.poll() is None, "the worker survived"
+    if role != "durable-slot-0":
+        wait_until(lambda: backends_of(name), message=f"the {role} connection to come back")
+    assert_invariants(recorded, processes)
+
+
+def test_a_poison_handler_that_kills_its_worker_every_slice_is_parked(recorded, processes):
+    poison = durable.start("demo.suicide")
+    healthy = start_imports(3, rows=4, delay=0.05)
+    env = {**RESCUE, "DURABLE_JOBS_MAX_REDRIVES_WITHOUT_COMMIT": "2"}
+    recorded.budgets["max_redrives"] = 2
+    deadline = time.monotonic() + 90
+    restarts = 0
+    while Job.objects.get(id=poison.id).status != "failed":
+        assert time.monotonic() < deadline, "the poison job was never parked"
+        worker = processes.worker("--reconcile", app_name=f"durable-poisoned-{restarts}", env=env)
+        while worker.popen.poll() is None and Job.objects.get(id=poison.id).status != "failed":
+            time.sleep(0.1)
+        restarts += 1  # a supervisor restarting the killed worker
+    parked = Job.objects.get(id=poison.id)
+    assert parked.error_code == "poison" and parked.redrives_since_commit == 3
+    finish_with_rescuer(processes, healthy)
+    assert all(job.status == "completed" for job in Job.objects.filter(id__in=[j.id for j in healthy]))
+    assert_invariants(recorded, processes)
+
+
+def test_three_reconcilers_over_hundreds_of_orphans_act_once_each(recorded, processes):
+    from tests.factories import running
+
+    orphans = [running(kind="demo.flaky", input={"failures": 0}, lease_expires_at=-60) for _ in range(300)]
+    reconcilers = [processes.worker("--reconcile", "--queues", "nothing", app_name=f"durable-rec-{n}", env=RESCUE)
+                   for n in range(3)]
+    wait_until(lambda: not Job.objects.filter(status="running").exists(), message="every orphan taken")
+    assert set(Job.objects.filter(id__in=[o.id for o in orphans]).values_list("redrives", flat=True)) == {1}
+    for reconciler in reconcilers:
+        reconciler.signal(signal.SIGTERM)
+    finish_with_rescuer(processes, orphans, timeout=90)
+    assert_invariants(recorded, processes)

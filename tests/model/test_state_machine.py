@@ -1,0 +1,913 @@
+"""A model-based test of the job state machine (DESIGN §4, invariants 4, 6, 7, 8, 10, 11, 13).
+
+A hypothesis ``RuleBasedStateMachine`` drives the store's statements in random order
+against a small reference model of the state machine: a few jobs (at most three, in two
+scopes, some sharing a lock key), a few worker identities, and every lease ever granted
+(a bundle, so stale and forged leases are used as readily as the current one). For each
+rule the model decides, from the SQL's WHERE clause written out in Python, whether the
+statement applies; the test asserts the store's reply (applied or refused, and what it
+returned), updates the model, and the invariants then compare every row read back with
+the model, field by field.
+
+Time is the database's: a timestamp is modelled only as "null / in the past / in the
+future" against ``clock_timestamp()`` read just before the rows. Run times are either due
+(a delay or backoff of 0 ms) or an hour ahead, so nothing becomes due by itself while the
+test runs; a lease expires only through ``expire_lease`` (a raw UPDATE, as the factories
+do: the only way a test fabricates the passing of time) or a claim with a 0 ms TTL.
+
+Each example runs in a savepoint of the test's transaction that is rolled back at the
+end, after deleting every job row, so each starts from an empty table and leaves nothing.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import uuid
+from typing import Any
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from durable_jobs import store
+from durable_jobs.exceptions import LockKeyHeld
+from durable_jobs.models import TABLE, Job
+from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
+
+TTL_MS = 60_000
+#: A delay that keeps a run time in the future for the whole test ("not due").
+LATER_MS = 3_600_000
+#: A grace longer than any lease in this test has been expired (expire_lease: one hour).
+FAR_GRACE_MS = 7_200_000
+MAX_FAILURES = 3
+MAX_JOBS = 3
+WORKERS = ("w1", "w2")
+SCOPES = (Scope(tenant="t1"), Scope(tenant="t1", organization="o1"))
+QUEUES = tuple(f"q{n}" for n in range(MAX_JOBS))
+LIVE = ("pending", "running")
+FINAL = ("completed", "cancelled")
+
+#: How a rule names the scope it acts in: the job's own, the same tenant with the other
+#: organization (a null organization is a value, never a wildcard), or another tenant.
+SCOPE_CHOICE = st.sampled_from(["own", "own", "other_org", "other_tenant"])
+#: Whether a lease-holder write uses the lease as granted or swaps the owner's name.
+IMPOSTOR = st.sampled_from([False, False, False, True])
+DELAYS = st.sampled_from([0, 0, LATER_MS])
+GRACES = st.sampled_from([0, 0, FAR_GRACE_MS])
+
+#: Applied/refused counts per rule across the run, for the coverage check at the end.
+OUTCOMES: collections.Counter[str] = collections.Counter()
+
+
+def _count(rule_name: str, applied: bool) -> None:
+    outcome = f"{rule_name}:{'applied' if applied else 'refused'}"
+    OUTCOMES[outcome] += 1
+    event(outcome)
+
+
+@dataclasses.dataclass
+class ModelJob:
+    """The reference model of one job row: what each column must read back as."""
+
+    id: uuid.UUID
+    tenant: str
+    organization: str | None
+    queue: str
+    lock_key: str | None
+    idempotency_key: str | None
+    status: str = "pending"
+    lease_owner: str | None = None
+    lease_epoch: int = 0
+    lease: str = "none"  # lease_expires_at: "none" (null), "live" (future) or "past"
+    next_run: str | None = "due"  # next_run_at: None, "due" (past or now) or "future"
+    continuation_seq: int = 0
+    redrives: int = 0
+    consecutive_failures: int = 0
+    redrives_since_commit: int = 0
+    interruptions: int = 0
+    mirror_attempts: int = 0
+    cancel_requested: bool = False
+    cancelled_by: str | None = None
+    error_class: str | None = None
+    error_code: str | None = None
+    error_message: str | None = None
+    checkpoint: Any = None
+    result: Any = None
+    processed_count: int = 0
+    total_count: int | None = None
+    pending_since: bool = True
+    started: bool = False
+    finished: bool = False
+    parked: bool = False
+    heartbeat: bool = False
+    last_committed: bool = False
+    mirrored: bool = False
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(tenant=self.tenant, organization=self.organization)
+
+    @property
+    def live(self) -> bool:
+        return self.status in LIVE
+
+    def fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def observe(row: Job, now) -> dict[str, Any]:
+    """The row in the model's vocabulary (timestamps as null / past / future against ``now``)."""
+
+    def lease(ts):
+        return "none" if ts is None else ("live" if ts > now else "past")
+
+    def run(ts):
+        return None if ts is None else ("future" if ts > now else "due")
+
+    return {
+        "id": row.id,
+        "tenant": row.tenant_id,
+        "organization": row.organization_id,
+        "queue": row.queue_name,
+        "lock_key": row.lock_key,
+        "idempotency_key": row.idempotency_key,
+        "status": row.status,
+        "lease_owner": row.lease_owner,
+        "lease_epoch": row.lease_epoch,
+        "lease": lease(row.lease_expires_at),
+        "next_run": run(row.next_run_at),
+        "continuation_seq": row.continuation_seq,
+        "redrives": row.redrives,
+        "consecutive_failures": row.consecutive_failures,
+        "redrives_since_commit": row.redrives_since_commit,
+        "interruptions": row.interruptions,
+        "mirror_attempts": row.mirror_attempts,
+        "cancel_requested": row.cancel_requested_at is not None,
+        "cancelled_by": row.cancelled_by,
+        "error_class": row.error_class,
+        "error_code": row.error_code,
+        "error_message": row.error_message,
+        "checkpoint": row.checkpoint,
+        "result": row.result,
+        "processed_count": row.processed_count,
+        "total_count": row.total_count,
+        "pending_since": row.pending_since is not None,
+        "started": row.started_at is not None,
+        "finished": row.finished_at is not None,
+        "parked": row.parked_at is not None,
+        "heartbeat": row.heartbeat_at is not None,
+        "last_committed": row.last_committed_at is not None,
+        "mirrored": row.domain_mirrored_at is not None,
+    }
+
+
+def snapshot(row: Job) -> dict[str, Any]:
+    """Every column, exactly."""
+    return {f.attname: getattr(row, f.attname) for f in Job._meta.concrete_fields}
+
+
+def expected_fail_code(m: ModelJob, error_class: str, code: str | None) -> str | None:
+    """FAIL_SLICE's verdict CASE, in order: class, then the counter, then the handler's code."""
+    if error_class == "unrecoverable":
+        return "unrecoverable"
+    if error_class == "terminal":
+        return "terminal"
+    if m.consecutive_failures + 1 >= MAX_FAILURES:
+        return "retry_exhausted"
+    if code in VERDICT_CODES:
+        return "reported_" + code
+    return code
+
+
+class StoreMachine(RuleBasedStateMachine):
+    jobs = Bundle("jobs")
+    leases = Bundle("leases")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._savepoint = transaction.atomic()
+        self._savepoint.__enter__()
+        with connection.cursor() as cursor:
+            cursor.execute(f"DELETE FROM {TABLE}")  # tests may; the library may not
+        self.model: dict[uuid.UUID, ModelJob] = {}
+        self.granted: dict[uuid.UUID, tuple[str, int]] = {}  # the latest claim's (owner, epoch)
+        self.yields: collections.Counter[uuid.UUID] = collections.Counter()
+        self.redriven: collections.Counter[uuid.UUID] = collections.Counter()
+        self.highest_epoch: dict[uuid.UUID, int] = {}
+        self.frozen: dict[uuid.UUID, dict[str, Any]] = {}
+
+    def teardown(self) -> None:
+        transaction.set_rollback(True)
+        self._savepoint.__exit__(None, None, None)
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def _scope(self, m: ModelJob, which: str) -> Scope:
+        if which == "own":
+            return m.scope
+        if which == "other_org":
+            return Scope(tenant=m.tenant, organization=None if m.organization else "o1")
+        return Scope(tenant="t2", organization=m.organization)
+
+    @staticmethod
+    def _lease_ends(m: ModelJob, ttl_ms: int) -> None:
+        m.lease = "live" if ttl_ms > 0 else "past"
+
+    def _claimed(self, m: ModelJob, owner: str, ttl_ms: int) -> Lease:
+        """CLAIM's and DEQUEUE's SET list."""
+        m.status = "running"
+        m.lease_owner = owner
+        m.lease_epoch += 1
+        self._lease_ends(m, ttl_ms)
+        m.heartbeat = True
+        m.pending_since = False
+        m.next_run = None
+        m.started = True
+        self.granted[m.id] = (owner, m.lease_epoch)
+        return Lease(job_id=m.id, owner=owner, epoch=m.lease_epoch, ttl_ms=ttl_ms)
+
+    def _redrive_core(self, m: ModelJob) -> None:
+        """_REDRIVE_CORE: a new delivery (redrives + 1), a new epoch, no lease."""
+        m.status = "pending"
+        m.lease_owner = None
+        m.lease_epoch += 1
+        m.lease = "past"
+        m.redrives += 1
+        m.pending_since = True
+        self.redriven[m.id] += 1
+
+    @staticmethod
+    def _released(m: ModelJob) -> None:
+        m.lease_owner = None
+        m.lease = "past"
+
+    def _ended(self, m: ModelJob, status: str) -> None:
+        """What every terminal statement writes."""
+        m.status = status
+        m.finished = True
+        self._released(m)
+        m.next_run = None
+
+    def _holds(self, lease: Lease) -> bool:
+        """LEASE_HELD: status = 'running' AND lease_owner = owner AND lease_epoch = epoch."""
+        m = self.model[lease.job_id]
+        return m.status == "running" and m.lease_owner == lease.owner and m.lease_epoch == lease.epoch
+
+    def _epoch_holds(self, lease: Lease) -> bool:
+        """_TERMINAL_FENCE: status = 'running' AND lease_epoch = epoch (the owner is not read)."""
+        m = self.model[lease.job_id]
+        return m.status == "running" and m.lease_epoch == lease.epoch
+
+    @staticmethod
+    def _as_holder(lease: Lease, impostor: bool) -> Lease:
+        return dataclasses.replace(lease, owner=lease.owner + "~impostor") if impostor else lease
+
+    def _as_terminal(self, lease: Lease, via: str) -> Lease:
+        """A lease as granted, or as the reconciler builds one from the row (owner '', row's epoch)."""
+        if via == "row":
+            return Lease(job_id=lease.job_id, owner="", epoch=self.model[lease.job_id].lease_epoch, ttl_ms=0)
+        return lease
+
+    @staticmethod
+    def _same_as_stored(row: Job | None) -> None:
+        """A statement's RETURNING row is the row as stored."""
+        if row is not None:
+            assert snapshot(row) == snapshot(store.get_job_unscoped(row.id))
+
+    def _check(self, rule_name: str, applied: bool, expected: bool, detail: Any = "") -> None:
+        _count(rule_name, applied)
+        assert applied == expected, (
+            f"{rule_name}: store {'applied' if applied else 'refused'}, model expected "
+            f"{'applied' if expected else 'refused'} {detail}"
+        )
+
+    # --- creation ----------------------------------------------------------------------
+
+    @precondition(lambda self: len(self.model) < MAX_JOBS)
+    @rule(
+        target=jobs,
+        scope=st.sampled_from(SCOPES),
+        lock_key=st.sampled_from([None, "k", "k"]),
+        idempotency_key=st.sampled_from([None, None, "req-1"]),
+        delay_ms=DELAYS,
+        total=st.sampled_from([None, 10]),
+    )
+    def start(self, scope, lock_key, idempotency_key, delay_ms, total):
+        job_id = uuid.uuid4()
+        queue = QUEUES[len(self.model)]
+        fields = {
+            "id": job_id, "kind": "tests.model", "created_by": None, "input": None, "meta": None,
+            "idempotency_key": idempotency_key, "lock_key": lock_key, "subject_type": None,
+            "subject_id": None, "progress_job_id": None, "queue": queue, "priority": 0,
+            "total_count": total, "run_at": None, "delay_ms": delay_ms,
+            "wait_for": None, "wait_key": None, "wait_label": None,
+        }
+        # The idempotency key is tenant-wide and checked first; the lock key is per scope
+        # and held by a live job only.
+        same_key = [m for m in self.model.values()
+                    if idempotency_key is not None and m.idempotency_key == idempotency_key
+                    and m.tenant == scope.tenant]
+        holder = [m for m in self.model.values()
+                  if lock_key is not None and m.lock_key == lock_key and m.scope == scope and m.live]
+        if same_key:
+            result = store.insert_job(fields, scope, notify_channel=None)
+            assert not result.created and result.job.id == same_key[0].id
+            _count("start", False)
+            return multiple()
+        if holder:
+            with pytest.raises(LockKeyHeld) as caught:
+                store.insert_job(fields, scope, notify_channel=None)
+            assert caught.value.holder_id == holder[0].id
+            _count("start", False)
+            return multiple()
+        result = store.insert_job(fields, scope, notify_channel=None)
+        assert result.created and result.job.id == job_id
+        _count("start", True)
+        self.model[job_id] = ModelJob(
+            id=job_id, tenant=scope.tenant, organization=scope.organization, queue=queue,
+            lock_key=lock_key, idempotency_key=idempotency_key, total_count=total,
+            next_run="due" if delay_ms == 0 else "future",
+        )
+        self._same_as_stored(result.job)
+        return job_id
+
+    # --- claim and dequeue ---------------------------------------------------------------
+
+    @rule(
+        target=leases,
+        job=jobs,
+        owner=st.sampled_from(WORKERS),
+        delivery=st.sampled_from(["current", "current", "previous_seq", "previous_redrives"]),
+        scope=SCOPE_CHOICE,
+        ttl_ms=st.sampled_from([TTL_MS, TTL_MS, 0]),
+    )
+    def claim(self, job, owner, delivery, scope, ttl_ms):
+        m = self.model[job]
+        seq, redrives = m.continuation_seq, m.redrives
+        if delivery == "previous_seq":
+            seq -= 1
+        elif delivery == "previous_redrives":
+            redrives -= 1
+        # CLAIM: scope, live, the delivery pair, and a free (null) or expired lease. It
+        # reads neither the owner, nor next_run_at, nor a cancel request, nor a verdict.
+        expected = (scope == "own" and m.live and (seq, redrives) == (m.continuation_seq, m.redrives)
+                    and m.lease in ("none", "past"))
+        row = store.claim(job, self._scope(m, scope), Delivery(seq=seq, redrives=redrives), owner, ttl_ms)
+        self._check("claim", row is not None, expected, (delivery, scope, m.status, m.lease))
+        if row is None:
+            return multiple()
+        lease = self._claimed(m, owner, ttl_ms)
+        assert (row.lease_owner, row.lease_epoch) == (lease.owner, lease.epoch)
+        self._same_as_stored(row)
+        return lease
+
+    @rule(
+        target=leases,
+        queues=st.sets(st.sampled_from(QUEUES), min_size=1),
+        owner=st.sampled_from(WORKERS),
+        limit=st.integers(1, MAX_JOBS),
+        ttl_ms=st.sampled_from([TTL_MS, TTL_MS, 0]),
+    )
+    def dequeue(self, queues, owner, limit, ttl_ms):
+        # DEQUEUE: live, no owner, due, in the queues, no cancel request. The order among
+        # several due rows (priority, then next_run_at) is the database's to pick.
+        eligible = {m.id for m in self.model.values()
+                    if m.live and m.lease_owner is None and m.next_run == "due"
+                    and m.queue in queues and not m.cancel_requested}
+        rows = store.dequeue(sorted(queues), owner, ttl_ms, limit=limit)
+        got = {row.id for row in rows}
+        _count("dequeue", bool(rows))
+        assert len(got) == len(rows) == min(limit, len(eligible)), (got, eligible, limit)
+        assert got <= eligible, (got, eligible)
+        leases = []
+        for row in rows:
+            lease = self._claimed(self.model[row.id], f"{owner}:{row.id}", ttl_ms)
+            assert (row.lease_owner, row.lease_epoch) == (lease.owner, lease.epoch)
+            self._same_as_stored(row)
+            leases.append(lease)
+        return multiple(*leases)
+
+    # --- lease-holder writes ---------------------------------------------------------------
+
+    @rule(
+        lease=leases,
+        impostor=IMPOSTOR,
+        committed=st.booleans(),
+        processed=st.sampled_from([None, 3, 7]),
+        total=st.sampled_from(["unset", None, 10]),
+        lock_timeout_ms=st.sampled_from([None, 1_000]),
+    )
+    def heartbeat(self, lease, impostor, committed, processed, total, lock_timeout_ms):
+        lease = self._as_holder(lease, impostor)
+        m = self.model[lease.job_id]
+        expected = self._holds(lease)
+        kwargs: dict[str, Any] = {"processed": processed, "committed": committed, "lock_timeout_ms": lock_timeout_ms}
+        if total != "unset":
+            kwargs["total"] = total
+        reply = store.heartbeat(lease, **kwargs)
+        self._check("heartbeat", reply is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        if reply is None:
+            return
+        # The reply is the cancel flag (invariant 8: a running slice learns of it here).
+        assert reply is m.cancel_requested
+        self._lease_ends(m, lease.ttl_ms)
+        m.heartbeat = True
+        if processed is not None:
+            m.processed_count = processed
+        if total != "unset":
+            m.total_count = total
+        if committed:  # invariant 7: a committed unit forgives
+            m.consecutive_failures = 0
+            m.redrives_since_commit = 0
+            m.last_committed = True
+
+    @rule(
+        lease=leases,
+        impostor=IMPOSTOR,
+        checkpoint=st.sampled_from([{"cursor": 1}, {"cursor": 2}, [1, "two"], None]),
+        processed=st.sampled_from([None, 5]),
+        total=st.sampled_from(["unset", None, 20]),
+    )
+    def write_checkpoint(self, lease, impostor, checkpoint, processed, total):
+        lease = self._as_holder(lease, impostor)
+        m = self.model[lease.job_id]
+        expected = self._holds(lease)
+        kwargs: dict[str, Any] = {"processed": processed}
+        if total != "unset":
+            kwargs["total"] = total
+        reply = store.write_checkpoint(lease, checkpoint, **kwargs)
+        assert reply in (True, False)
+        self._check("write_checkpoint", reply, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        if not reply:
+            return
+        m.checkpoint = checkpoint
+        self._lease_ends(m, lease.ttl_ms)
+        m.heartbeat = True
+        if processed is not None:
+            m.processed_count = processed
+        if total != "unset":
+            m.total_count = total
+        m.consecutive_failures = 0
+        m.redrives_since_commit = 0
+        m.last_committed = True
+
+    @rule(lease=leases, impostor=IMPOSTOR, interrupted=st.booleans(), delay_ms=DELAYS)
+    def yield_slice(self, lease, impostor, interrupted, delay_ms):
+        lease = self._as_holder(lease, impostor)
+        m = self.model[lease.job_id]
+        expected = self._holds(lease)
+        reply = store.yield_slice(lease, interrupted=interrupted, delay_ms=delay_ms)
+        self._check("yield_slice", reply is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        if reply is None:
+            return
+        # Invariant 6: a new delivery (seq + 1), no budget spent; an interruption is
+        # counted on its own.
+        assert reply == Delivery(seq=m.continuation_seq + 1, redrives=m.redrives)
+        m.status = "pending"
+        m.continuation_seq += 1
+        self.yields[m.id] += 1
+        m.interruptions += int(interrupted)
+        self._released(m)
+        m.pending_since = True
+        m.next_run = "due" if delay_ms == 0 else "future"
+
+    @rule(
+        lease=leases,
+        impostor=IMPOSTOR,
+        error_class=st.sampled_from(["transient", "transient", "terminal", "unrecoverable"]),
+        code=st.sampled_from([None, "boom", "terminal", "unrecoverable", "retry_exhausted"]),
+        message=st.sampled_from([None, "it broke"]),
+        backoff_ms=st.sampled_from([0, LATER_MS]),
+    )
+    def fail_slice(self, lease, impostor, error_class, code, message, backoff_ms):
+        lease = self._as_holder(lease, impostor)
+        m = self.model[lease.job_id]
+        expected = self._holds(lease)
+        reply = store.fail_slice(
+            lease, error_class=error_class, code=code, message=message, max_failures=MAX_FAILURES,
+            backoff_base_ms=backoff_ms, backoff_max_ms=backoff_ms,
+        )
+        self._check("fail_slice", reply is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        if reply is None:
+            return
+        # Invariant 3: the verdict comes from the counter this statement increments.
+        error_code = expected_fail_code(m, error_class, code)
+        assert reply == FailReply(consecutive_failures=m.consecutive_failures + 1, error_code=error_code)
+        verdict = error_code in VERDICT_CODES
+        assert reply.verdict == (error_code if verdict else None)
+        event(f"fail_slice:code={error_code}")
+        m.consecutive_failures += 1
+        m.error_class = error_class
+        m.error_message = message
+        m.error_code = error_code
+        self._released(m)  # the job stays running, deliverable again at next_run_at
+        m.next_run = "due" if verdict or backoff_ms == 0 else "future"
+
+    @rule(lease=leases, impostor=IMPOSTOR, delay_ms=DELAYS)
+    def release_lease(self, lease, impostor, delay_ms):
+        lease = self._as_holder(lease, impostor)
+        m = self.model[lease.job_id]
+        expected = self._holds(lease)
+        row = store.release_lease(lease, delay_ms=delay_ms)
+        self._check("release_lease", row is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        if row is None:
+            return
+        self._released(m)
+        m.next_run = "due" if delay_ms == 0 else "future"
+        self._same_as_stored(row)
+
+    # --- terminal transitions (epoch-fenced) ---------------------------------------------
+
+    def _terminal(self, name: str, lease: Lease, cas, mirror: bool) -> Job | None:
+        """Run a terminal CAS and, when asked, the mirror stamp, in one transaction."""
+        m = self.model[lease.job_id]
+        expected = self._epoch_holds(lease)
+        with transaction.atomic():
+            row = cas()
+            mirrored = store.mark_mirrored(row) if row is not None and mirror else None
+        self._check(name, row is not None, expected, (lease.epoch, m.status, m.lease_owner, m.lease_epoch))
+        if row is not None and mirror:
+            assert mirrored is True
+            m.mirrored = True
+        return row
+
+    @rule(
+        lease=leases,
+        via=st.sampled_from(["lease", "lease", "row"]),
+        result=st.sampled_from([None, {"ok": True}]),
+        processed=st.sampled_from([None, 11]),
+        total=st.sampled_from([None, 12]),
+        mirror=st.booleans(),
+    )
+    def complete(self, lease, via, result, processed, total, mirror):
+        lease = self._as_terminal(lease, via)
+        m = self.model[lease.job_id]
+        row = self._terminal(
+            "complete", lease, lambda: store.complete(lease, result=result, processed=processed, total=total), mirror
+        )
+        if row is None:
+            return
+        self._ended(m, "completed")
+        m.error_class = m.error_code = m.error_message = None
+        m.result = result
+        if processed is not None:
+            m.processed_count = processed
+        if total is not None:
+            m.total_count = total
+
+    @rule(
+        lease=leases,
+        via=st.sampled_from(["lease", "lease", "row"]),
+        code=st.sampled_from(["terminal", "unrecoverable", "retry_exhausted", "boom"]),
+        error_class=st.sampled_from(["terminal", "unrecoverable", "transient"]),
+        message=st.sampled_from([None, "final words"]),
+        mirror=st.booleans(),
+    )
+    def fail_terminal(self, lease, via, code, error_class, message, mirror):
+        lease = self._as_terminal(lease, via)
+        m = self.model[lease.job_id]
+        row = self._terminal(
+            "fail_terminal", lease,
+            lambda: store.fail_terminal(lease, code=code, error_class=error_class, message=message), mirror,
+        )
+        if row is None:
+            return
+        self._ended(m, "failed")
+        m.error_code = code
+        m.error_class = error_class
+        if message is not None:
+            m.error_message = message
+
+    @rule(lease=leases, via=st.sampled_from(["lease", "lease", "row"]), mirror=st.booleans())
+    def cancel(self, lease, via, mirror):
+        lease = self._as_terminal(lease, via)
+        m = self.model[lease.job_id]
+        row = self._terminal("cancel", lease, lambda: store.cancel(lease), mirror)
+        if row is None:
+            return
+        self._ended(m, "cancelled")
+
+    @rule(
+        lease=leases,
+        via=st.sampled_from(["lease", "lease", "row"]),
+        max_attempts=st.integers(1, 3),
+        delay_ms=DELAYS,
+        message=st.sampled_from([None, "mirror failed: KeyError"]),
+    )
+    def bump_mirror_attempts(self, lease, via, max_attempts, delay_ms, message):
+        lease = self._as_terminal(lease, via)
+        m = self.model[lease.job_id]
+        expected = self._epoch_holds(lease)
+        row = store.bump_mirror_attempts(lease, max_attempts=max_attempts, delay_ms=delay_ms, message=message)
+        self._check("bump_mirror_attempts", row is not None, expected, (lease.epoch, m.status, m.lease_epoch))
+        if row is None:
+            return
+        # Invariant 11: counted on its own counter; parked mirror_failed once spent.
+        m.mirror_attempts += 1
+        self._released(m)
+        if m.mirror_attempts >= max_attempts:
+            event("bump_mirror_attempts:parked")
+            self._ended(m, "failed")
+            m.parked = True
+            m.error_code = "mirror_failed"
+            m.error_class = m.error_class or "terminal"
+            m.error_message = message
+        else:
+            m.next_run = "due" if delay_ms == 0 else "future"
+        assert row.status == m.status
+        self._same_as_stored(row)
+
+    # --- cancellation ----------------------------------------------------------------------
+
+    @rule(job=jobs, scope=SCOPE_CHOICE, by=st.sampled_from([None, "alice", "bob"]))
+    def request_cancel(self, job, scope, by):
+        m = self.model[job]
+        expected = scope == "own" and m.live
+        row = store.request_cancel(job, self._scope(m, scope), by=by)
+        self._check("request_cancel", row is not None, expected, (scope, m.status))
+        if row is None:
+            return
+        # Never writes status (invariant 8); the first request's time and author stay.
+        m.cancel_requested = True
+        if m.cancelled_by is None:
+            m.cancelled_by = by
+        self._same_as_stored(row)
+
+    @rule(job=jobs)
+    def cancel_pending(self, job):
+        m = self.model[job]
+        expected = m.status == "pending" and m.cancel_requested
+        row = store.cancel_pending(job)
+        self._check("cancel_pending", row is not None, expected, (m.status, m.cancel_requested))
+        if row is None:
+            return
+        self._ended(m, "cancelled")
+        m.pending_since = False
+        self._same_as_stored(row)
+
+    # --- time, orphans and the re-drive family ---------------------------------------------
+
+    @rule(job=jobs)
+    def expire_lease(self, job):
+        """A live claim's lease runs out (its worker died or stalled): fabricated, as in the factories."""
+        m = self.model[job]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {TABLE} SET lease_expires_at = clock_timestamp() - interval '1 hour' "
+                "WHERE id = %s AND status = 'running' AND lease_owner IS NOT NULL",
+                [job],
+            )
+            touched = cursor.rowcount == 1
+        assert touched == (m.status == "running" and m.lease_owner is not None)
+        if touched:
+            m.lease = "past"
+
+    @rule(job=jobs, grace_ms=GRACES, backoff_ms=DELAYS)
+    def take_orphan(self, job, grace_ms, backoff_ms):
+        m = self.model[job]
+        # TAKE_ORPHAN: running under a live claim (owner set) whose lease expired past the
+        # grace; never a cancel-requested row or a verdict row.
+        expected = (m.status == "running" and m.lease_owner is not None and m.lease == "past"
+                    and grace_ms == 0 and not m.cancel_requested and m.error_code not in VERDICT_CODES)
+        row = store.take_orphan(job, grace_ms=grace_ms, backoff_ms=backoff_ms)
+        self._check("take_orphan", row is not None, expected,
+                    (m.status, m.lease_owner, m.lease, grace_ms, m.cancel_requested, m.error_code))
+        if row is None:
+            return
+        self._redrive_core(m)
+        m.redrives_since_commit += 1
+        m.next_run = "due" if backoff_ms == 0 else "future"
+        self._same_as_stored(row)
+
+    @rule(job=jobs, pending_ttl_ms=GRACES)
+    def redrive_pending(self, job, pending_ttl_ms):
+        m = self.model[job]
+        # pending_since is now() (this test's transaction start, long past), so the row is
+        # stale exactly when its run time is not in the future and the TTL is 0.
+        expected = (m.status == "pending" and not m.cancel_requested and pending_ttl_ms == 0
+                    and m.next_run != "future")
+        row = store.redrive_pending(job, pending_ttl_ms=pending_ttl_ms)
+        self._check("redrive_pending", row is not None, expected, (m.status, m.cancel_requested, m.next_run))
+        if row is None:
+            return
+        self._redrive_core(m)
+        m.redrives_since_commit += 1
+        m.next_run = "due"
+        self._same_as_stored(row)
+
+    @rule(
+        job=jobs,
+        stale=st.sampled_from([False, False, True]),
+        reason=st.sampled_from(["poison", "mirror_failed", "unknown_kind"]),
+        message=st.sampled_from([None, "parked by the test"]),
+    )
+    def park(self, job, stale, reason, message):
+        m = self.model[job]
+        epoch = m.lease_epoch - 1 if stale else m.lease_epoch
+        expected = m.live and epoch == m.lease_epoch
+        row = store.park(job, epoch, reason, message)
+        self._check("park", row is not None, expected, (stale, m.status))
+        if row is None:
+            return
+        self._ended(m, "failed")
+        m.parked = True
+        m.pending_since = False
+        m.error_code = reason
+        m.error_class = m.error_class or "terminal"
+        if message is not None:
+            m.error_message = message
+        self._same_as_stored(row)
+
+    @rule(job=jobs, scope=SCOPE_CHOICE, force=st.booleans(), grace_ms=GRACES)
+    def operator_redrive(self, job, scope, force, grace_ms):
+        m = self.model[job]
+        # OPERATOR_REDRIVE: scope; 'unrecoverable' only with force; a failed job, or a
+        # running one under a claim whose lease expired past the grace. Never completed
+        # or cancelled (invariant 13).
+        expected = (scope == "own" and (force or m.error_code != "unrecoverable")
+                    and (m.status == "failed"
+                         or (m.status == "running" and m.lease_owner is not None
+                             and m.lease == "past" and grace_ms == 0)))
+        # Bringing a failed job back to life while a live job holds its lock key breaks
+        # the one-live-job-per-key index: the store raises IntegrityError instead of
+        # refusing (see test_operator_redrive__refuses_when_a_live_job_holds_the_lock_key).
+        # Tolerated here, in a savepoint, so the machine explores everything else.
+        conflict = (expected and m.status == "failed" and m.lock_key is not None
+                    and any(o.id != m.id and o.live and o.lock_key == m.lock_key and o.scope == m.scope
+                            for o in self.model.values()))
+        try:
+            with transaction.atomic():
+                row = store.operator_redrive(job, self._scope(m, scope), force=force, grace_ms=grace_ms)
+        except IntegrityError:
+            assert conflict, "operator_redrive raised IntegrityError without a lock-key conflict"
+            event("operator_redrive:lock-key IntegrityError")
+            _count("operator_redrive", False)
+            return
+        assert not conflict, "operator_redrive revived a job whose lock key a live job holds"
+        self._check("operator_redrive", row is not None, expected,
+                    (scope, force, m.status, m.error_code, m.lease_owner, m.lease, grace_ms))
+        if row is None:
+            return
+        # Resets the budgets, not the identity; clears the outcome and the cancel request.
+        self._redrive_core(m)
+        m.redrives_since_commit = m.consecutive_failures = m.mirror_attempts = 0
+        m.parked = m.finished = m.mirrored = m.cancel_requested = False
+        m.error_code = m.error_class = m.cancelled_by = None
+        m.next_run = "due"
+        self._same_as_stored(row)
+
+    @rule(job=jobs)
+    def make_due(self, job):
+        m = self.model[job]
+        expected = m.live and m.lease_owner is None and m.next_run == "future"
+        row = store.make_due(job)
+        self._check("make_due", row is not None, expected, (m.status, m.lease_owner, m.next_run))
+        if row is None:
+            return
+        m.next_run = "due"
+        self._same_as_stored(row)
+
+    # --- invariants ----------------------------------------------------------------------
+
+    def _rows(self) -> dict[uuid.UUID, Job]:
+        rows = {job_id: store.get_job_unscoped(job_id) for job_id in self.model}
+        assert all(row is not None for row in rows.values())
+        return rows
+
+    @invariant()
+    def rows_match_the_model(self):
+        now = store.database_now()
+        for job_id, row in self._rows().items():
+            seen, wanted = observe(row, now), self.model[job_id].fields()
+            diff = {k: (seen[k], wanted[k]) for k in wanted if seen[k] != wanted[k]}
+            assert not diff, f"job {job_id}: (row, model) differ: {diff}"
+
+    @invariant()
+    def lease_epoch_never_decreases(self):
+        for job_id, row in self._rows().items():
+            assert row.lease_epoch >= self.highest_epoch.get(job_id, 0)
+            self.highest_epoch[job_id] = row.lease_epoch
+
+    @invariant()
+    def completed_and_cancelled_rows_never_change(self):
+        for job_id, row in self._rows().items():
+            if job_id in self.frozen:
+                assert snapshot(row) == self.frozen[job_id], f"job {job_id} changed after it ended"
+            elif row.status in FINAL:
+                self.frozen[job_id] = snapshot(row)
+
+    @invariant()
+    def an_owner_only_under_the_latest_claim(self):
+        now = store.database_now()
+        for job_id, row in self._rows().items():
+            if row.lease_owner is not None:
+                assert row.status == "running"
+                assert (row.lease_owner, row.lease_epoch) == self.granted[job_id]
+                assert row.lease_expires_at is not None
+            else:
+                # A released lease is never still running.
+                assert row.lease_expires_at is None or row.lease_expires_at <= now
+
+    @invariant()
+    def at_most_one_live_job_per_lock_key(self):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT tenant_id, organization_id, lock_key, count(*) FROM {TABLE} "
+                "WHERE lock_key IS NOT NULL AND status IN ('pending', 'running') "
+                "GROUP BY tenant_id, organization_id, lock_key HAVING count(*) > 1"
+            )
+            assert cursor.fetchall() == []
+
+    @invariant()
+    def delivery_identity_moves_only_by_yield_and_redrive(self):
+        for job_id, row in self._rows().items():
+            assert row.continuation_seq == self.yields[job_id]  # +1 per yield, nothing else
+            assert row.redrives == self.redriven[job_id]  # +1 per re-drive, nothing else
+
+
+#: Outcomes a run of the machine must reach, or it explored too little to mean anything.
+MUST_REACH = (
+    "start:applied", "claim:applied", "claim:refused", "dequeue:applied", "heartbeat:applied",
+    "heartbeat:refused", "write_checkpoint:applied", "yield_slice:applied", "fail_slice:applied",
+    "release_lease:applied", "complete:applied", "complete:refused", "fail_terminal:applied",
+    "cancel:applied", "request_cancel:applied", "cancel_pending:applied", "take_orphan:applied",
+    "take_orphan:refused", "redrive_pending:applied", "park:applied", "operator_redrive:applied",
+    "operator_redrive:refused", "bump_mirror_attempts:applied", "make_due:applied",
+)
+
+
+@pytest.mark.django_db
+def test_store_follows_the_reference_model():
+    OUTCOMES.clear()
+    run_state_machine_as_test(
+        StoreMachine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=25,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+    missing = [outcome for outcome in MUST_REACH if not OUTCOMES[outcome]]
+    assert not missing, f"the machine never reached {missing}; outcomes: {dict(OUTCOMES)}"
+
+
+# ---------------------------------------------------------------------------------------
+# Discrepancies the machine found, kept as explicit regression tests
+# ---------------------------------------------------------------------------------------
+
+
+def _insert(scope: Scope, *, lock_key: str | None) -> Job:
+    fields = {
+        "id": uuid.uuid4(), "kind": "tests.model", "created_by": None, "input": None, "meta": None,
+        "idempotency_key": None, "lock_key": lock_key, "subject_type": None, "subject_id": None,
+        "progress_job_id": None, "queue": "q0", "priority": 0, "total_count": None, "run_at": None,
+        "delay_ms": 0, "wait_for": None, "wait_key": None, "wait_label": None,
+    }
+    return store.insert_job(fields, scope, notify_channel=None).job
+
+
+@pytest.mark.django_db
+@pytest.mark.xfail(
+    strict=True,
+    raises=IntegrityError,
+    reason="BUG: operator_redrive of a failed job whose lock key a live successor now holds raises "
+    "IntegrityError (aborting the caller's transaction) instead of refusing",
+)
+def test_operator_redrive__refuses_when_a_live_job_holds_the_lock_key():
+    """Invariant 13 meets the lock key: a failed job frees its key, a successor takes it.
+
+    Re-driving the failed job would make two live jobs under one key. The store must
+    refuse that like any other refusal (None, or ``LockKeyHeld`` as ``insert_job`` does)
+    and leave the caller's transaction usable; today the UPDATE trips the unique index
+    and the caller (``durable_jobs.redrive``, the admin action) gets a raw IntegrityError
+    in an aborted transaction.
+    """
+    scope = Scope(tenant="t1")
+    first = _insert(scope, lock_key="k")
+    claimed = store.claim(first.id, scope, Delivery(seq=0, redrives=0), "w1", TTL_MS)
+    lease = Lease(job_id=first.id, owner="w1", epoch=claimed.lease_epoch, ttl_ms=TTL_MS)
+    assert store.fail_terminal(lease, code="terminal", error_class="terminal") is not None
+    successor = _insert(scope, lock_key="k")
+
+    with transaction.atomic():  # the caller's transaction
+        try:
+            reply = store.operator_redrive(first.id, scope, force=False, grace_ms=0)
+        except LockKeyHeld:
+            reply = None
+        assert reply is None
+        # Still usable, and nothing changed.
+        assert store.get_job_unscoped(first.id).status == "failed"
+        assert store.get_job_unscoped(successor.id).status == "pending"
