@@ -26,7 +26,7 @@ def _sql(peer: Peer, query: str, params=None):
 RESET = {
     "procrastinate": "TRUNCATE procrastinate_events, procrastinate_periodic_defers, procrastinate_jobs, "
                      "procrastinate_workers RESTART IDENTITY CASCADE",
-    "tasks_db": "TRUNCATE django_tasks_db_dbtaskresult",
+    "tasks_db": "TRUNCATE django_tasks_database_dbtaskresult",
 }
 # completed, rows, window from first start to last finish (seconds)
 THROUGHPUT = {
@@ -38,7 +38,7 @@ THROUGHPUT = {
     "tasks_db": """
         SELECT count(*) FILTER (WHERE status = 'SUCCESSFUL'), count(*),
                extract(epoch FROM max(finished_at) - min(started_at))
-          FROM django_tasks_db_dbtaskresult""",
+          FROM django_tasks_database_dbtaskresult""",
 }
 # (id, latency seconds) of every job: start - enqueue
 LATENCIES = {
@@ -49,11 +49,11 @@ LATENCIES = {
           LEFT JOIN procrastinate_events s ON s.job_id = j.id AND s.type = 'started'""",
     "tasks_db": """
         SELECT id, extract(epoch FROM started_at - enqueued_at), status = 'SUCCESSFUL'
-          FROM django_tasks_db_dbtaskresult""",
+          FROM django_tasks_database_dbtaskresult""",
 }
 UNFINISHED = {
     "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
-    "tasks_db": "SELECT count(*) FROM django_tasks_db_dbtaskresult WHERE status <> 'SUCCESSFUL'",
+    "tasks_db": "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status <> 'SUCCESSFUL'",
 }
 
 
@@ -92,7 +92,7 @@ def start_rate(peer: Peer, n: int, *, env: dict, logs: Path) -> dict:
 
 
 def throughput(peer: Peer, n: int, *, processes: int, slots: int, env: dict, logs: Path, tag: str,
-               timeout: float) -> dict:
+               timeout: float, server_pid: int | None = None) -> dict:
     reset(peer)
     began = time.perf_counter()
     fill = procs.run(peer.cmd("fill", "--n", str(n)), env=peer.env(env), cwd=HERE,
@@ -102,7 +102,9 @@ def throughput(peer: Peer, n: int, *, processes: int, slots: int, env: dict, log
     fill_seconds = time.perf_counter() - began
     cmds = _worker_cmds(peer, processes=processes, slots=slots, burst=True, notify=True, poll_interval=1.0)
     group_logs = [logs / f"{peer.spec.key}-{tag}-{i}.log" for i in range(len(cmds))]
+    cpu0 = procs.server_cpu_seconds(server_pid)
     results = procs.Group(cmds, env=peer.env(env), cwd=HERE, logs=group_logs).wait(timeout)
+    cpu1 = procs.server_cpu_seconds(server_pid)
     completed, total, window = _sql(peer, THROUGHPUT[peer.spec.key])[0]
     window = float(window or 0)
     out = {
@@ -113,6 +115,7 @@ def throughput(peer: Peer, n: int, *, processes: int, slots: int, env: dict, log
         "exit_codes": [r.exit_code for r in results], "timed_out": any(r.timed_out for r in results),
         "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
         "worker_cpu_seconds": sum(r.cpu_seconds for r in results), "fill_seconds": fill_seconds,
+        "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
         "logs": [str(p) for p in group_logs],
     }
     out["verified"] = completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])

@@ -5,16 +5,25 @@ database) before anything imports this, and tunes the worker subprocesses with:
 
 ``BENCH_NOTIFY``         ``0`` disables LISTEN/NOTIFY (``NOTIFY_CHANNEL = None``): the poll path.
 ``BENCH_POLL_INTERVAL``  the idle worker's poll interval, seconds (default 1, the library default).
+``BENCH_CONN_MAX_AGE``   ``none`` (persistent) or seconds: overrides Django's ``CONN_MAX_AGE``,
+                         which the test project leaves at Django's default, 0.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 
 from testproject.settings import *  # noqa: F401,F403
+from testproject.settings import DATABASES as _DATABASES
 from testproject.settings import INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "benchmarks.bench_app"]
+
+DATABASES = copy.deepcopy(_DATABASES)
+_max_age = os.environ.get("BENCH_CONN_MAX_AGE", "").strip().lower()
+if _max_age:
+    DATABASES["default"]["CONN_MAX_AGE"] = None if _max_age == "none" else int(_max_age)
 
 DURABLE_JOBS = {
     "NOTIFY_CHANNEL": None if os.environ.get("BENCH_NOTIFY", "1") == "0" else "durable_jobs",

@@ -3,7 +3,7 @@ django-tasks-db (its database backend), a no-op task, the worker and the clients
 
 Runs inside ``benchmarks/.venvs/django-tasks-db`` (created by ``python -m benchmarks``)
 against ``PEER_DATABASE_URL``. It only produces load; the runner computes every figure in
-SQL from ``django_tasks_db_dbtaskresult``. Note that this backend stamps ``enqueued_at``,
+SQL from ``django_tasks_database_dbtaskresult``. Note that this backend stamps ``enqueued_at``,
 ``started_at`` and ``finished_at`` with the *Python* clock of the process that writes them
 (same machine here, so differences are still meaningful).
 

@@ -70,13 +70,17 @@ def progress_then_fail(job: durable.Slice):
 
 @durable.handler("demo.sleep")
 def sleep(job: durable.Slice):
-    """Sleep ``input.seconds`` without touching the database, then finish.
+    """Sleep ``input.seconds`` in all without touching the database, then finish.
 
-    ``input.stubborn`` ignores should_yield(), like a handler stuck in a long call.
+    The time slept so far is checkpointed when the slice yields, so a long sleep spans
+    slices. ``input.stubborn`` ignores should_yield(), like a handler stuck in a long call.
     """
-    deadline = time.monotonic() + float(job.input.get("seconds", 1))
-    while time.monotonic() < deadline:
+    remaining = float(job.input.get("seconds", 1)) - float((job.checkpoint or {}).get("slept", 0))
+    began = time.monotonic()
+    while time.monotonic() - began < remaining:
         if job.should_yield() and not job.input.get("stubborn"):
+            slept = float((job.checkpoint or {}).get("slept", 0)) + time.monotonic() - began
+            job.save_checkpoint({"slept": slept})
             return durable.YIELD
         time.sleep(0.05)
     return durable.DONE

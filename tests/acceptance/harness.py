@@ -85,9 +85,10 @@ def backends_of(app_name: str) -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
-def terminate_backends(app_name: str, *, query_like: str | None = None) -> int:
-    """``pg_terminate_backend`` every connection of ``app_name`` (optionally by query text)."""
-    sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s"
+def terminate_backends(app_name: str, *, query_like: str | None = None, like: bool = False) -> int:
+    """``pg_terminate_backend`` every connection of ``app_name`` (a LIKE pattern if ``like``)."""
+    sql = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name "
+           + ("LIKE %s" if like else "= %s"))
     params: list = [app_name]
     if query_like:
         sql += " AND query LIKE %s"

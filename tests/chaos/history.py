@@ -8,6 +8,8 @@ the invariants of the promise over that history, in SQL, and returns the violati
 
 from __future__ import annotations
 
+import time
+
 from django.db import connection
 
 INSTALL = """
@@ -110,20 +112,20 @@ CHECKS = {
 }
 
 
-def install() -> None:
-    with connection.cursor() as cursor:
+def install(conn=connection) -> None:
+    with conn.cursor() as cursor:
         cursor.execute(INSTALL)
 
 
-def uninstall() -> None:
-    with connection.cursor() as cursor:
+def uninstall(conn=connection) -> None:
+    with conn.cursor() as cursor:
         cursor.execute(UNINSTALL)
 
 
-def check(*, max_redrives: int, max_mirror: int, skip: tuple[str, ...] = ()) -> dict[str, list]:
+def check(*, max_redrives: int, max_mirror: int, skip: tuple[str, ...] = (), conn=connection) -> dict[str, list]:
     """Run every invariant; return ``{name: offending rows}`` for those that failed."""
     failures = {}
-    with connection.cursor() as cursor:
+    with conn.cursor() as cursor:
         for name, sql in CHECKS.items():
             if any(word in name for word in skip):
                 continue
@@ -132,6 +134,17 @@ def check(*, max_redrives: int, max_mirror: int, skip: tuple[str, ...] = ()) -> 
             if rows:
                 failures[name] = rows[:10]
     return failures
+
+
+def settle(conn=connection, timeout: float = 10) -> None:
+    """Wait for the backends of stopped processes to go (they take a moment)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with conn.cursor() as cursor:
+            cursor.execute(CHECKS["no worker connection left behind"].replace("%%", "%"))
+            if not cursor.fetchall():
+                return
+        time.sleep(0.1)
 
 
 def events(job_id) -> list[tuple]:

@@ -25,12 +25,18 @@ TTL_MS = 60_000
 SLACK = timedelta(milliseconds=500)
 
 FAIL_DEFAULTS = dict(
-    error_class="transient", code="boom", message="it broke",
-    max_failures=5, backoff_base_ms=1_000, backoff_max_ms=60_000,
+    error_class="transient",
+    code="boom",
+    message="it broke",
+    max_failures=5,
+    backoff_base_ms=1_000,
+    backoff_max_ms=60_000,
 )
 
 
-def lease_of(job: Job, *, owner: str | None = None, epoch: int | None = None, ttl_ms: int = TTL_MS) -> Lease:
+def lease_of(
+    job: Job, *, owner: str | None = None, epoch: int | None = None, ttl_ms: int = TTL_MS
+) -> Lease:
     """The lease ``job`` carries now, or a forged one (another owner, an older epoch)."""
     return Lease(
         job_id=job.id,
@@ -55,7 +61,8 @@ def snapshot(job: Job | Any) -> dict[str, Any]:
 
 
 def claim(job: Job, owner: str = "worker-b", *, ttl_ms: int = TTL_MS, scope: Scope = DEFAULT_SCOPE):
-    """Claim ``job`` with the delivery it carries now; return ``(row, lease)`` or ``(None, None)``."""
+    """Claim ``job`` with the delivery it carries now; return ``(row, lease)`` or ``(None, None)``.
+    Claim ``job`` with the delivery it carries now; return ``(row, lease)`` or ``(None, None)``."""
     claimed = store.claim(job.id, scope, delivery_of(reload(job)), owner, ttl_ms)
     if claimed is None:
         return None, None
@@ -87,8 +94,8 @@ def connect_to_test_database(**kwargs: Any) -> psycopg.Connection:
     return psycopg.connect(**params, **kwargs)
 
 
-@pytest.fixture
-def other_connection(transactional_db):
+@pytest.fixture(name="other_connection")
+def other_connection_fixture(transactional_db):
     """A second, autocommit connection (overrides the conftest one; see above)."""
     conn = connect_to_test_database(autocommit=True)
     yield conn

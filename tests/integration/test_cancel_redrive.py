@@ -42,6 +42,7 @@ def test_cancel__of_a_pending_job_is_a_request_the_reconciler_ends(kind):
 
 @pytest.mark.django_db
 def test_cancel__of_a_running_job_is_seen_at_its_next_heartbeat(kind):
+    """Invariant 8."""
     job = running(kind=KIND)
     asked = durable.cancel(job.id)
 
@@ -52,6 +53,7 @@ def test_cancel__of_a_running_job_is_seen_at_its_next_heartbeat(kind):
 
 @pytest.mark.django_db
 def test_cancel__twice_keeps_the_first_request(kind):
+    """Invariant 8."""
     job = durable.start(kind)
     first = durable.cancel(job.id, by="alice")
     second = durable.cancel(job.id, by="bob")
@@ -61,6 +63,7 @@ def test_cancel__twice_keeps_the_first_request(kind):
 @pytest.mark.django_db
 @pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
 def test_cancel__of_a_finished_job_is_wrong_state(kind, status):
+    """Invariants 8 and 13."""
     job = _finished(status)
     with pytest.raises(WrongState) as caught:
         durable.cancel(job.id, by="alice")
@@ -75,8 +78,17 @@ def test_cancel__of_a_finished_job_is_wrong_state(kind, status):
 
 @pytest.mark.django_db
 def test_redrive__reissues_a_failed_job_with_fresh_budgets(kind):
-    job = _finished("failed", parked_at=-1, error_code="poison", error_class="terminal",
-                    redrives=1, redrives_since_commit=5, consecutive_failures=2, lease_epoch=4)
+    """Invariant 13: budgets reset, identity kept."""
+    job = _finished(
+        "failed",
+        parked_at=-1,
+        error_code="poison",
+        error_class="terminal",
+        redrives=1,
+        redrives_since_commit=5,
+        consecutive_failures=2,
+        lease_epoch=4,
+    )
     redriven = durable.redrive(job.id)
 
     assert redriven.status == "pending"
@@ -102,6 +114,7 @@ def test_redrive__completed_and_cancelled_are_final(kind, status):
 
 @pytest.mark.django_db
 def test_redrive__unrecoverable_needs_force(kind):
+    """Invariant 13."""
     job = _finished("failed", error_code="unrecoverable", error_class="unrecoverable")
     with pytest.raises(WrongState) as caught:
         durable.redrive(job.id)
@@ -112,7 +125,7 @@ def test_redrive__unrecoverable_needs_force(kind):
 
 @pytest.mark.django_db
 def test_redrive__a_running_job_only_once_its_lease_expired_past_the_grace(kind):
-    """The orphan grace in the test settings is 0.5 s."""
+    """Invariants 4 and 13 (the orphan grace in the test settings is 0.5 s)."""
     live = running(kind=KIND, lease_expires_at=30)
     with pytest.raises(WrongState) as caught:
         durable.redrive(live.id)
@@ -126,6 +139,7 @@ def test_redrive__a_running_job_only_once_its_lease_expired_past_the_grace(kind)
 
 @pytest.mark.django_db
 def test_redrive__a_pending_job_is_wrong_state(kind):
+    """Invariant 13: a live pending job is not re-driven."""
     job = durable.start(kind)
     with pytest.raises(WrongState):
         durable.redrive(job.id)

@@ -35,6 +35,7 @@ def skewed_worker_clock(request, monkeypatch):
 
 @pytest.mark.django_db
 def test_claim__decides_lease_expiry_by_the_database_clock(skewed_worker_clock):
+    """Invariant 2."""
     live = running(lease_expires_at=60)
     expired = running(lease_expires_at=-1)
 
@@ -42,23 +43,31 @@ def test_claim__decides_lease_expiry_by_the_database_clock(skewed_worker_clock):
     before = db_now()
     claimed = store.claim(expired.id, DEFAULT_SCOPE, delivery_of(expired), "w", 30_000)
     assert claimed is not None
-    assert before + timedelta(seconds=30) <= claimed.lease_expires_at <= db_now() + timedelta(seconds=30)
+    assert (
+        before + timedelta(seconds=30)
+        <= claimed.lease_expires_at
+        <= db_now() + timedelta(seconds=30)
+    )
 
 
 @pytest.mark.django_db
 def test_heartbeat__writes_a_lease_relative_to_the_database_clock(skewed_worker_clock):
+    """Invariant 2."""
     job = running(lease_expires_at=1)
     before = db_now()
 
     assert store.heartbeat(lease_of(job, ttl_ms=20_000)) is False
 
     row = reload(job)
-    assert before + timedelta(seconds=20) <= row.lease_expires_at <= db_now() + timedelta(seconds=20)
+    assert (
+        before + timedelta(seconds=20) <= row.lease_expires_at <= db_now() + timedelta(seconds=20)
+    )
     assert before <= row.heartbeat_at <= db_now()
 
 
 @pytest.mark.django_db
 def test_take_orphan__decides_by_the_database_clock(skewed_worker_clock):
+    """Invariant 2."""
     live = running(lease_expires_at=60)
     dead = running(lease_expires_at=-60)
 
@@ -68,6 +77,7 @@ def test_take_orphan__decides_by_the_database_clock(skewed_worker_clock):
 
 @pytest.mark.django_db
 def test_dequeue_and_fail_slice__schedule_on_the_database_clock(skewed_worker_clock):
+    """Invariant 2."""
     due = JobFactory(next_run_at=-1)
     JobFactory(next_run_at=3600)  # an hour ahead on the database clock
 
@@ -75,15 +85,29 @@ def test_dequeue_and_fail_slice__schedule_on_the_database_clock(skewed_worker_cl
     assert claimed.id == due.id
 
     before = db_now()
-    store.fail_slice(lease_of(claimed), error_class="transient", code="x", message=None, max_failures=5,
-                     backoff_base_ms=10_000, backoff_max_ms=10_000)
-    assert before + timedelta(seconds=5) <= reload(due).next_run_at <= db_now() + timedelta(seconds=10)
+    store.fail_slice(
+        lease_of(claimed),
+        error_class="transient",
+        code="x",
+        message=None,
+        max_failures=5,
+        backoff_base_ms=10_000,
+        backoff_max_ms=10_000,
+    )
+    assert (
+        before + timedelta(seconds=5) <= reload(due).next_run_at <= db_now() + timedelta(seconds=10)
+    )
 
 
 @pytest.mark.django_db
 def test_start__schedules_run_after_on_the_database_clock(skewed_worker_clock, kinds):
+    """Invariant 2."""
     kinds.add("tests.clock")
     before = db_now()
     job = durable.start("tests.clock", run_after=timedelta(minutes=10))
-    assert before + timedelta(minutes=10) - SLACK <= job.next_run_at <= db_now() + timedelta(minutes=10)
+    assert (
+        before + timedelta(minutes=10) - SLACK
+        <= job.next_run_at
+        <= db_now() + timedelta(minutes=10)
+    )
     assert store.dequeue(["default"], "host", 30_000) == []

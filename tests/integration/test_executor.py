@@ -131,3 +131,27 @@ def test_a_result_that_is_not_json_fails_the_job_instead_of_stranding_it(kinds):
     testing.run_jobs()
     after = reload(job)
     assert after.status == "failed" and after.error_code == "terminal"
+
+
+def test_a_failing_mirror_rolls_back_the_completion_and_its_own_writes(kinds):
+    """Invariant 11: the terminal CAS and the mirror commit together or not at all."""
+    from testproject.demo.models import Report
+
+    report = Report.objects.create(name="m")
+
+    def mirror(job, outcome):
+        Report.objects.filter(pk=report.pk).update(status=outcome)
+        raise RuntimeError("mirror down")
+
+    kinds.add("tests.mirror_fails", lambda job: durable.DONE, mirror=mirror, max_mirror_attempts=2)
+    job = durable.start("tests.mirror_fails", subject=report)
+    assert [r.outcome for r in testing.run_jobs()] == ["mirror_retry"]
+    after = reload(job)
+    assert after.status == "running" and after.lease_owner is None and after.mirror_attempts == 1
+    assert after.consecutive_failures == 0, "a mirror failure is not a slice failure"
+    report.refresh_from_db()
+    assert report.status == "queued", "the mirror's write rolled back with the completion"
+    assert [r.outcome for r in testing.run_jobs(fast_forward=True)] == ["parked"]
+    parked = reload(job)
+    assert (parked.status, parked.error_code, parked.mirror_attempts) == ("failed", "mirror_failed", 2)
+    assert parked.domain_mirrored_at is None

@@ -37,7 +37,10 @@ def _finish(job) -> None:
     """End a job through the store, as a worker would (claim, then the terminal CAS)."""
     scope = Scope(tenant=job.tenant_id, organization=job.organization_id)
     claimed = store.claim(job.id, scope, store_delivery(job), "w", 60_000)
-    assert store.complete(Lease(job_id=job.id, owner="w", epoch=claimed.lease_epoch, ttl_ms=60_000)) is not None
+    assert (
+        store.complete(Lease(job_id=job.id, owner="w", epoch=claimed.lease_epoch, ttl_ms=60_000))
+        is not None
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,12 +50,18 @@ def _finish(job) -> None:
 
 @pytest.mark.django_db
 def test_start__writes_a_pending_job_due_now(kind):
+    """Invariants 2 and 9: the row, in the caller's transaction, due now on the database clock."""
     before = db_now()
     report = Report.objects.create(name="q3")
 
     job = durable.start(
-        kind, input={"report": report.pk, "tags": ["a", "ü"]}, subject=report, meta={"by": "test"},
-        priority=7, total_count=40, created_by="alice",
+        kind,
+        input={"report": report.pk, "tags": ["a", "ü"]},
+        subject=report,
+        meta={"by": "test"},
+        priority=7,
+        total_count=40,
+        created_by="alice",
     )
 
     row = durable.get(job.id)
@@ -61,19 +70,26 @@ def test_start__writes_a_pending_job_due_now(kind):
     assert row.input == {"report": report.pk, "tags": ["a", "ü"]}
     assert row.meta == {"by": "test"}
     assert (row.subject_type, row.subject_id) == ("demo.report", str(report.pk))
-    assert (row.priority, row.total_count, row.created_by, row.queue_name) == (7, 40, "alice", "default")
+    assert (row.priority, row.total_count, row.created_by, row.queue_name) == (
+        7,
+        40,
+        "alice",
+        "default",
+    )
     assert (row.lease_epoch, row.continuation_seq, row.redrives) == (0, 0, 0)
     assert before - SLACK <= row.next_run_at <= db_now()
 
 
 @pytest.mark.django_db
 def test_start__uses_the_handler_queue_unless_told(kind):
+    """DESIGN §1: the handler's queue is the default."""
     assert durable.start("tests.queued").queue_name == "reports"
     assert durable.start("tests.queued", queue="urgent").queue_name == "urgent"
 
 
 @pytest.mark.django_db
 def test_start__refuses_an_unregistered_kind(kind):
+    """Invariant 9: refused before anything is written."""
     with pytest.raises(UnknownKind) as caught:
         durable.start("tests.nobody_handles_this")
     assert caught.value.field == "kind"
@@ -87,6 +103,7 @@ def test_start__refuses_an_unregistered_kind(kind):
 
 @pytest.mark.django_db
 def test_start__idempotent_start_returns_the_first_job(kind):
+    """Invariant 9: a second start with the same key in a tenant returns the first job."""
     first = durable.start(kind, input={"n": 1}, idempotency_key="req-1")
     second = durable.start(kind, input={"n": 2}, idempotency_key="req-1")
 
@@ -97,6 +114,7 @@ def test_start__idempotent_start_returns_the_first_job(kind):
 
 @pytest.mark.django_db
 def test_start__idempotent_start_returns_the_first_job_even_once_it_finished(kind):
+    """Invariant 9: idempotency outlives the job's lock key."""
     first = durable.start(kind, idempotency_key="req-1", lock_key="L")
     _finish(first)
     assert durable.start(kind, idempotency_key="req-1", lock_key="L").id == first.id
@@ -105,6 +123,7 @@ def test_start__idempotent_start_returns_the_first_job_even_once_it_finished(kin
 
 @pytest.mark.django_db
 def test_start__idempotency_key_for_another_kind_is_a_conflict(kind):
+    """Invariant 9: answering with a job of another kind would hide a caller's bug."""
     first = durable.start(kind, idempotency_key="req-1")
     with pytest.raises(IdempotencyConflict) as caught:
         durable.start("tests.other", idempotency_key="req-1")
@@ -114,10 +133,13 @@ def test_start__idempotency_key_for_another_kind_is_a_conflict(kind):
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    ("first_org", "second_org"), [("acme", None), (None, "acme"), ("acme", "umbrella")],
+    ("first_org", "second_org"),
+    [("acme", None), (None, "acme"), ("acme", "umbrella")],
     ids=["org-then-tenant-wide", "tenant-wide-then-org", "org-then-other-org"],
 )
-def test_start__idempotency_key_from_another_organization_is_a_conflict(kind, first_org, second_org):
+def test_start__idempotency_key_from_another_organization_is_a_conflict(
+    kind, first_org, second_org
+):
     """Invariant 10: the key is tenant-wide, but answering with another organization's job
     (a null organization being a value of its own) would leak it."""
     durable.start(kind, scope=("default", first_org), idempotency_key="req-1")
@@ -128,6 +150,7 @@ def test_start__idempotency_key_from_another_organization_is_a_conflict(kind, fi
 
 @pytest.mark.django_db
 def test_start__idempotency_keys_of_other_tenants_are_independent(kind):
+    """Invariant 10: idempotency keys are tenant-scoped."""
     a = durable.start(kind, scope="tenant-a", idempotency_key="req-1")
     b = durable.start(kind, scope="tenant-b", idempotency_key="req-1")
     assert a.id != b.id
@@ -140,6 +163,7 @@ def test_start__idempotency_keys_of_other_tenants_are_independent(kind):
 
 @pytest.mark.django_db
 def test_start__a_live_job_holding_the_lock_key_refuses_a_second(kind):
+    """Invariant 9: at most one live job per lock key in a scope; the refusal names the holder."""
     holder = durable.start(kind, lock_key="report:7")
     with pytest.raises(LockKeyHeld) as caught:
         durable.start(kind, lock_key="report:7")
@@ -149,12 +173,16 @@ def test_start__a_live_job_holding_the_lock_key_refuses_a_second(kind):
 
 @pytest.mark.django_db
 def test_start__a_running_job_still_holds_its_lock_key_and_a_finished_one_frees_it(kind):
+    """Invariant 9: live means pending or running."""
     holder = durable.start(kind, lock_key="report:7")
     claimed = store.claim(holder.id, Scope(tenant="default"), store_delivery(holder), "w", 60_000)
     assert claimed is not None
     with pytest.raises(LockKeyHeld):
         durable.start(kind, lock_key="report:7")
-    assert store.complete(Lease(job_id=holder.id, owner="w", epoch=claimed.lease_epoch, ttl_ms=1)) is not None
+    assert (
+        store.complete(Lease(job_id=holder.id, owner="w", epoch=claimed.lease_epoch, ttl_ms=1))
+        is not None
+    )
 
     successor = durable.start(kind, lock_key="report:7")
     assert successor.id != holder.id
@@ -207,11 +235,23 @@ HOSTILE = [
 @pytest.mark.django_db
 @pytest.mark.parametrize("key", HOSTILE)
 def test_start__injection_looking_keys_round_trip_exactly(kind, key):
-    job = durable.start(kind, lock_key=key, idempotency_key=key, subject=("type " + key[:50], key),
-                        input={key: key}, created_by=key[:200])
+    """Invariants 9 and 23: keys are parameters, never SQL; they round-trip byte for byte."""
+    job = durable.start(
+        kind,
+        lock_key=key,
+        idempotency_key=key,
+        subject=("type " + key[:50], key),
+        input={key: key},
+        created_by=key[:200],
+    )
 
     row = durable.get(job.id)
-    assert (row.lock_key, row.idempotency_key, row.subject_id, row.created_by) == (key, key, key, key[:200])
+    assert (row.lock_key, row.idempotency_key, row.subject_id, row.created_by) == (
+        key,
+        key,
+        key,
+        key[:200],
+    )
     assert row.input == {key: key}
     assert durable.start(kind, lock_key="other", idempotency_key=key).id == job.id
     with pytest.raises(LockKeyHeld):
@@ -226,8 +266,11 @@ def test_start__injection_looking_keys_round_trip_exactly(kind, key):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("run_after", [timedelta(hours=1), 3600, 3600.0], ids=["timedelta", "int", "float"])
+@pytest.mark.parametrize(
+    "run_after", [timedelta(hours=1), 3600, 3600.0], ids=["timedelta", "int", "float"]
+)
 def test_start__a_run_after_duration_is_added_to_the_database_clock(kind, run_after):
+    """Invariant 2: only durations cross into SQL."""
     before = db_now()
     job = durable.start(kind, run_after=run_after)
     after = db_now()
@@ -238,6 +281,7 @@ def test_start__a_run_after_duration_is_added_to_the_database_clock(kind, run_af
 
 @pytest.mark.django_db
 def test_start__an_aware_datetime_is_stored_as_the_instant_given(kind):
+    """Invariant 2: an aware instant is data, not a reading of this process's clock."""
     instant = datetime(2031, 5, 17, 9, 30, tzinfo=timezone(timedelta(hours=2)))
     job = durable.start(kind, run_after=instant)
     assert job.next_run_at == instant
@@ -245,6 +289,7 @@ def test_start__an_aware_datetime_is_stored_as_the_instant_given(kind):
 
 @pytest.mark.django_db
 def test_start__a_negative_timedelta_means_now(kind):
+    """Invariant 2."""
     before = db_now()
     job = durable.start(kind, run_after=timedelta(minutes=-5))
     assert before - SLACK <= job.next_run_at <= db_now()
@@ -297,6 +342,7 @@ BAD_INPUT = {
 @pytest.mark.django_db
 @pytest.mark.parametrize(("field", "kwargs"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
 def test_start__refuses_bad_input_naming_the_field_and_writes_nothing(kind, field, kwargs):
+    """Invariants 9 and 23: refused at the API, the argument named, nothing written."""
     with pytest.raises(InvalidInput) as caught:
         durable.start(kind, **kwargs)
     assert caught.value.field == field
@@ -308,6 +354,7 @@ def test_start__refuses_bad_input_naming_the_field_and_writes_nothing(kind, fiel
 @pytest.mark.django_db
 @pytest.mark.parametrize("kind_name", ["has space", "", "x" * 101, "drop;table", None, "ünï"])
 def test_start__refuses_a_malformed_kind(kind, kind_name):
+    """Invariant 23."""
     with pytest.raises(InvalidInput) as caught:
         durable.start(kind_name)
     assert caught.value.field == "kind"
@@ -316,6 +363,7 @@ def test_start__refuses_a_malformed_kind(kind, kind_name):
 
 @pytest.mark.django_db
 def test_start__refuses_a_payload_over_max_payload_bytes(kind):
+    """Invariant 9: MAX_PAYLOAD_BYTES, counted in UTF-8 bytes."""
     with override_settings(DURABLE_JOBS={"MAX_PAYLOAD_BYTES": 64}):
         durable.start(kind, input={"x": "a" * 40})
         with pytest.raises(InvalidInput) as caught:
@@ -329,6 +377,7 @@ def test_start__refuses_a_payload_over_max_payload_bytes(kind):
 
 @pytest.mark.django_db
 def test_start__refuses_a_payload_deeper_than_max_payload_depth(kind):
+    """Invariant 9: MAX_PAYLOAD_DEPTH, inclusive."""
     with override_settings(DURABLE_JOBS={"MAX_PAYLOAD_DEPTH": 3}):
         durable.start(kind, input=_deep(3))
         with pytest.raises(InvalidInput) as caught:
@@ -344,6 +393,7 @@ def test_start__refuses_a_payload_deeper_than_max_payload_depth(kind):
     "InvalidInput('run_after', ...): the number check accepts any value >= 0.",
 )
 def test_start__refuses_an_infinite_run_after(kind):
+    """Invariants 2 and 9: bad input is InvalidInput, not a crash."""
     with pytest.raises(InvalidInput) as caught:
         durable.start(kind, run_after=math.inf)
     assert caught.value.field == "run_after"
@@ -357,6 +407,7 @@ def test_start__refuses_an_infinite_run_after(kind):
 )
 @pytest.mark.parametrize("run_after", [1e13, timedelta.max], ids=["seconds", "timedelta-max"])
 def test_start__refuses_a_run_after_beyond_what_the_database_can_schedule(kind, run_after):
+    """Invariant 9: bad input is refused at the API, not by a failed statement."""
     with pytest.raises(InvalidInput) as caught:
         durable.start(kind, run_after=run_after)
     assert caught.value.field == "run_after"
@@ -371,11 +422,15 @@ def test_start__refuses_a_run_after_beyond_what_the_database_can_schedule(kind, 
 )
 @pytest.mark.parametrize(
     ("field", "kwargs"),
-    [("queue", dict(queue="default\n")), ("scope.tenant", dict(scope="tenant-a\n")),
-     ("scope.organization", dict(scope=("tenant-a", "acme\n")))],
+    [
+        ("queue", dict(queue="default\n")),
+        ("scope.tenant", dict(scope="tenant-a\n")),
+        ("scope.organization", dict(scope=("tenant-a", "acme\n"))),
+    ],
     ids=["queue", "tenant", "organization"],
 )
 def test_start__refuses_a_name_with_a_trailing_newline(kind, field, kwargs):
+    """Invariant 23: only validated bytes reach a label or a log line."""
     with pytest.raises(InvalidInput) as caught:
         durable.start(kind, **kwargs)
     assert caught.value.field == field

@@ -16,7 +16,7 @@ from durable_jobs.exceptions import LockKeyHeld
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES
 from testproject.demo.models import Report
-from tests.integration.support import other_connection  # noqa: F401  (fixture override)
+from tests.integration.support import other_connection_fixture  # noqa: F401  (fixture override)
 
 KIND = "tests.start"
 CHANNEL = "durable_jobs"
@@ -62,14 +62,14 @@ def _in_thread(target) -> threading.Thread:
 
 @pytest.mark.django_db(transaction=True)
 def test_start__rolled_back_leaves_no_row_and_sends_no_notify(kind, other_connection):
+    """Invariant 9: a rolled-back start leaves no trace: no row, no wake-up, no held key."""
     other_connection.execute(f"LISTEN {CHANNEL}")
 
-    with pytest.raises(Rollback):
-        with transaction.atomic():
-            Report.objects.create(name="domain row")
-            job = durable.start(kind, input={"n": 1}, lock_key="K", idempotency_key="req-1")
-            assert Job.objects.filter(id=job.id).exists()
-            raise Rollback
+    with pytest.raises(Rollback), transaction.atomic():
+        Report.objects.create(name="domain row")
+        job = durable.start(kind, input={"n": 1}, lock_key="K", idempotency_key="req-1")
+        assert Job.objects.filter(id=job.id).exists()
+        raise Rollback
 
     assert _job_count(other_connection) == 0
     assert Report.objects.count() == 0
@@ -81,6 +81,7 @@ def test_start__rolled_back_leaves_no_row_and_sends_no_notify(kind, other_connec
 
 @pytest.mark.django_db(transaction=True)
 def test_start__committed_sends_one_notify_at_commit(kind, other_connection):
+    """Invariant 9: the wake-up is delivered at commit, naming the queue."""
     other_connection.execute(f"LISTEN {CHANNEL}")
 
     with transaction.atomic():
@@ -93,18 +94,20 @@ def test_start__committed_sends_one_notify_at_commit(kind, other_connection):
 
 @pytest.mark.django_db(transaction=True)
 def test_start__outside_a_transaction_commits_and_notifies(kind, other_connection):
+    """Invariant 9: in autocommit the start is its own transaction."""
     other_connection.execute(f"LISTEN {CHANNEL}")
 
     job = durable.start(kind)
 
-    assert other_connection.execute("SELECT status FROM durable_jobs_job WHERE id = %s", [job.id]).fetchone() == (
-        "pending",
-    )
+    assert other_connection.execute(
+        "SELECT status FROM durable_jobs_job WHERE id = %s", [job.id]
+    ).fetchone() == ("pending",)
     assert len(_notifications(other_connection)) == 1
 
 
 @pytest.mark.django_db(transaction=True)
 def test_start__sends_no_notify_when_the_channel_is_disabled(kind, other_connection):
+    """Invariant 9 / DESIGN §6: NOTIFY_CHANNEL=None (a transaction pooler) sends nothing."""
     other_connection.execute(f"LISTEN {CHANNEL}")
     with override_settings(DURABLE_JOBS={"NOTIFY_CHANNEL": None}):
         durable.start(kind)
@@ -183,6 +186,7 @@ def test_start__losing_the_lock_key_race_at_the_index_leaves_the_callers_transac
 
 @pytest.mark.django_db(transaction=True)
 def test_start__when_the_racing_transaction_rolls_back_the_waiting_start_wins(kind):
+    """Invariant 9: the unique index waits for the other transaction's outcome."""
     holding, release = threading.Event(), threading.Event()
 
     def first() -> None:

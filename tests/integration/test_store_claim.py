@@ -16,7 +16,7 @@ from tests.integration.support import (  # noqa: F401  (other_connection: fixtur
     db_now,
     delivery_of,
     lease_of,
-    other_connection,
+    other_connection_fixture,
     snapshot,
 )
 
@@ -37,7 +37,9 @@ def test_claim__takes_the_lease_of_a_pending_job_on_the_database_clock():
     assert claimed.status == "running"
     assert claimed.lease_owner == "worker-b"
     assert claimed.lease_epoch == 5
-    assert before + timedelta(seconds=30) <= claimed.lease_expires_at <= after + timedelta(seconds=30)
+    assert (
+        before + timedelta(seconds=30) <= claimed.lease_expires_at <= after + timedelta(seconds=30)
+    )
     assert claimed.next_run_at is None and claimed.pending_since is None
     assert claimed.started_at is not None
 
@@ -53,9 +55,15 @@ def test_claim__refuses_a_straggling_delivery(seq, redrives):
     job = JobFactory(continuation_seq=3, redrives=1)
     before = snapshot(job)
 
-    assert store.claim(job.id, DEFAULT_SCOPE, Delivery(seq=seq, redrives=redrives), "late", 30_000) is None
+    assert (
+        store.claim(job.id, DEFAULT_SCOPE, Delivery(seq=seq, redrives=redrives), "late", 30_000)
+        is None
+    )
     assert snapshot(job) == before
-    assert store.claim(job.id, DEFAULT_SCOPE, Delivery(seq=3, redrives=1), "current", 30_000) is not None
+    assert (
+        store.claim(job.id, DEFAULT_SCOPE, Delivery(seq=3, redrives=1), "current", 30_000)
+        is not None
+    )
 
 
 @pytest.mark.django_db
@@ -99,7 +107,12 @@ def test_claim__refuses_a_finished_job(status):
         ("acme", Scope(tenant="default")),
         ("acme", Scope(tenant="default", organization="umbrella")),
     ],
-    ids=["other-tenant", "org-scope-on-tenant-wide-row", "tenant-wide-scope-on-org-row", "other-org"],
+    ids=[
+        "other-tenant",
+        "org-scope-on-tenant-wide-row",
+        "tenant-wide-scope-on-org-row",
+        "other-org",
+    ],
 )
 def test_claim__refuses_another_scope(row_org, scope):
     """Invariant 10: a claim by id carries the exact scope; a null organization is a value."""
@@ -117,7 +130,8 @@ def test_claim__refuses_another_scope(row_org, scope):
 
 @pytest.mark.django_db
 def test_dequeue__claims_a_due_pending_job():
-    """DESIGN §6: the database transport claims through the same fenced shape as claim."""
+    """Invariant 4 / DESIGN §6: the database transport claims like ``claim``: epoch + 1, an owner,
+    the delivery consumed."""
     job = JobFactory(next_run_at=-1, lease_epoch=2)
 
     [claimed] = store.dequeue(["default"], "host-1", 30_000)
@@ -132,6 +146,7 @@ def test_dequeue__claims_a_due_pending_job():
 
 @pytest.mark.django_db
 def test_dequeue__takes_only_the_queues_asked_for():
+    """DESIGN §6: a worker claims only from the queues it serves."""
     JobFactory(queue_name="mail", next_run_at=-1)
     wanted = JobFactory(queue_name="reports", next_run_at=-1)
 
@@ -142,7 +157,7 @@ def test_dequeue__takes_only_the_queues_asked_for():
 
 @pytest.mark.django_db
 def test_dequeue__takes_higher_priority_first_then_earlier_run_time():
-    """The candidate order is ``priority DESC, next_run_at``."""
+    """DESIGN §6: candidates are taken by ``priority DESC, next_run_at``."""
     low_old = JobFactory(priority=1, next_run_at=-60)
     high_new = JobFactory(priority=9, next_run_at=-1)
     high_old = JobFactory(priority=9, next_run_at=-30)
@@ -156,6 +171,7 @@ def test_dequeue__takes_higher_priority_first_then_earlier_run_time():
 
 @pytest.mark.django_db
 def test_dequeue__skips_a_job_whose_run_time_has_not_come():
+    """Invariant 2 / DESIGN §6: due means ``next_run_at <= clock_timestamp()``."""
     future = JobFactory(next_run_at=30)
 
     assert store.dequeue(["default"], "host-1", 30_000, limit=10) == []
@@ -171,7 +187,11 @@ def test_dequeue__skips_a_job_whose_cancellation_was_requested():
 
 @pytest.mark.django_db
 def test_dequeue__skips_a_job_under_a_live_claim_and_finished_jobs():
-    running(next_run_at=-1, lease_expires_at=-100)  # leased (even expired): an orphan, not a delivery
+    """Invariant 4: a leased row (even expired: the reconciler's orphan) or a finished row is no
+    delivery."""
+    running(
+        next_run_at=-1, lease_expires_at=-100
+    )  # leased (even expired): an orphan, not a delivery
     JobFactory(status="completed", next_run_at=-1, finished_at=-1)
     JobFactory(status="failed", next_run_at=-1, finished_at=-1)
 
@@ -180,7 +200,8 @@ def test_dequeue__skips_a_job_under_a_live_claim_and_finished_jobs():
 
 @pytest.mark.django_db
 def test_dequeue__delivers_a_failed_slice_waiting_for_its_retry():
-    """DESIGN §6: ``running`` with a released lease and a due ``next_run_at`` is deliverable."""
+    """DESIGN §6 / §4: ``running`` with a released lease and a due ``next_run_at`` is deliverable.
+    DESIGN §6 / §4: ``running`` with a released lease and a due ``next_run_at`` is deliverable."""
     job = running(lease_owner=None, lease_expires_at=-5, next_run_at=-1, consecutive_failures=1)
 
     [claimed] = store.dequeue(["default"], "host-1", 30_000)
@@ -210,6 +231,7 @@ def test_dequeue__gives_each_claimed_row_its_own_owner_and_epoch():
 
 @pytest.mark.django_db
 def test_dequeue__claims_at_most_the_limit():
+    """STYLE habit 3: the LIMIT sits in the locked candidate set; a batch never over-claims."""
     for i in range(5):
         JobFactory(next_run_at=-10 + i)
 
@@ -223,12 +245,15 @@ def test_dequeue__claims_at_most_the_limit():
 
 @pytest.mark.django_db(transaction=True)
 def test_dequeue__skips_rows_locked_by_another_transaction(other_connection):
-    """SKIP LOCKED: a row another transaction holds is passed over, not waited for."""
+    """Invariant 14 / DESIGN §6: SKIP LOCKED; a row another transaction holds is passed over, not
+    waited for."""
     locked = JobFactory(priority=9, next_run_at=-5)
     free = JobFactory(priority=1, next_run_at=-1)
 
     with other_connection.transaction():
-        other_connection.execute("SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE", [locked.id])
+        other_connection.execute(
+            "SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE", [locked.id]
+        )
         with transaction.atomic():
             with connection.cursor() as cursor:
                 # Without SKIP LOCKED this would wait for the other transaction: fail fast.
@@ -242,7 +267,8 @@ def test_dequeue__skips_rows_locked_by_another_transaction(other_connection):
 
 @pytest.mark.django_db(transaction=True)
 def test_dequeue__two_workers_at_once_claim_disjoint_rows(other_connection):
-    """The claim is one statement with SKIP LOCKED inside: concurrent dequeues never share."""
+    """Invariant 4 / DESIGN §6: the claim is one statement with SKIP LOCKED inside, so concurrent
+    dequeues never hand one row to two workers."""
     ids = {JobFactory(next_run_at=-1).id for _ in range(4)}
 
     with other_connection.transaction():

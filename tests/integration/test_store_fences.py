@@ -14,12 +14,12 @@ import pytest
 from django.db import transaction
 
 from durable_jobs import store
-from tests.factories import JobFactory, reload, running
+from tests.factories import reload, running
 from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
     db_now,
     fail,
     lease_of,
-    other_connection,
+    other_connection_fixture,
     snapshot,
 )
 
@@ -28,7 +28,9 @@ from tests.integration.support import (  # noqa: F401  (other_connection: fixtur
 # no cancel requested").
 HOLDER_WRITES = {
     "heartbeat": lambda lease: store.heartbeat(lease, processed=7) is not None,
-    "write_checkpoint": lambda lease: store.write_checkpoint(lease, {"cursor": 9}, processed=9) is True,
+    "write_checkpoint": lambda lease: (
+        store.write_checkpoint(lease, {"cursor": 9}, processed=9) is True
+    ),
     "yield_slice": lambda lease: store.yield_slice(lease) is not None,
     "fail_slice": lambda lease: fail(lease) is not None,
     "release_lease": lambda lease: store.release_lease(lease, delay_ms=0) is not None,
@@ -36,7 +38,9 @@ HOLDER_WRITES = {
 
 TERMINAL_WRITES = {
     "complete": lambda lease: store.complete(lease, result={"ok": True}),
-    "fail_terminal": lambda lease: store.fail_terminal(lease, code="terminal", error_class="terminal"),
+    "fail_terminal": lambda lease: store.fail_terminal(
+        lease, code="terminal", error_class="terminal"
+    ),
     "cancel": lambda lease: store.cancel(lease),
 }
 
@@ -159,6 +163,7 @@ def test_terminal_cas__refused_unless_running(write, status):
 
 @pytest.mark.django_db
 def test_complete__records_result_and_progress():
+    """Invariant 4: the terminal CAS writes the outcome and clears the error."""
     job = running(processed_count=3, total_count=10, error_code="boom", error_class="transient")
     ended = store.complete(lease_of(job), result={"rows": 10}, processed=10)
 
@@ -170,15 +175,22 @@ def test_complete__records_result_and_progress():
 
 @pytest.mark.django_db
 def test_fail_terminal__records_the_verdict():
+    """Invariant 3: the verdict found by fail_slice is what the terminal CAS records."""
     job = running()
-    ended = store.fail_terminal(lease_of(job), code="retry_exhausted", error_class="transient", message="gave up")
+    ended = store.fail_terminal(
+        lease_of(job), code="retry_exhausted", error_class="transient", message="gave up"
+    )
     assert (ended.status, ended.error_code, ended.error_class, ended.error_message) == (
-        "failed", "retry_exhausted", "transient", "gave up",
+        "failed",
+        "retry_exhausted",
+        "transient",
+        "gave up",
     )
 
 
 @pytest.mark.django_db
 def test_cancel__ends_a_running_job():
+    """Invariant 8: a running slice that saw the request ends itself through the cancel CAS."""
     job = running(cancel_requested_at=-1)
     ended = store.cancel(lease_of(job))
     assert ended.status == "cancelled" and ended.finished_at is not None
@@ -191,6 +203,7 @@ def test_cancel__ends_a_running_job():
 
 @pytest.mark.django_db
 def test_mark_mirrored__stamps_the_row_the_terminal_cas_wrote():
+    """Invariant 11: the mirror stamp lands on the row the terminal CAS wrote."""
     job = running(lease_epoch=2)
     ended = store.complete(lease_of(job))
 
@@ -200,6 +213,7 @@ def test_mark_mirrored__stamps_the_row_the_terminal_cas_wrote():
 
 @pytest.mark.django_db
 def test_mark_mirrored__refused_for_another_epoch_or_status():
+    """Invariants 4 and 11: the mirror stamp is fenced on the epoch and the status written."""
     job = running(lease_epoch=2)
     ended = store.complete(lease_of(job))
 
@@ -213,7 +227,9 @@ def test_mark_mirrored__refused_for_another_epoch_or_status():
 
 
 def _bump(lease, *, max_attempts=3, delay_ms=0):
-    return store.bump_mirror_attempts(lease, max_attempts=max_attempts, delay_ms=delay_ms, message="mirror broke")
+    return store.bump_mirror_attempts(
+        lease, max_attempts=max_attempts, delay_ms=delay_ms, message="mirror broke"
+    )
 
 
 @pytest.mark.django_db
@@ -244,13 +260,15 @@ def test_bump_mirror_attempts__parks_mirror_failed_once_the_budget_is_spent():
     assert (second.mirror_attempts, second.status) == (2, "running")
     assert third.mirror_attempts == 3
     assert (third.status, third.error_code) == ("failed", "mirror_failed")
-    assert third.parked_at is not None and third.finished_at is not None and third.next_run_at is None
+    assert (
+        third.parked_at is not None and third.finished_at is not None and third.next_run_at is None
+    )
     assert third.error_message == "mirror broke"
 
 
 @pytest.mark.django_db
 def test_bump_mirror_attempts__applies_to_a_released_owner_with_the_right_epoch():
-    """Fenced on the epoch alone, like the terminal CAS it follows."""
+    """Invariants 4 and 11: fenced on the epoch alone, like the terminal CAS it follows."""
     job = running(lease_epoch=2)
     fail(lease_of(job), error_class="terminal")
     assert _bump(lease_of(job, owner="anyone")).mirror_attempts == 1
@@ -258,6 +276,7 @@ def test_bump_mirror_attempts__applies_to_a_released_owner_with_the_right_epoch(
 
 @pytest.mark.django_db
 def test_bump_mirror_attempts__refused_for_a_stale_epoch_or_a_finished_job():
+    """Invariants 4 and 11: a stale epoch or a finished job counts nothing."""
     job = running(lease_epoch=2)
     before = snapshot(job)
     assert _bump(lease_of(job, epoch=1)) is None

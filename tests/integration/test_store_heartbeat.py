@@ -15,7 +15,7 @@ from tests.factories import reload, running
 from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
     db_now,
     lease_of,
-    other_connection,
+    other_connection_fixture,
 )
 
 # ---------------------------------------------------------------------------------------
@@ -25,18 +25,23 @@ from tests.integration.support import (  # noqa: F401  (other_connection: fixtur
 
 @pytest.mark.django_db
 def test_heartbeat__extends_the_lease_from_the_database_clock():
+    """Invariants 2 and 4: the holder's heartbeat extends the lease by the TTL on the database
+    clock."""
     job = running(lease_expires_at=1, heartbeat_at=-30)
     before = db_now()
 
     assert store.heartbeat(lease_of(job, ttl_ms=45_000)) is False
 
     row = reload(job)
-    assert before + timedelta(seconds=45) <= row.lease_expires_at <= db_now() + timedelta(seconds=45)
+    assert (
+        before + timedelta(seconds=45) <= row.lease_expires_at <= db_now() + timedelta(seconds=45)
+    )
     assert row.heartbeat_at >= before
 
 
 @pytest.mark.django_db
 def test_heartbeat__records_processed_and_leaves_it_when_omitted():
+    """Invariant 12: progress rides on the heartbeat; an omitted count is no change."""
     job = running(processed_count=3)
     store.heartbeat(lease_of(job), processed=11)
     assert reload(job).processed_count == 11
@@ -46,7 +51,7 @@ def test_heartbeat__records_processed_and_leaves_it_when_omitted():
 
 @pytest.mark.django_db
 def test_heartbeat__total_none_clears_the_total_and_omitting_it_keeps_it():
-    """``total=None`` is a value ("unknown"); an omitted total is no change."""
+    """Invariant 12: ``total=None`` is a value ("unknown"); an omitted total is no change."""
     job = running(total_count=100)
 
     store.heartbeat(lease_of(job), processed=1)
@@ -64,7 +69,11 @@ def test_heartbeat__committed_resets_the_suspicion_budgets():
 
     store.heartbeat(lease_of(job))
     row = reload(job)
-    assert (row.consecutive_failures, row.redrives_since_commit, row.last_committed_at) == (3, 2, None)
+    assert (row.consecutive_failures, row.redrives_since_commit, row.last_committed_at) == (
+        3,
+        2,
+        None,
+    )
 
     store.heartbeat(lease_of(job), committed=True)
     row = reload(job)
@@ -88,7 +97,9 @@ def test_heartbeat__lock_timeout_bounds_the_wait_behind_a_fenced_transaction(oth
     heartbeat with ``lock_timeout_ms`` raises after the timeout rather than blocking."""
     job = running()
     with other_connection.transaction():
-        other_connection.execute("SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [job.id])
+        other_connection.execute(
+            "SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [job.id]
+        )
         started = time.monotonic()
         with pytest.raises(OperationalError):
             store.heartbeat(lease_of(job), lock_timeout_ms=150)
@@ -107,7 +118,12 @@ def test_write_checkpoint__stores_the_checkpoint_and_forgives():
     job = running(consecutive_failures=2, redrives_since_commit=4, processed_count=1, total_count=9)
     before = db_now()
 
-    assert store.write_checkpoint(lease_of(job, ttl_ms=20_000), {"cursor": 42, "ünï": "cödé"}, processed=5) is True
+    assert (
+        store.write_checkpoint(
+            lease_of(job, ttl_ms=20_000), {"cursor": 42, "ünï": "cödé"}, processed=5
+        )
+        is True
+    )
 
     row = reload(job)
     assert row.checkpoint == {"cursor": 42, "ünï": "cödé"}
@@ -119,6 +135,8 @@ def test_write_checkpoint__stores_the_checkpoint_and_forgives():
 
 @pytest.mark.django_db
 def test_write_checkpoint__total_none_clears_the_total():
+    """Invariant 7: the checkpoint carries progress like the heartbeat (``None`` clears, omitted
+    keeps)."""
     job = running(total_count=9)
     store.write_checkpoint(lease_of(job), {"c": 1})
     assert reload(job).total_count == 9
@@ -151,7 +169,9 @@ def test_lease_extension__is_computed_from_clock_timestamp_not_the_transaction_s
             delivery = Delivery(seq=job.continuation_seq, redrives=job.redrives)
             assert store.claim(job.id, scope, delivery, "worker-b", 300) is not None
         row = reload(job)
-        assert row.lease_expires_at > tx_start + timedelta(milliseconds=300) + timedelta(milliseconds=300)
+        assert row.lease_expires_at > tx_start + timedelta(milliseconds=300) + timedelta(
+            milliseconds=300
+        )
         assert row.lease_expires_at > db_now()
 
 
@@ -170,9 +190,14 @@ def _update_counts(conn, *, at_least_updates: int | None = None, baseline=None) 
     deadline = time.monotonic() + 5
     while True:
         upd, hot = conn.execute(
-            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'durable_jobs_job'"
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+            " WHERE relname = 'durable_jobs_job'"
         ).fetchone()
-        if at_least_updates is None or upd - baseline[0] >= at_least_updates or time.monotonic() > deadline:
+        if (
+            at_least_updates is None
+            or upd - baseline[0] >= at_least_updates
+            or time.monotonic() > deadline
+        ):
             return upd, hot
         _flush_stats_of_this_backend()
         time.sleep(0.05)
@@ -206,9 +231,13 @@ def test_heartbeat__is_a_hot_update(other_connection):
     for _ in range(controls):
         _touch_indexed_column(job.id)
     _flush_stats_of_this_backend()
-    after_control = _update_counts(other_connection, at_least_updates=controls, baseline=after_beats)
+    after_control = _update_counts(
+        other_connection, at_least_updates=controls, baseline=after_beats
+    )
     assert after_control[0] - after_beats[0] >= controls
-    assert after_control[1] - after_beats[1] == 0, "the control update of an indexed column counted as HOT"
+    assert after_control[1] - after_beats[1] == 0, (
+        "the control update of an indexed column counted as HOT"
+    )
 
 
 def _touch_indexed_column(job_id) -> None:

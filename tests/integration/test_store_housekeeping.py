@@ -11,7 +11,7 @@ from durable_jobs.models import Job
 from tests.factories import JobFactory, reload, running
 from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
     db_now,
-    other_connection,
+    other_connection_fixture,
     snapshot,
 )
 
@@ -29,10 +29,13 @@ def _finished(status="completed", age=2 * DAY, **fields):
 
 @pytest.mark.django_db
 def test_delete_finished__deletes_old_finished_unparked_jobs_only():
+    """Invariant 13: retention removes finished rows only, never parked or live ones."""
     old = {_finished(status).id for status in ("completed", "failed", "cancelled")}
     kept = [
         _finished(age=60),  # finished recently
-        _finished("failed", parked_at=-2 * DAY, error_code="poison"),  # parked: waits for an operator
+        _finished(
+            "failed", parked_at=-2 * DAY, error_code="poison"
+        ),  # parked: waits for an operator
         JobFactory(),  # live
         running(finished_at=-2 * DAY),  # running, whatever its stamps say
     ]
@@ -47,6 +50,7 @@ def test_delete_finished__deletes_old_finished_unparked_jobs_only():
 
 @pytest.mark.django_db
 def test_delete_finished__deletes_at_most_the_limit_and_honours_the_tenant_filter():
+    """Invariant 14: bounded batches, sharded by tenant."""
     for _ in range(3):
         _finished()
     theirs = _finished(tenant_id="tenant-b")
@@ -59,10 +63,13 @@ def test_delete_finished__deletes_at_most_the_limit_and_honours_the_tenant_filte
 
 @pytest.mark.django_db(transaction=True)
 def test_delete_finished__skips_rows_another_transaction_holds(other_connection):
+    """Invariant 14: SKIP LOCKED; retention never waits on (or races) anyone."""
     held = _finished()
     free = _finished()
     with other_connection.transaction():
-        other_connection.execute("SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [held.id])
+        other_connection.execute(
+            "SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [held.id]
+        )
         with transaction.atomic():
             assert store.delete_finished(older_than_ms=DAY * 1000, limit=10) == 1
     assert reload(held) is not None and reload(free) is None
@@ -75,6 +82,7 @@ def test_delete_finished__skips_rows_another_transaction_holds(other_connection)
 
 @pytest.mark.django_db
 def test_count_stale_pending__counts_what_select_stale_pending_would_select():
+    """DESIGN §6: the stale-pending warning counts exactly the stale-pending candidates."""
     JobFactory(pending_since=-300, next_run_at=-300)
     JobFactory(pending_since=-300, next_run_at=-300, tenant_id="tenant-b")
     JobFactory(pending_since=-300, next_run_at=-5)  # due recently
@@ -93,6 +101,7 @@ def test_count_stale_pending__counts_what_select_stale_pending_would_select():
 
 @pytest.mark.django_db
 def test_make_due__brings_a_scheduled_job_forward():
+    """Invariant 2: the fast-forward uses the database clock."""
     job = JobFactory(next_run_at=3600)
     assert store.dequeue(["default"], "host", 30_000) == []
 
@@ -104,6 +113,7 @@ def test_make_due__brings_a_scheduled_job_forward():
 
 @pytest.mark.django_db
 def test_make_due__brings_a_backing_off_retry_forward():
+    """DESIGN §6: a released retry is brought forward too."""
     job = running(lease_owner=None, lease_expires_at=-1, next_run_at=600, consecutive_failures=1)
     assert store.make_due(job.id) is not None
     assert reload(job).next_run_at <= db_now()
@@ -120,6 +130,7 @@ def test_make_due__brings_a_backing_off_retry_forward():
     ids=["leased", "finished", "already-due"],
 )
 def test_make_due__does_not_apply(build):
+    """Invariant 4: never under a live claim, never a finished row."""
     job = build()
     before = snapshot(job)
     assert store.make_due(job.id) is None

@@ -17,7 +17,7 @@ from tests.integration.support import (  # noqa: F401  (other_connection: fixtur
     db_now,
     fail,
     lease_of,
-    other_connection,
+    other_connection_fixture,
     snapshot,
 )
 
@@ -35,8 +35,11 @@ def take(job, *, grace_ms=GRACE_MS, backoff_ms=0):
 
 @pytest.mark.django_db
 def test_take_orphan__takes_a_lease_expired_past_the_grace():
-    """A running job whose worker died: new delivery identity, poison budget spent."""
-    job = running(lease_epoch=3, redrives=1, redrives_since_commit=2, continuation_seq=5, lease_expires_at=-11)
+    """Invariants 4 and 7: a running job whose worker died gets a new delivery identity
+    (epoch + 1, redrives + 1) and spends its poison budget."""
+    job = running(
+        lease_epoch=3, redrives=1, redrives_since_commit=2, continuation_seq=5, lease_expires_at=-11
+    )
     before = db_now()
 
     taken = take(job, backoff_ms=4_000)
@@ -80,13 +83,20 @@ def test_take_orphan__the_old_holder_is_fenced_out():
         dict(status="completed", lease_expires_at=-600, finished_at=-600),
     ],
     ids=[
-        "live-lease", "inside-grace", "released-lease-waiting-for-retry", "verdict-retry-exhausted",
-        "verdict-unrecoverable", "verdict-terminal", "cancel-requested", "pending", "completed",
+        "live-lease",
+        "inside-grace",
+        "released-lease-waiting-for-retry",
+        "verdict-retry-exhausted",
+        "verdict-unrecoverable",
+        "verdict-terminal",
+        "cancel-requested",
+        "pending",
+        "completed",
     ],
 )
 def test_take_orphan__does_not_apply(fields):
-    """DESIGN §6: an orphan is a running job whose lease expired past the grace under a
-    live claim, and nothing else. A failed slice waiting for its retry is merely queued;
+    """Invariant 4 / DESIGN §6: an orphan is a running job whose lease expired past the grace under
+    a live claim, and nothing else. A failed slice waiting for its retry is merely queued;
     verdict rows are recorded and cancel-requested rows ended by the reconciler instead."""
     job = running(**fields)
     before = snapshot(job)
@@ -102,12 +112,22 @@ def test_take_orphan__does_not_apply(fields):
 
 @pytest.mark.django_db
 def test_redrive_pending__reissues_a_pending_job_past_the_ttl():
+    """Invariant 4: a lost broker delivery is re-issued under a new identity (broker transports
+    only, DESIGN §6)."""
     job = JobFactory(pending_since=-120, next_run_at=-100, lease_epoch=2)
     redriven = store.redrive_pending(job.id, pending_ttl_ms=60_000)
 
     assert redriven is not None
-    assert (redriven.status, redriven.lease_epoch, redriven.redrives, redriven.redrives_since_commit) == (
-        "pending", 3, 1, 1,
+    assert (
+        redriven.status,
+        redriven.lease_epoch,
+        redriven.redrives,
+        redriven.redrives_since_commit,
+    ) == (
+        "pending",
+        3,
+        1,
+        1,
     )
     assert redriven.next_run_at <= db_now()
 
@@ -117,14 +137,23 @@ def test_redrive_pending__reissues_a_pending_job_past_the_ttl():
     "fields",
     [
         dict(pending_since=-30, next_run_at=-30),
-        dict(pending_since=-300, next_run_at=-10),  # scheduled recently: the TTL counts from the run time
+        dict(
+            pending_since=-300, next_run_at=-10
+        ),  # scheduled recently: the TTL counts from the run time
         dict(pending_since=-300, next_run_at=-300, cancel_requested_at=-5),
-        dict(status="running", lease_owner="w", lease_epoch=1, lease_expires_at=-300,
-             pending_since=-300, next_run_at=-300),
+        dict(
+            status="running",
+            lease_owner="w",
+            lease_epoch=1,
+            lease_expires_at=-300,
+            pending_since=-300,
+            next_run_at=-300,
+        ),
     ],
     ids=["fresh", "recently-due", "cancel-requested", "running"],
 )
 def test_redrive_pending__does_not_apply(fields):
+    """DESIGN §6: a fresh, recently due, cancel-requested or running job is not re-driven."""
     job = JobFactory(**fields)
     before = snapshot(job)
     assert store.redrive_pending(job.id, pending_ttl_ms=60_000) is None
@@ -139,10 +168,15 @@ def test_redrive_pending__does_not_apply(fields):
 @pytest.mark.django_db
 @pytest.mark.parametrize("status", ["pending", "running"])
 def test_park__fails_a_live_job_with_its_reason(status):
+    """Invariant 13 / DESIGN §4: park is ``failed`` with a reason only an operator re-drives."""
     job = running(status=status, lease_epoch=6, redrives_since_commit=5)
     parked = store.park(job.id, 6, "poison", "re-driven 5 times without progress")
 
-    assert (parked.status, parked.error_code, parked.error_class) == ("failed", "poison", "terminal")
+    assert (parked.status, parked.error_code, parked.error_class) == (
+        "failed",
+        "poison",
+        "terminal",
+    )
     assert parked.parked_at is not None and parked.finished_at is not None
     assert parked.lease_owner is None and parked.next_run_at is None
     assert parked.error_message == "re-driven 5 times without progress"
@@ -160,6 +194,7 @@ def test_park__is_fenced_on_the_epoch_the_caller_saw():
 @pytest.mark.django_db
 @pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
 def test_park__refused_for_a_finished_job(status):
+    """Invariant 13: terminal is terminal; parking does not rewrite it."""
     job = running(status=status, lease_epoch=6)
     assert store.park(job.id, 6, "poison", None) is None
     assert reload(job).parked_at is None
@@ -173,6 +208,7 @@ def test_park__refused_for_a_finished_job(status):
 @pytest.mark.django_db
 @pytest.mark.parametrize("status", ["pending", "running"])
 def test_request_cancel__records_the_wish_and_writes_no_status(status):
+    """Invariant 8: cancellation is a request; nobody writes ``status`` from outside."""
     job = running(status=status)
     asked = store.request_cancel(job.id, DEFAULT_SCOPE, by="alice")
 
@@ -182,6 +218,7 @@ def test_request_cancel__records_the_wish_and_writes_no_status(status):
 
 @pytest.mark.django_db
 def test_request_cancel__keeps_the_first_requester_and_time():
+    """Invariant 8: the first request's time and author are kept."""
     job = JobFactory(cancel_requested_at=-60, cancelled_by="alice")
     first_time = job.cancel_requested_at
 
@@ -193,6 +230,7 @@ def test_request_cancel__keeps_the_first_requester_and_time():
 @pytest.mark.django_db
 @pytest.mark.parametrize("status", ["completed", "failed", "cancelled"])
 def test_request_cancel__refused_for_a_finished_job(status):
+    """Invariants 8 and 13."""
     job = JobFactory(status=status, next_run_at=None, finished_at=-1)
     assert store.request_cancel(job.id, DEFAULT_SCOPE, by="alice") is None
     assert reload(job).cancel_requested_at is None
@@ -217,20 +255,27 @@ def test_request_cancel__refused_from_another_scope(row_org, scope):
 
 @pytest.mark.django_db
 def test_cancel_pending__ends_a_pending_job_whose_cancellation_was_requested():
+    """Invariant 8: the reconciler ends a pending job whose cancellation was requested."""
     job = JobFactory(cancel_requested_at=-1)
     ended = store.cancel_pending(job.id)
-    assert ended.status == "cancelled" and ended.finished_at is not None and ended.next_run_at is None
+    assert (
+        ended.status == "cancelled" and ended.finished_at is not None and ended.next_run_at is None
+    )
 
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "fields",
-    [dict(status="pending"), dict(status="running", cancel_requested_at=-1),
-     dict(status="failed", cancel_requested_at=-1, finished_at=-1)],
+    [
+        dict(status="pending"),
+        dict(status="running", cancel_requested_at=-1),
+        dict(status="failed", cancel_requested_at=-1, finished_at=-1),
+    ],
     ids=["not-requested", "running", "finished"],
 )
 def test_cancel_pending__does_not_apply(fields):
-    """A running job ends itself through the cancel CAS; only a pending one is ended here."""
+    """Invariant 8: only ``pending`` + requested (the status is the fence); a running job ends
+    itself through the cancel CAS."""
     job = running(**fields) if fields["status"] == "running" else JobFactory(**fields)
     before = snapshot(job)
     assert store.cancel_pending(job.id) is None
@@ -250,18 +295,38 @@ def redrive(job, *, force=False, scope=DEFAULT_SCOPE, grace_ms=GRACE_MS):
 def test_operator_redrive__reissues_a_failed_job_with_fresh_budgets():
     """Invariant 13: budgets reset, identity kept (redrives + 1 as a new delivery)."""
     job = JobFactory(
-        status="failed", next_run_at=None, finished_at=-5, parked_at=-5, error_code="poison",
-        error_class="terminal", redrives=2, redrives_since_commit=5, consecutive_failures=3,
-        mirror_attempts=4, lease_epoch=8, continuation_seq=6, cancel_requested_at=-9,
-        cancelled_by="alice", domain_mirrored_at=db_now(), checkpoint={"cursor": 7},
+        status="failed",
+        next_run_at=None,
+        finished_at=-5,
+        parked_at=-5,
+        error_code="poison",
+        error_class="terminal",
+        redrives=2,
+        redrives_since_commit=5,
+        consecutive_failures=3,
+        mirror_attempts=4,
+        lease_epoch=8,
+        continuation_seq=6,
+        cancel_requested_at=-9,
+        cancelled_by="alice",
+        domain_mirrored_at=db_now(),
+        checkpoint={"cursor": 7},
     )
 
     redriven = redrive(job)
 
     assert redriven.status == "pending"
     assert (redriven.redrives, redriven.lease_epoch, redriven.continuation_seq) == (3, 9, 6)
-    assert (redriven.redrives_since_commit, redriven.consecutive_failures, redriven.mirror_attempts) == (0, 0, 0)
-    assert redriven.parked_at is None and redriven.finished_at is None and redriven.domain_mirrored_at is None
+    assert (
+        redriven.redrives_since_commit,
+        redriven.consecutive_failures,
+        redriven.mirror_attempts,
+    ) == (0, 0, 0)
+    assert (
+        redriven.parked_at is None
+        and redriven.finished_at is None
+        and redriven.domain_mirrored_at is None
+    )
     assert redriven.error_code is None and redriven.error_class is None
     assert redriven.cancel_requested_at is None and redriven.cancelled_by is None
     assert redriven.checkpoint == {"cursor": 7}  # the work done so far is kept
@@ -281,8 +346,14 @@ def test_operator_redrive__refuses_completed_and_cancelled(status):
 
 @pytest.mark.django_db
 def test_operator_redrive__refuses_unrecoverable_unless_forced():
-    job = JobFactory(status="failed", next_run_at=None, finished_at=-5,
-                     error_code="unrecoverable", error_class="unrecoverable")
+    """Invariant 13: ``unrecoverable`` only with an explicit force."""
+    job = JobFactory(
+        status="failed",
+        next_run_at=None,
+        finished_at=-5,
+        error_code="unrecoverable",
+        error_class="unrecoverable",
+    )
     assert redrive(job) is None
     assert reload(job).status == "failed"
     assert redrive(job, force=True).status == "pending"
@@ -297,18 +368,24 @@ def test_operator_redrive__refuses_unrecoverable_unless_forced():
     "error_class = 'unrecoverable'; such a job is re-driven without force (invariant 13).",
 )
 def test_operator_redrive__refuses_an_unrecoverable_failure_parked_for_its_mirror_unless_forced():
+    """Invariant 13: ``unrecoverable`` only with force, even once parked for its mirror (11)."""
     job = running(lease_epoch=2)
     lease = lease_of(job)
     assert fail(lease, error_class="unrecoverable").verdict == "unrecoverable"
     # The terminal transaction's mirror keeps failing: the budget parks the job.
     parked = store.bump_mirror_attempts(lease, max_attempts=1, delay_ms=0, message="mirror broke")
-    assert (parked.status, parked.error_code, parked.error_class) == ("failed", "mirror_failed", "unrecoverable")
+    assert (parked.status, parked.error_code, parked.error_class) == (
+        "failed",
+        "mirror_failed",
+        "unrecoverable",
+    )
 
     assert redrive(job) is None
 
 
 @pytest.mark.django_db
 def test_operator_redrive__takes_a_running_job_whose_lease_expired_past_the_grace():
+    """Invariants 4 and 13: the manual take of a dead worker's lease fences the old holder out."""
     job = running(lease_expires_at=-60, lease_epoch=3)
     old = lease_of(job)
     taken = redrive(job)
@@ -328,6 +405,8 @@ def test_operator_redrive__takes_a_running_job_whose_lease_expired_past_the_grac
     ids=["live-lease", "inside-grace", "released-lease", "pending"],
 )
 def test_operator_redrive__refuses_a_live_job(fields):
+    """Invariant 13 / DESIGN §6: a live lease, one inside the grace, a queued retry or a pending job
+    is not taken."""
     job = running(**fields)
     before = snapshot(job)
     assert redrive(job) is None
@@ -354,6 +433,7 @@ def test_operator_redrive__refused_from_another_scope(scope):
 
 @pytest.mark.django_db
 def test_record_enqueue__records_the_broker_message_of_a_live_job():
+    """DESIGN §6: the broker message id is recorded so a cancel can remove it."""
     job = JobFactory()
     assert store.record_enqueue(job.id, "msg-1", "bulk") is True
     row = reload(job)
@@ -362,6 +442,7 @@ def test_record_enqueue__records_the_broker_message_of_a_live_job():
 
 @pytest.mark.django_db
 def test_record_enqueue__refused_for_a_finished_job():
+    """Invariant 13: a finished row is not rewritten."""
     job = JobFactory(status="completed", next_run_at=None, finished_at=-1)
     assert store.record_enqueue(job.id, "msg-1", "bulk") is False
     assert reload(job).queue_job_id is None
@@ -374,6 +455,7 @@ def test_record_enqueue__refused_for_a_finished_job():
 
 @pytest.mark.django_db
 def test_select_cancelling__returns_live_cancel_requested_jobs_of_the_tenant():
+    """Invariants 8 and 14: the candidates, and the tenant filter that shards the loop."""
     wanted = JobFactory(cancel_requested_at=-5)
     wanted_running = running(cancel_requested_at=-4)
     JobFactory()  # not requested
@@ -392,6 +474,7 @@ def test_select_cancelling__returns_live_cancel_requested_jobs_of_the_tenant():
 
 @pytest.mark.django_db
 def test_select_orphans__returns_leases_expired_past_the_grace_of_the_tenant():
+    """Invariant 14 / DESIGN §6: leased rows expired past the grace, sharded by tenant."""
     orphan = running(lease_expires_at=-60)
     running(lease_expires_at=-1)  # inside the grace
     running(lease_expires_at=60)  # live
@@ -408,6 +491,7 @@ def test_select_orphans__returns_leases_expired_past_the_grace_of_the_tenant():
 
 @pytest.mark.django_db
 def test_select_stale_pending__returns_pending_jobs_due_longer_than_the_ttl():
+    """Invariant 14 / DESIGN §6: pending rows due longer than the TTL, sharded by tenant."""
     stale = JobFactory(pending_since=-300, next_run_at=-300)
     JobFactory(pending_since=-300, next_run_at=-5)
     JobFactory(pending_since=-300, next_run_at=-300, cancel_requested_at=-1)
@@ -415,7 +499,10 @@ def test_select_stale_pending__returns_pending_jobs_due_longer_than_the_ttl():
 
     with transaction.atomic():
         everyone = {j.id for j in store.select_stale_pending(pending_ttl_ms=60_000, limit=10)}
-        ours = {j.id for j in store.select_stale_pending(pending_ttl_ms=60_000, limit=10, tenant="default")}
+        ours = {
+            j.id
+            for j in store.select_stale_pending(pending_ttl_ms=60_000, limit=10, tenant="default")
+        }
 
     assert everyone == {stale.id, other_tenant.id}
     assert ours == {stale.id}
@@ -459,7 +546,9 @@ def test_selection__two_reconcilers_side_by_side_take_disjoint_rows(name, other_
 
     with other_connection.transaction():
         other_connection.execute("SET LOCAL lock_timeout = '2s'")
-        theirs = {row[0] for row in other_connection.execute(sql, {**params, "limit": 2, "tenant": None})}
+        theirs = {
+            row[0] for row in other_connection.execute(sql, {**params, "limit": 2, "tenant": None})
+        }
         with transaction.atomic():
             _fail_fast_on_locks()
             ours = {j.id for j in select(10)}

@@ -10,7 +10,15 @@ import pytest
 from durable_jobs import store
 from durable_jobs.states import VERDICT_CODES, Delivery
 from tests.factories import JobFactory, reload, running
-from tests.integration.support import DEFAULT_SCOPE, claim, db_now, delivery_of, fail, lease_of, snapshot
+from tests.integration.support import (
+    DEFAULT_SCOPE,
+    claim,
+    db_now,
+    delivery_of,
+    fail,
+    lease_of,
+    snapshot,
+)
 
 # ---------------------------------------------------------------------------------------
 # fail_slice (invariant 3: the verdict is decided in the UPDATE that counts)
@@ -41,6 +49,7 @@ def test_fail_slice__the_nth_consecutive_failure_is_retry_exhausted():
 @pytest.mark.django_db
 @pytest.mark.parametrize("error_class", ["unrecoverable", "terminal"])
 def test_fail_slice__a_non_transient_class_is_a_verdict_on_the_first_failure(error_class):
+    """Invariant 3: the class decides inside the UPDATE; no counter needed."""
     job = running()
     reply = fail(lease_of(job), error_class=error_class, code="whatever", max_failures=50)
 
@@ -66,7 +75,8 @@ def test_fail_slice__a_committed_heartbeat_earlier_in_the_slice_resets_the_count
 
 @pytest.mark.django_db
 def test_fail_slice__without_a_committed_unit_the_count_carries_on():
-    """The control for the test above: an uncommitted heartbeat forgives nothing."""
+    """Invariants 3 and 7, the control for the test above: an uncommitted heartbeat forgives
+    nothing."""
     job = running(consecutive_failures=4)
     lease = lease_of(job)
 
@@ -81,8 +91,8 @@ def test_fail_slice__without_a_committed_unit_the_count_carries_on():
     ("error_class", "failures_before"), [("transient", 4), ("terminal", 0), ("unrecoverable", 0)]
 )
 def test_fail_slice__a_verdict_is_deliverable_at_once(error_class, failures_before):
-    """A verdict row must be re-deliverable immediately: if its terminal transaction never
-    commits, the next claim finds the verdict and records it."""
+    """Invariant 3: a verdict row must be re-deliverable immediately: if its terminal transaction
+    never commits, the next claim finds the verdict and records it."""
     job = running(consecutive_failures=failures_before)
     reply = fail(lease_of(job), error_class=error_class, max_failures=5, backoff_base_ms=60_000)
 
@@ -101,7 +111,8 @@ def test_fail_slice__a_verdict_is_deliverable_at_once(error_class, failures_befo
     ids=["first", "second", "fourth", "capped"],
 )
 def test_fail_slice__a_retry_is_scheduled_within_the_backoff_bounds(failures_before, ceiling_ms):
-    """Capped exponential in the failure count with jitter on the upper half:
+    """Invariant 3: the backoff is drawn in SQL from the counter the UPDATE increments:
+    Capped exponential in the failure count with jitter on the upper half:
     ``next_run_at ∈ [now + ceiling/2, now + ceiling]``, ceiling = min(max, base·2^(n-1))."""
     job = running(consecutive_failures=failures_before)
     before = db_now()
@@ -118,10 +129,16 @@ def test_fail_slice__a_retry_is_scheduled_within_the_backoff_bounds(failures_bef
 
 @pytest.mark.django_db
 def test_fail_slice__records_the_error_and_releases_the_lease_keeping_the_epoch():
+    """Invariant 4: a failed slice releases the lease but keeps the epoch (the terminal CAS needs
+    it)."""
     job = running(lease_epoch=7)
     fail(lease_of(job), code="io_error", message="disk on fire")
     row = reload(job)
-    assert (row.error_class, row.error_code, row.error_message) == ("transient", "io_error", "disk on fire")
+    assert (row.error_class, row.error_code, row.error_message) == (
+        "transient",
+        "io_error",
+        "disk on fire",
+    )
     assert (row.lease_owner, row.lease_epoch, row.status) == (None, 7, "running")
     assert row.lease_expires_at <= db_now()
 
@@ -174,14 +191,20 @@ def test_yield_slice__interrupted_counts_interruptions_only():
 
 @pytest.mark.django_db
 def test_yield_slice__many_interruptions_never_make_a_verdict():
-    """Invariant 6: deploys never park a healthy job (claim → interrupted yield, again and again)."""
+    """Invariant 6: deploys never park a healthy job (claim → interrupted yield, again and again).
+    Invariant 6: deploys never park a healthy job (claim → interrupted yield, again and again)."""
     job = JobFactory()
     for _ in range(8):
         claimed, lease = claim(job)
         assert claimed is not None
         store.yield_slice(lease, interrupted=True)
     row = reload(job)
-    assert (row.status, row.interruptions, row.consecutive_failures, row.error_code) == ("pending", 8, 0, None)
+    assert (row.status, row.interruptions, row.consecutive_failures, row.error_code) == (
+        "pending",
+        8,
+        0,
+        None,
+    )
 
 
 @pytest.mark.django_db
@@ -198,6 +221,7 @@ def test_yield_slice__the_old_delivery_can_no_longer_claim_the_new_one_can():
 
 @pytest.mark.django_db
 def test_yield_slice__a_delay_schedules_the_next_slice_later():
+    """Invariants 2 and 6: the delay is a duration added on the database clock."""
     job = running()
     before = db_now()
     store.yield_slice(lease_of(job), delay_ms=5_000)
@@ -227,6 +251,7 @@ def test_release_lease__gives_the_lease_back_counting_nothing():
 
 @pytest.mark.django_db
 def test_release_lease__the_same_delivery_may_claim_again():
+    """Invariants 4 and 11: nothing was spent; the same ``(seq, redrives)`` claims again."""
     job = running(lease_epoch=4)
     store.release_lease(lease_of(job), delay_ms=0)
     again = store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000)
@@ -235,6 +260,7 @@ def test_release_lease__the_same_delivery_may_claim_again():
 
 @pytest.mark.django_db
 def test_release_lease__refused_for_a_stale_epoch():
+    """Invariant 4."""
     job = running(lease_epoch=4)
     before = snapshot(job)
     assert store.release_lease(lease_of(job, epoch=3), delay_ms=0) is None

@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
+    initialize,
     invariant,
     multiple,
     precondition,
@@ -61,8 +62,11 @@ FINAL = ("completed", "cancelled")
 #: How a rule names the scope it acts in: the job's own, the same tenant with the other
 #: organization (a null organization is a value, never a wildcard), or another tenant.
 SCOPE_CHOICE = st.sampled_from(["own", "own", "other_org", "other_tenant"])
-#: Whether a lease-holder write uses the lease as granted or swaps the owner's name.
-IMPOSTOR = st.sampled_from([False, False, False, True])
+#: Which lease a lease-holder write presents: one drawn from the bundle of every lease
+#: ever granted (often stale), the job's latest one, or the latest under another name.
+WHICH = st.sampled_from(["bundle", "latest", "latest", "impostor"])
+#: The same for the epoch-fenced writes, plus the reconciler's lease built from the row.
+VIA = st.sampled_from(["bundle", "bundle", "latest", "impostor", "row"])
 DELAYS = st.sampled_from([0, 0, LATER_MS])
 GRACES = st.sampled_from([0, 0, FAR_GRACE_MS])
 
@@ -201,7 +205,7 @@ class StoreMachine(RuleBasedStateMachine):
         with connection.cursor() as cursor:
             cursor.execute(f"DELETE FROM {TABLE}")  # tests may; the library may not
         self.model: dict[uuid.UUID, ModelJob] = {}
-        self.granted: dict[uuid.UUID, tuple[str, int]] = {}  # the latest claim's (owner, epoch)
+        self.granted: dict[uuid.UUID, Lease] = {}  # the latest claim's lease, per job
         self.yields: collections.Counter[uuid.UUID] = collections.Counter()
         self.redriven: collections.Counter[uuid.UUID] = collections.Counter()
         self.highest_epoch: dict[uuid.UUID, int] = {}
@@ -234,8 +238,9 @@ class StoreMachine(RuleBasedStateMachine):
         m.pending_since = False
         m.next_run = None
         m.started = True
-        self.granted[m.id] = (owner, m.lease_epoch)
-        return Lease(job_id=m.id, owner=owner, epoch=m.lease_epoch, ttl_ms=ttl_ms)
+        lease = Lease(job_id=m.id, owner=owner, epoch=m.lease_epoch, ttl_ms=ttl_ms)
+        self.granted[m.id] = lease
+        return lease
 
     def _redrive_core(self, m: ModelJob) -> None:
         """_REDRIVE_CORE: a new delivery (redrives + 1), a new epoch, no lease."""
@@ -269,15 +274,22 @@ class StoreMachine(RuleBasedStateMachine):
         m = self.model[lease.job_id]
         return m.status == "running" and m.lease_epoch == lease.epoch
 
-    @staticmethod
-    def _as_holder(lease: Lease, impostor: bool) -> Lease:
-        return dataclasses.replace(lease, owner=lease.owner + "~impostor") if impostor else lease
+    def _as_holder(self, lease: Lease, which: str) -> Lease:
+        """The bundle's lease (any lease ever granted: often stale), the job's latest one, or
+        the latest one under an impostor's name."""
+        if which == "bundle":
+            return lease
+        latest = self.granted[lease.job_id]
+        if which == "impostor":
+            return dataclasses.replace(latest, owner=latest.owner + "~impostor")
+        return latest
 
     def _as_terminal(self, lease: Lease, via: str) -> Lease:
-        """A lease as granted, or as the reconciler builds one from the row (owner '', row's epoch)."""
+        """As ``_as_holder``, or as the reconciler builds one from the row (owner '', row's epoch)."""
         if via == "row":
-            return Lease(job_id=lease.job_id, owner="", epoch=self.model[lease.job_id].lease_epoch, ttl_ms=0)
-        return lease
+            m = self.model[lease.job_id]
+            return Lease(job_id=lease.job_id, owner="", epoch=m.lease_epoch, ttl_ms=0)
+        return self._as_holder(lease, via)
 
     @staticmethod
     def _same_as_stored(row: Job | None) -> None:
@@ -294,16 +306,30 @@ class StoreMachine(RuleBasedStateMachine):
 
     # --- creation ----------------------------------------------------------------------
 
-    @precondition(lambda self: len(self.model) < MAX_JOBS)
-    @rule(
-        target=jobs,
+    # Two jobs exist from the start of every example, so no example is spent without
+    # one; the third comes from the `start` rule, which also meets the keys' refusals.
+    START = dict(
         scope=st.sampled_from(SCOPES),
         lock_key=st.sampled_from([None, "k", "k"]),
         idempotency_key=st.sampled_from([None, None, "req-1"]),
         delay_ms=DELAYS,
         total=st.sampled_from([None, 10]),
     )
-    def start(self, scope, lock_key, idempotency_key, delay_ms, total):
+
+    @initialize(target=jobs, **START)
+    def first_job(self, **kwargs):
+        return self._start(**kwargs)
+
+    @initialize(target=jobs, **START)
+    def second_job(self, **kwargs):
+        return self._start(**kwargs)
+
+    @precondition(lambda self: len(self.model) < MAX_JOBS)
+    @rule(target=jobs, **START)
+    def start(self, **kwargs):
+        return self._start(**kwargs)
+
+    def _start(self, scope, lock_key, idempotency_key, delay_ms, total):
         job_id = uuid.uuid4()
         queue = QUEUES[len(self.model)]
         fields = {
@@ -402,21 +428,21 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(
         lease=leases,
-        impostor=IMPOSTOR,
+        which=WHICH,
         committed=st.booleans(),
         processed=st.sampled_from([None, 3, 7]),
         total=st.sampled_from(["unset", None, 10]),
         lock_timeout_ms=st.sampled_from([None, 1_000]),
     )
-    def heartbeat(self, lease, impostor, committed, processed, total, lock_timeout_ms):
-        lease = self._as_holder(lease, impostor)
+    def heartbeat(self, lease, which, committed, processed, total, lock_timeout_ms):
+        lease = self._as_holder(lease, which)
         m = self.model[lease.job_id]
         expected = self._holds(lease)
         kwargs: dict[str, Any] = {"processed": processed, "committed": committed, "lock_timeout_ms": lock_timeout_ms}
         if total != "unset":
             kwargs["total"] = total
         reply = store.heartbeat(lease, **kwargs)
-        self._check("heartbeat", reply is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        self._check("heartbeat", reply is not None, expected, (which, m.status, m.lease_owner, m.lease_epoch))
         if reply is None:
             return
         # The reply is the cancel flag (invariant 8: a running slice learns of it here).
@@ -434,13 +460,13 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(
         lease=leases,
-        impostor=IMPOSTOR,
+        which=WHICH,
         checkpoint=st.sampled_from([{"cursor": 1}, {"cursor": 2}, [1, "two"], None]),
         processed=st.sampled_from([None, 5]),
         total=st.sampled_from(["unset", None, 20]),
     )
-    def write_checkpoint(self, lease, impostor, checkpoint, processed, total):
-        lease = self._as_holder(lease, impostor)
+    def write_checkpoint(self, lease, which, checkpoint, processed, total):
+        lease = self._as_holder(lease, which)
         m = self.model[lease.job_id]
         expected = self._holds(lease)
         kwargs: dict[str, Any] = {"processed": processed}
@@ -448,7 +474,7 @@ class StoreMachine(RuleBasedStateMachine):
             kwargs["total"] = total
         reply = store.write_checkpoint(lease, checkpoint, **kwargs)
         assert reply in (True, False)
-        self._check("write_checkpoint", reply, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        self._check("write_checkpoint", reply, expected, (which, m.status, m.lease_owner, m.lease_epoch))
         if not reply:
             return
         m.checkpoint = checkpoint
@@ -462,13 +488,13 @@ class StoreMachine(RuleBasedStateMachine):
         m.redrives_since_commit = 0
         m.last_committed = True
 
-    @rule(lease=leases, impostor=IMPOSTOR, interrupted=st.booleans(), delay_ms=DELAYS)
-    def yield_slice(self, lease, impostor, interrupted, delay_ms):
-        lease = self._as_holder(lease, impostor)
+    @rule(lease=leases, which=WHICH, interrupted=st.booleans(), delay_ms=DELAYS)
+    def yield_slice(self, lease, which, interrupted, delay_ms):
+        lease = self._as_holder(lease, which)
         m = self.model[lease.job_id]
         expected = self._holds(lease)
         reply = store.yield_slice(lease, interrupted=interrupted, delay_ms=delay_ms)
-        self._check("yield_slice", reply is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        self._check("yield_slice", reply is not None, expected, (which, m.status, m.lease_owner, m.lease_epoch))
         if reply is None:
             return
         # Invariant 6: a new delivery (seq + 1), no budget spent; an interruption is
@@ -484,21 +510,21 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(
         lease=leases,
-        impostor=IMPOSTOR,
+        which=WHICH,
         error_class=st.sampled_from(["transient", "transient", "terminal", "unrecoverable"]),
         code=st.sampled_from([None, "boom", "terminal", "unrecoverable", "retry_exhausted"]),
         message=st.sampled_from([None, "it broke"]),
         backoff_ms=st.sampled_from([0, LATER_MS]),
     )
-    def fail_slice(self, lease, impostor, error_class, code, message, backoff_ms):
-        lease = self._as_holder(lease, impostor)
+    def fail_slice(self, lease, which, error_class, code, message, backoff_ms):
+        lease = self._as_holder(lease, which)
         m = self.model[lease.job_id]
         expected = self._holds(lease)
         reply = store.fail_slice(
             lease, error_class=error_class, code=code, message=message, max_failures=MAX_FAILURES,
             backoff_base_ms=backoff_ms, backoff_max_ms=backoff_ms,
         )
-        self._check("fail_slice", reply is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        self._check("fail_slice", reply is not None, expected, (which, m.status, m.lease_owner, m.lease_epoch))
         if reply is None:
             return
         # Invariant 3: the verdict comes from the counter this statement increments.
@@ -514,13 +540,13 @@ class StoreMachine(RuleBasedStateMachine):
         self._released(m)  # the job stays running, deliverable again at next_run_at
         m.next_run = "due" if verdict or backoff_ms == 0 else "future"
 
-    @rule(lease=leases, impostor=IMPOSTOR, delay_ms=DELAYS)
-    def release_lease(self, lease, impostor, delay_ms):
-        lease = self._as_holder(lease, impostor)
+    @rule(lease=leases, which=WHICH, delay_ms=DELAYS)
+    def release_lease(self, lease, which, delay_ms):
+        lease = self._as_holder(lease, which)
         m = self.model[lease.job_id]
         expected = self._holds(lease)
         row = store.release_lease(lease, delay_ms=delay_ms)
-        self._check("release_lease", row is not None, expected, (impostor, m.status, m.lease_owner, m.lease_epoch))
+        self._check("release_lease", row is not None, expected, (which, m.status, m.lease_owner, m.lease_epoch))
         if row is None:
             return
         self._released(m)
@@ -544,7 +570,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(
         lease=leases,
-        via=st.sampled_from(["lease", "lease", "row"]),
+        via=VIA,
         result=st.sampled_from([None, {"ok": True}]),
         processed=st.sampled_from([None, 11]),
         total=st.sampled_from([None, 12]),
@@ -568,7 +594,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(
         lease=leases,
-        via=st.sampled_from(["lease", "lease", "row"]),
+        via=VIA,
         code=st.sampled_from(["terminal", "unrecoverable", "retry_exhausted", "boom"]),
         error_class=st.sampled_from(["terminal", "unrecoverable", "transient"]),
         message=st.sampled_from([None, "final words"]),
@@ -589,7 +615,7 @@ class StoreMachine(RuleBasedStateMachine):
         if message is not None:
             m.error_message = message
 
-    @rule(lease=leases, via=st.sampled_from(["lease", "lease", "row"]), mirror=st.booleans())
+    @rule(lease=leases, via=VIA, mirror=st.booleans())
     def cancel(self, lease, via, mirror):
         lease = self._as_terminal(lease, via)
         m = self.model[lease.job_id]
@@ -600,7 +626,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(
         lease=leases,
-        via=st.sampled_from(["lease", "lease", "row"]),
+        via=VIA,
         max_attempts=st.integers(1, 3),
         delay_ms=DELAYS,
         message=st.sampled_from([None, "mirror failed: KeyError"]),
@@ -669,6 +695,7 @@ class StoreMachine(RuleBasedStateMachine):
                 [job],
             )
             touched = cursor.rowcount == 1
+        _count("expire_lease", touched)
         assert touched == (m.status == "running" and m.lease_owner is not None)
         if touched:
             m.lease = "past"
@@ -708,7 +735,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(
         job=jobs,
-        stale=st.sampled_from([False, False, True]),
+        stale=st.sampled_from([False, True, True]),
         reason=st.sampled_from(["poison", "mirror_failed", "unknown_kind"]),
         message=st.sampled_from([None, "parked by the test"]),
     )
@@ -813,7 +840,8 @@ class StoreMachine(RuleBasedStateMachine):
         for job_id, row in self._rows().items():
             if row.lease_owner is not None:
                 assert row.status == "running"
-                assert (row.lease_owner, row.lease_epoch) == self.granted[job_id]
+                latest = self.granted[job_id]
+                assert (row.lease_owner, row.lease_epoch) == (latest.owner, latest.epoch)
                 assert row.lease_expires_at is not None
             else:
                 # A released lease is never still running.
@@ -853,8 +881,8 @@ def test_store_follows_the_reference_model():
     run_state_machine_as_test(
         StoreMachine,
         settings=settings(
-            max_examples=60,
-            stateful_step_count=25,
+            max_examples=100,
+            stateful_step_count=50,
             deadline=None,
             database=None,
             suppress_health_check=[HealthCheck.too_slow],

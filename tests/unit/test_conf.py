@@ -13,10 +13,25 @@ from django.test import override_settings
 from durable_jobs import checks, conf
 from durable_jobs.exceptions import ConfigurationError
 
-DURATIONS = ["LEASE_TTL", "HEARTBEAT_INTERVAL", "SLICE_BUDGET", "RETRY_BACKOFF_BASE", "RETRY_BACKOFF_MAX",
-             "ORPHAN_GRACE", "PENDING_TTL", "POLL_INTERVAL", "SHUTDOWN_GRACE", "RECONCILE_INTERVAL"]
-COUNTS = ["MAX_CONSECUTIVE_FAILURES", "MAX_MIRROR_ATTEMPTS", "MAX_REDRIVES_WITHOUT_COMMIT",
-          "MAX_PAYLOAD_BYTES", "MAX_PAYLOAD_DEPTH"]
+DURATIONS = [
+    "LEASE_TTL",
+    "HEARTBEAT_INTERVAL",
+    "SLICE_BUDGET",
+    "RETRY_BACKOFF_BASE",
+    "RETRY_BACKOFF_MAX",
+    "ORPHAN_GRACE",
+    "PENDING_TTL",
+    "POLL_INTERVAL",
+    "SHUTDOWN_GRACE",
+    "RECONCILE_INTERVAL",
+]
+COUNTS = [
+    "MAX_CONSECUTIVE_FAILURES",
+    "MAX_MIRROR_ATTEMPTS",
+    "MAX_REDRIVES_WITHOUT_COMMIT",
+    "MAX_PAYLOAD_BYTES",
+    "MAX_PAYLOAD_DEPTH",
+]
 
 
 def test_load__none_and_empty_give_the_documented_defaults():
@@ -33,8 +48,12 @@ def test_load__the_settings_object_is_frozen():
 
 @pytest.mark.parametrize(
     ("key", "suggestion"),
-    [("LEASE_TIL", "LEASE_TTL"), ("LEASE_TTL_", "LEASE_TTL"), ("HEARTBEAT_INTERVALL", "HEARTBEAT_INTERVAL"),
-     ("MAX_CONSECUTIVE_FAILURE", "MAX_CONSECUTIVE_FAILURES")],
+    [
+        ("LEASE_TIL", "LEASE_TTL"),
+        ("LEASE_TTL_", "LEASE_TTL"),
+        ("HEARTBEAT_INTERVALL", "HEARTBEAT_INTERVAL"),
+        ("MAX_CONSECUTIVE_FAILURE", "MAX_CONSECUTIVE_FAILURES"),
+    ],
 )
 def test_load__an_unknown_key_is_refused_with_a_did_you_mean(key, suggestion):
     with pytest.raises(ConfigurationError) as caught:
@@ -89,8 +108,11 @@ def test_load__durations_accept_seconds_and_timedelta_as_float_seconds(name):
 
 
 @pytest.mark.parametrize("name", DURATIONS)
-@pytest.mark.parametrize("bad", [0, -1, timedelta(0), timedelta(seconds=-3), "10", None, True],
-                         ids=["zero", "negative", "zero-delta", "negative-delta", "string", "none", "bool"])
+@pytest.mark.parametrize(
+    "bad",
+    [0, -1, timedelta(0), timedelta(seconds=-3), "10", None, True],
+    ids=["zero", "negative", "zero-delta", "negative-delta", "string", "none", "bool"],
+)
 def test_load__durations_must_be_positive(name, bad):
     with pytest.raises(ConfigurationError) as caught:
         conf.load({name: bad})
@@ -111,7 +133,9 @@ def test_load__durations_must_be_finite(name, bad):
 
 
 @pytest.mark.parametrize("name", COUNTS)
-@pytest.mark.parametrize("bad", [0, -2, 1.5, "3", True], ids=["zero", "negative", "float", "string", "bool"])
+@pytest.mark.parametrize(
+    "bad", [0, -2, 1.5, "3", True], ids=["zero", "negative", "float", "string", "bool"]
+)
 def test_load__counts_must_be_positive_integers(name, bad):
     with pytest.raises(ConfigurationError) as caught:
         conf.load({name: bad})
@@ -137,7 +161,12 @@ def test_load__default_tenant_and_queue_must_be_names(name, bad):
     "matches before a final newline, so 'default\\n' is accepted.",
 )
 @pytest.mark.parametrize(
-    "setting", [{"DEFAULT_TENANT": "default\n"}, {"DEFAULT_QUEUE": "default\n"}, {"NOTIFY_CHANNEL": "durable_jobs\n"}],
+    "setting",
+    [
+        {"DEFAULT_TENANT": "default\n"},
+        {"DEFAULT_QUEUE": "default\n"},
+        {"NOTIFY_CHANNEL": "durable_jobs\n"},
+    ],
     ids=["tenant", "queue", "channel"],
 )
 def test_load__names_with_a_trailing_newline_are_refused(setting):
@@ -172,7 +201,13 @@ def test_load__retention_is_none_seconds_or_timedelta():
 
 @pytest.mark.parametrize(
     ("duration", "expected"),
-    [(1.5, 1500), (timedelta(seconds=2, microseconds=400), 2000), (0.0004, 0), (0.0006, 1), (-3, 0)],
+    [
+        (1.5, 1500),
+        (timedelta(seconds=2, microseconds=400), 2000),
+        (0.0004, 0),
+        (0.0006, 1),
+        (-3, 0),
+    ],
 )
 def test_ms__whole_milliseconds_never_negative(duration, expected):
     assert conf.ms(duration) == expected

@@ -31,7 +31,9 @@ def test_name__accepts_letters_digits_and_separators(value):
     assert validation.name("kind", value) == value
 
 
-@pytest.mark.parametrize("value", ["", "x" * 101, "has space", "semi;colon", "ünï", "a\nb", "\na", None, 5, b"kind"])
+@pytest.mark.parametrize(
+    "value", ["", "x" * 101, "has space", "semi;colon", "ünï", "a\nb", "\na", None, 5, b"kind"]
+)
 def test_name__refuses_anything_else_naming_the_field(value):
     with pytest.raises(InvalidInput) as caught:
         validation.name("queue", value)
@@ -61,7 +63,14 @@ def test_name__refuses_a_trailing_newline(value):
 
 @pytest.mark.parametrize(
     "value",
-    ["report:7", "'; DROP TABLE durable_jobs_job; --", "ünïcödé 🚀", "%s %(x)s {0}", "tab-free", "k" * 255],
+    [
+        "report:7",
+        "'; DROP TABLE durable_jobs_job; --",
+        "ünïcödé 🚀",
+        "%s %(x)s {0}",
+        "tab-free",
+        "k" * 255,
+    ],
 )
 def test_key__accepts_printable_text_verbatim(value):
     assert validation.key("lock_key", value) == value

@@ -1,0 +1,502 @@
+"""``python -m benchmarks``: every scenario of issue #6, one command, one table.
+
+The run starts its own PostgreSQL (an embedded server with fsync on, or the server of
+``DATABASE_URL``, on which it creates and later drops its own databases), builds the
+peers' virtual environments under ``benchmarks/.venvs/``, runs each scenario, prints a
+table with a PASS/MISS column against the targets, and writes the table, the machine,
+the versions, the settings, the EXPLAIN plans and the raw figures to
+``benchmarks/results/<timestamp>.md`` (and ``.json``).
+
+Scenarios (``--only`` picks some):
+
+``start``       ``durable.start()`` one per transaction, one client; the peers' equivalent;
+                a 1-row INSERT+COMMIT baseline; bulk start (``durable.start_many`` if present).
+``throughput``  N pre-filled no-op jobs drained by ``durable_worker --burst`` at 1 slot, 4 slots,
+                and 2 processes × 2 slots (peers side by side, interleaved); completions
+                counted in SQL; the 4-slot worker's peak RSS (kernel rusage).
+``latency``     M single starts to an idle 4-slot worker, NOTIFY path and poll path;
+                ``started_at - created_at`` (database clock) percentiles computed in SQL.
+``heartbeat``   ``store.heartbeat`` in a loop on one lease; HOT share from pg_stat_user_tables.
+``size``        dequeue and reconciler-pass time with 0 / 100k (/ 1M with --large) finished
+                rows; EXPLAIN (ANALYZE, BUFFERS) of DEQUEUE and the reconciler's selections.
+``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
+                and a py-spy profile of the 4-slot worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from benchmarks import procs, report
+from benchmarks import server as server_mod
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+RESULTS = HERE / "results"
+SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size")
+
+TARGETS = {
+    "throughput_4": 1500.0,       # processed no-op jobs/s at 4 slots
+    "latency_notify_p99_ms": 20.0,
+    "latency_poll_slack_ms": 20.0,  # p99 <= poll interval + this
+    "bulk_start": 20000.0,
+    "dequeue_growth": 0.10,       # at 1M finished rows, within 10% of an empty table
+    "hot_share": 0.95,
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes): small N, fewer samples")
+    parser.add_argument("--large", action="store_true", help="also measure with 1,000,000 finished rows")
+    parser.add_argument("--n", type=int, help="no-op jobs per throughput run (default 5000; --quick 500)")
+    parser.add_argument("--latency-jobs", type=int, help="single jobs per latency run (default 200; --quick 40)")
+    parser.add_argument("--poll-interval", type=float, default=1.0,
+                        help="POLL_INTERVAL of the poll-path latency run, seconds (default 1, the library default)")
+    parser.add_argument("--no-peers", action="store_true", help="measure durable_jobs only")
+    parser.add_argument("--only", help=f"comma-separated scenarios among {', '.join(SCENARIOS)}")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile the 4-slot worker (pg_stat_statements, py-spy); restarts the server once")
+    parser.add_argument("--output", type=Path, help="results file (default benchmarks/results/<timestamp>.md)")
+    return parser.parse_args(argv)
+
+
+class Plan:
+    def __init__(self, args: argparse.Namespace) -> None:
+        quick = args.quick
+        self.quick = quick
+        self.n = args.n or (500 if quick else 5000)
+        self.start_n = 200 if quick else 1000
+        self.latency_m = args.latency_jobs or (40 if quick else 200)
+        self.gap = 0.03
+        self.latency_slots = 4
+        self.poll_interval = args.poll_interval
+        self.hb_seconds = 2.0 if quick else 5.0
+        self.sizes = [0, 10_000] if quick else [0, 100_000]
+        if args.large:
+            self.sizes.append(1_000_000)
+        self.dq_reps = 50 if quick else 200
+        self.passes = 5 if quick else 20
+        self.explain_reps = 10 if quick else 30
+        self.worker_timeout = 120 if quick else 600
+        self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
+        unknown = set(self.scenarios) - set(SCENARIOS)
+        if unknown:
+            raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+        self.profile = args.profile
+
+    def describe(self) -> dict:
+        return {k: v for k, v in vars(self).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = Plan(args)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + ("-quick" if plan.quick else "")
+    out_path = args.output or RESULTS / f"{stamp}.md"
+    logs = out_path.parent / f"{out_path.stem}-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
+    began = time.monotonic()
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+
+    machine = report.machine()
+    print(f"durable_jobs benchmarks: {'quick' if plan.quick else 'default'} run; results -> {out_path}", flush=True)
+    print("  starting PostgreSQL ...", flush=True)
+    server = server_mod.start(pg_stat_statements=plan.profile)
+    raw: dict = {"plan": plan.describe(), "machine": machine}
+    notes: list[str] = list(server.notes)
+    try:
+        server_facts = server.describe()
+        raw["server"] = server_facts
+        env = _setup_django(server)
+        from benchmarks import durable_bench, peer_bench, peers as peers_mod
+
+        peers = peers_mod.prepare(server, env=env, logs=logs, skip=args.no_peers)
+        for peer in peers.values():
+            raw.setdefault("peers", {})[peer.spec.key] = {"versions": peer.versions, "problem": peer.problem}
+        ctx = durable_bench.Ctx(server, server.url(server_mod.DATABASES["durable"]), env, logs, sys.executable)
+        results = Results(plan, ctx, peers, env, logs, raw, notes)
+        for name in plan.scenarios:
+            print(f"  scenario {name} ...", flush=True)
+            try:
+                getattr(results, f"scenario_{name}")()
+            except Exception as error:  # noqa: BLE001 - one broken scenario must not lose the others
+                notes.append(f"scenario {name} failed: {type(error).__name__}: {error}")
+                raw.setdefault("errors", {})[name] = traceback.format_exc()
+                traceback.print_exc()
+                procs.kill_all()
+        profile_text = ""
+        if plan.profile:
+            print("  profile ...", flush=True)
+            from benchmarks import profile
+
+            try:
+                profile_text = profile.run(ctx, plan, raw)
+            except Exception as error:  # noqa: BLE001
+                notes.append(f"profile failed: {type(error).__name__}: {error}")
+                raw.setdefault("errors", {})["profile"] = traceback.format_exc()
+                traceback.print_exc()
+                procs.kill_all()
+        table = results.table()
+    except KeyboardInterrupt:
+        procs.kill_all()
+        print("interrupted", file=sys.stderr)
+        return 130
+    finally:
+        procs.kill_all()
+        server.stop()
+
+    machine["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    elapsed = time.monotonic() - began
+    rendered = table.render()
+    print()
+    print(rendered)
+    print()
+    for note in notes:
+        print(f"note: {note}")
+    versions = report.versions()
+    raw["versions"] = versions
+    peer_versions = {p.spec.label: (p.versions if p.ok else p.problem) for p in peers.values()}
+    sections = [
+        ("Results", report.block(rendered)),
+        ("Notes", "\n".join(f"* {n}" for n in notes + results.method_notes()) or "(none)"),
+        ("Machine", report.kv(machine)),
+        ("Versions", report.kv(versions) + "\n\nPeers (each in its own virtual environment under "
+                                           "benchmarks/.venvs/):\n\n" + report.kv(peer_versions)),
+        ("PostgreSQL", report.kv(server_facts)),
+        ("Parameters", report.kv(plan.describe() | {"elapsed_seconds": round(elapsed, 1),
+                                                    "logs": str(logs)})),
+        ("EXPLAIN (ANALYZE, BUFFERS)", results.plans_text()),
+    ]
+    if profile_text:
+        sections.append(("Profile: a no-op slice at 4 slots", profile_text))
+    report.write(out_path, title=f"durable_jobs benchmarks, {stamp}", command=command, sections=sections, raw=raw)
+    print(f"results written to {out_path} (and {out_path.with_suffix('.json').name}); took {elapsed:.0f} s")
+    return 0
+
+
+def _setup_django(server) -> dict:
+    url = server.url(server_mod.DATABASES["durable"])
+    os.environ["DATABASE_URL"] = url
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings_bench"
+    os.environ.setdefault("DURABLE_JOBS_LOG_LEVEL", "WARNING")
+    os.environ["PGAPPNAME"] = "durable_jobs_bench"
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    return env
+
+
+class Results:
+    """Runs the scenarios and turns their figures into table rows."""
+
+    def __init__(self, plan: Plan, ctx, peers: dict, env: dict, logs: Path, raw: dict, notes: list[str]) -> None:
+        self.plan = plan
+        self.ctx = ctx
+        self.peers = peers
+        self.env = env
+        self.logs = logs
+        self.raw = raw
+        self.notes = notes
+        self.table_obj = report.Table({
+            "scenario": "scenario", "durable_jobs": "durable_jobs",
+            "procrastinate": f"Procrastinate {peers['procrastinate'].versions.get('procrastinate') or ''}".strip(),
+            "tasks_db": f"django-tasks-db {peers['tasks_db'].versions.get('django-tasks-db') or ''}".strip(),
+            "target": "target (durable_jobs)", "status": "PASS/MISS"})
+        self.plans: dict[str, dict[str, str]] = {}
+
+    # --- helpers -------------------------------------------------------------------
+    def _peer_cells(self, fn, fmt) -> dict[str, str]:
+        """Run ``fn(peer)`` for each peer; cells hold the formatted figure or why there is none."""
+        cells = {}
+        for key, peer in self.peers.items():
+            if not peer.ok:
+                cells[key] = "not measured: " + _short(peer.problem)
+                continue
+            try:
+                result = fn(peer)
+            except Exception as error:  # noqa: BLE001
+                result = {"error": f"{type(error).__name__}: {error}"}
+                self.raw.setdefault("errors", {})[f"{key}"] = traceback.format_exc()
+                procs.kill_all()
+            self.raw.setdefault(key, {}).setdefault("runs", []).append(result)
+            cells[key] = fmt(result)
+        return cells
+
+    def _peer(self, key: str):
+        return self.peers[key]
+
+    # --- scenarios -------------------------------------------------------------------
+    def scenario_start(self) -> None:
+        from benchmarks import durable_bench, peer_bench
+
+        base = _baseline_commits(self.ctx, self.plan.start_n)
+        self.raw["baseline_commit"] = base
+        self.table_obj.add("server floor: 1-row INSERT + COMMIT, 1 client (/s)", report.num(base["per_second"]),
+                           "same server", "same server", "", "info")
+        ours = durable_bench.start_rate(self.plan.start_n)
+        self.raw["start_rate"] = ours
+        cells = self._peer_cells(
+            lambda p: peer_bench.start_rate(p, self.plan.start_n, env=self.env, logs=self.logs),
+            lambda r: _rate_cell(r, ours["per_second"]))
+        self.table_obj.add("start rate: 1 start()/transaction, 1 client (/s)",
+                           f"{report.num(ours['per_second'])} (p99 {ours['p99_ms']:.1f} ms)",
+                           cells["procrastinate"], cells["tasks_db"], "", "info")
+        bulk = durable_bench.bulk_start(max(self.plan.n, 10_000))
+        self.raw["bulk_start"] = bulk
+        if not bulk.get("implemented"):
+            self.table_obj.add("bulk start (jobs/s)", "not implemented", "-", "-",
+                               f">= {report.num(TARGETS['bulk_start'])}", "MISS")
+            self.notes.append("bulk start: durable_jobs has no start_many() API yet; the row reports "
+                              "'not implemented' rather than a figure")
+        elif "error" in bulk:
+            self.table_obj.add("bulk start (jobs/s)", "error: " + _short(bulk["error"]), "-", "-",
+                               f">= {report.num(TARGETS['bulk_start'])}", "MISS")
+        else:
+            ok = bulk["rows"] == bulk["n"] and bulk["per_second"] >= TARGETS["bulk_start"]
+            self.table_obj.add(f"bulk start_many of {bulk['n']:,} (jobs/s)", report.num(bulk["per_second"]), "-",
+                               "-", f">= {report.num(TARGETS['bulk_start'])}", report.verdict(ok))
+
+    def scenario_throughput(self) -> None:
+        from benchmarks import durable_bench, peer_bench
+
+        n = self.plan.n
+        configs = [("1 slot", 1, 1, "1x1"), ("4 slots, 1 process", 1, 4, "1x4"),
+                   ("2 processes x 2 slots", 2, 2, "2x2")]
+        self.raw["throughput"] = {}
+        for label, processes, slots, tag in configs:
+            print(f"    throughput {label}", flush=True)
+            ours = durable_bench.throughput(self.ctx, n, processes=processes, slots=slots, tag=tag,
+                                            timeout=self.plan.worker_timeout)
+            self.raw["throughput"][tag] = ours
+            cells = self._peer_cells(
+                lambda p: peer_bench.throughput(p, n, processes=processes, slots=slots, env=self.env,
+                                                logs=self.logs, tag=tag, timeout=self.plan.worker_timeout,
+                                                server_pid=self.ctx.server.postmaster_pid()),
+                lambda r: _throughput_cell(r, ours.get("per_second")))
+            target, status = "", "info"
+            if tag == "1x4":
+                target = f">= {report.num(TARGETS['throughput_4'])}/s"
+                status = report.verdict(ours["verified"] and (ours["per_second"] or 0) >= TARGETS["throughput_4"])
+            self.table_obj.add(f"throughput, {n:,} no-op jobs, {label} (jobs/s)", _throughput_cell(ours, None),
+                               cells["procrastinate"], cells["tasks_db"], target, status)
+            if tag == "1x4":
+                self._rss_row(ours)
+
+    def _rss_row(self, ours: dict) -> None:
+        runs = {k: (self.raw.get(k, {}).get("runs") or [None])[-1] for k in ("procrastinate", "tasks_db")}
+        cells = {}
+        for key, run in runs.items():
+            peer = self.peers[key]
+            if not peer.ok:
+                cells[key] = "not measured"
+            elif not run or "max_rss_mib" not in run:
+                cells[key] = "n/a"
+            else:
+                cells[key] = f"{run['max_rss_mib']:.0f}" + (" per process" if run.get("processes", 1) > 1 else "")
+        self.table_obj.add("worker peak RSS at 4 slots (MiB)", f"{ours['max_rss_mib']:.0f}", cells["procrastinate"],
+                           cells["tasks_db"], "", "info")
+        self.table_obj.add("CPU ms per job at 4 slots: worker / server", _cpu_cell(ours),
+                           _cpu_cell(runs["procrastinate"]) if self.peers["procrastinate"].ok else "not measured",
+                           _cpu_cell(runs["tasks_db"]) if self.peers["tasks_db"].ok else "not measured", "", "info")
+
+    def scenario_latency(self) -> None:
+        from benchmarks import durable_bench, peer_bench
+
+        plan = self.plan
+        self.raw["latency"] = {}
+        for notify in (True, False):
+            interval = plan.poll_interval
+            tag = "notify" if notify else "poll"
+            print(f"    latency {tag}", flush=True)
+            ours = durable_bench.latency(self.ctx, plan.latency_m, notify=notify, poll_interval=interval,
+                                         slots=plan.latency_slots, gap=plan.gap, tag=tag)
+            self.raw["latency"][tag] = ours
+
+            def peer_run(p, notify=notify, tag=tag):
+                if notify and p.spec.key == "tasks_db":
+                    return {"unsupported": "no LISTEN/NOTIFY: polls only"}
+                return peer_bench.latency(p, plan.latency_m, notify=notify, poll_interval=interval,
+                                          slots=plan.latency_slots, gap=plan.gap, env=self.env, logs=self.logs,
+                                          tag=tag)
+
+            cells = self._peer_cells(peer_run, _latency_cell)
+            if notify:
+                label = f"latency start->run p50 / p99, NOTIFY, {plan.latency_m} jobs, 4 slots (ms)"
+                target_ms = TARGETS["latency_notify_p99_ms"]
+            else:
+                label = f"latency p50 / p99, poll path (no NOTIFY), POLL_INTERVAL {interval:g} s (ms)"
+                target_ms = interval * 1000 + TARGETS["latency_poll_slack_ms"]
+            ok = None if "error" in ours else (ours["verified"] and ours["p99_ms"] is not None
+                                               and ours["p99_ms"] <= target_ms)
+            self.table_obj.add(label, _latency_cell(ours), cells["procrastinate"], cells["tasks_db"],
+                               f"p99 <= {target_ms:g} ms", report.verdict(ok))
+
+    def scenario_heartbeat(self) -> None:
+        from benchmarks import durable_bench
+
+        hb = durable_bench.heartbeat(self.ctx, self.plan.hb_seconds)
+        self.raw["heartbeat"] = hb
+        if "error" in hb:
+            self.table_obj.add("heartbeat", "error: " + hb["error"], "-", "-", "", "MISS")
+            return
+        self.table_obj.add(f"heartbeats/s, one lease, 1 connection, {hb['seconds']:.0f} s",
+                           f"{report.num(hb['per_second'])}" + (f" ({hb['lost']} lost)" if hb["lost"] else ""),
+                           "-", "-", "", "info")
+        share = hb["hot_share"]
+        self.table_obj.add("heartbeat HOT updates (n_tup_hot_upd / n_tup_upd)",
+                           "n/a" if share is None else f"{share:.1%} of {hb['n_tup_upd']:,}", "-", "-",
+                           f">= {TARGETS['hot_share']:.0%}",
+                           report.verdict(None if share is None else share >= TARGETS["hot_share"]))
+
+    def scenario_size(self) -> None:
+        from benchmarks import durable_bench
+
+        durable_bench.reset()
+        per_size = {}
+        for size in self.plan.sizes:
+            print(f"    table with {size:,} finished rows", flush=True)
+            grown = durable_bench.grow_finished(self.ctx, size)
+            measured = durable_bench.dequeue_and_reconcile(self.ctx, reps=self.plan.dq_reps, passes=self.plan.passes,
+                                                           explain_reps=self.plan.explain_reps)
+            self.plans[f"{size:,} finished rows"] = measured.pop("plans")
+            per_size[size] = grown | measured
+        self.raw["size"] = per_size
+        sizes = list(per_size)
+        labels = " / ".join(_size_label(s) for s in sizes)
+
+        def series(key: str, digits: int = 2) -> str:
+            return " / ".join(f"{per_size[s][key]:.{digits}f}" for s in sizes)
+
+        self.table_obj.add(f"dequeue p50, client round trip, at {labels} finished rows (ms)",
+                           series("dequeue_p50_ms"), "-", "-", "", "info")
+        self.table_obj.add(f"dequeue p50, server execution, at {labels} (ms)", series("dequeue_exec_p50_ms", 3),
+                           "-", "-", "", "info")
+        self.table_obj.add(f"reconciler pass p50 at {labels} (ms)", series("reconcile_p50_ms"), "-", "-", "", "info")
+        empty = per_size.get(0)
+        target = f"<= +{TARGETS['dequeue_growth']:.0%} vs empty"
+        for size in sizes:
+            if size == 0 or empty is None:
+                continue
+            client = per_size[size]["dequeue_p50_ms"] / empty["dequeue_p50_ms"] - 1
+            server = per_size[size]["dequeue_exec_p50_ms"] / empty["dequeue_exec_p50_ms"] - 1
+            ok = client <= TARGETS["dequeue_growth"] and server <= TARGETS["dequeue_growth"]
+            status = report.verdict(ok) if size >= 1_000_000 else report.verdict(ok) + " (indicative)"
+            self.table_obj.add(f"dequeue at {_size_label(size)} finished rows vs empty: client / server",
+                               f"{client:+.1%} / {server:+.1%}", "-", "-", target, status)
+        if 1_000_000 not in per_size:
+            self.table_obj.add("dequeue at 1M finished rows vs empty", "not run (add --large)", "-", "-", target,
+                               "not run")
+
+    # --- output --------------------------------------------------------------------------
+    def table(self) -> report.Table:
+        return self.table_obj
+
+    def plans_text(self) -> str:
+        if not self.plans:
+            return "(the size scenario did not run)"
+        parts = []
+        for size, plans in self.plans.items():
+            for name, text in plans.items():
+                parts.append(f"### {name} with {size}\n\n" + report.block(text))
+        return "\n\n".join(parts)
+
+    def method_notes(self) -> list[str]:
+        p = self.plan
+        return [
+            "Throughput = completed rows counted in SQL / database-clock window from the first claim "
+            "(min started_at) to the last completion (max finished_at); 'wall' adds process start-up. "
+            "A run is marked UNVERIFIED unless every pre-filled job completed and every worker exited 0.",
+            f"Latency = started_at - created_at, both stamped by the database (django-tasks-db: by the "
+            f"Python clock of the same machine), percentiles computed over {p.latency_m} single jobs started "
+            f"{p.gap * 1000:.0f} ms apart on average (uniform jitter), each in its own transaction, to an "
+            f"idle worker with {p.latency_slots} slots.",
+            "Peers: Procrastinate runs an async no-op task (its cheapest path) with --concurrency K in one "
+            "process, and LISTEN/NOTIFY (or --no-listen for the poll path); django-tasks-db has no "
+            "in-process concurrency and no NOTIFY, so '4 slots' is 4 db_worker processes and "
+            "'2 processes x 2 slots' is 2 db_worker processes. Ratios in brackets are peer / durable_jobs "
+            "measured in the same run on the same server.",
+            "Every system logs at INFO (durable_worker -v 1, Procrastinate and db_worker at INFO) to a file.",
+            "Peak RSS is the kernel's ru_maxrss of the worker process (os.wait4). CPU per job is the "
+            "worker's user+system time (rusage) / completed jobs; the server's is the postmaster's and "
+            "its backends' CPU over the same run (local embedded server only).",
+        ]
+
+
+def _baseline_commits(ctx, n: int) -> dict:
+    import psycopg
+
+    with psycopg.connect(ctx.dburl, autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, at timestamptz)")
+        conn.execute("TRUNCATE bench_baseline")
+        began = time.perf_counter()
+        for _ in range(n):
+            conn.execute("INSERT INTO bench_baseline (at) VALUES (now())")
+        elapsed = time.perf_counter() - began
+        conn.execute("DROP TABLE bench_baseline")
+    return {"n": n, "seconds": elapsed, "per_second": n / elapsed}
+
+
+def _short(text: str | None, limit: int = 60) -> str:
+    text = (text or "").replace("\n", " ")
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _size_label(size: int) -> str:
+    if size >= 1_000_000 and size % 1_000_000 == 0:
+        return f"{size // 1_000_000}M"
+    if size >= 1000 and size % 1000 == 0:
+        return f"{size // 1000}k"
+    return str(size)
+
+
+def _rate_cell(result: dict, ours: float | None) -> str:
+    if "error" in result:
+        return "error: " + _short(result["error"])
+    return report.num(result["per_second"]) + report.ratio(result["per_second"], ours)
+
+
+def _throughput_cell(result: dict, ours: float | None) -> str:
+    if "error" in result:
+        return "error: " + _short(result["error"])
+    text = report.num(result.get("per_second")) + report.ratio(result.get("per_second"), ours)
+    text += f" [wall {result['wall_seconds']:.1f}s]"
+    if not result.get("verified"):
+        text += f" UNVERIFIED: {result['completed']}/{result['n']} completed, exits {result['exit_codes']}"
+    return text
+
+
+def _cpu_cell(result: dict | None) -> str:
+    if not result or not result.get("completed"):
+        return "n/a"
+    worker = f"{1000 * result['worker_cpu_seconds'] / result['completed']:.2f}"
+    server = result.get("server_cpu_seconds")
+    return worker + (f" / {1000 * server / result['completed']:.2f}" if server is not None else " / n/a")
+
+
+def _latency_cell(result: dict) -> str:
+    if "unsupported" in result:
+        return "n/a: " + result["unsupported"]
+    if "error" in result:
+        return "error: " + _short(result["error"])
+    if result.get("p50_ms") is None:
+        return "n/a"
+    text = f"{result['p50_ms']:.1f} / {result['p99_ms']:.1f}"
+    if not result.get("verified"):
+        text += f" UNVERIFIED: {result['completed']}/{result['m']} ran"
+    return text
