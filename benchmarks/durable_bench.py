@@ -49,10 +49,11 @@ class Ctx:
         cmd = [self.python, "manage.py", "durable_worker", "--concurrency", str(concurrency), "-v", str(verbosity)]
         return cmd + (["--burst"] if burst else [])
 
-    def worker_env(self, *, notify: bool = True, poll_interval: float = 1.0) -> dict:
+    def worker_env(self, *, notify: bool = True, poll_interval: float = 1.0, conn_max_age: str | None = None) -> dict:
         env = dict(self.env)
         env["BENCH_NOTIFY"] = "1" if notify else "0"
         env["BENCH_POLL_INTERVAL"] = repr(poll_interval)
+        env["BENCH_CONN_MAX_AGE"] = conn_max_age or ""
         return env
 
 
@@ -138,14 +139,20 @@ def _count_kind() -> int:
 # ---------------------------------------------------------------------------------------
 
 def throughput(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeout: float,
-               extra_cmd_prefix: list[str] | None = None) -> dict:
+               conn_max_age: str | None = None) -> dict:
     """Pre-fill ``n`` jobs, run ``processes`` × ``durable_worker --concurrency slots --burst``."""
     reset()
     fill_seconds = fill(n)
+    return throughput_prefilled(ctx, n, processes=processes, slots=slots, tag=tag, timeout=timeout,
+                                conn_max_age=conn_max_age) | {"fill_seconds": fill_seconds}
+
+
+def throughput_prefilled(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeout: float,
+                         conn_max_age: str | None = None, prefix: list[str] | None = None) -> dict:
     cpu0 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
-    cmds = [(extra_cmd_prefix or []) + ctx.worker_cmd(slots, burst=True) for _ in range(processes)]
+    cmds = [(prefix or []) + ctx.worker_cmd(slots, burst=True) for _ in range(processes)]
     logs = [ctx.logs / f"durable-{tag}-{i}.log" for i in range(processes)]
-    group = procs.Group(cmds, env=ctx.worker_env(), cwd=REPO, logs=logs)
+    group = procs.Group(cmds, env=ctx.worker_env(conn_max_age=conn_max_age), cwd=REPO, logs=logs)
     results = group.wait(timeout)
     cpu1 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
     row = ctx.sql(
@@ -161,7 +168,7 @@ def throughput(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeou
         "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
         "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
         "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
-        "fill_seconds": fill_seconds, "logs": [str(p) for p in logs],
+        "conn_max_age": conn_max_age or "0 (Django default)", "logs": [str(p) for p in logs],
     }
     out["verified"] = completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
     return out
@@ -171,11 +178,13 @@ def throughput(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeou
 # latency
 # ---------------------------------------------------------------------------------------
 
-def latency(ctx: Ctx, m: int, *, notify: bool, poll_interval: float, slots: int, gap: float, tag: str) -> dict:
+def latency(ctx: Ctx, m: int, *, notify: bool, poll_interval: float, slots: int, gap: float, tag: str,
+            conn_max_age: str | None = None) -> dict:
     """``m`` single starts, spaced ``gap`` s apart on average, to an idle worker."""
     reset()
-    group = procs.Group([ctx.worker_cmd(slots, burst=False)], env=ctx.worker_env(notify=notify,
-                        poll_interval=poll_interval), cwd=REPO, logs=[ctx.logs / f"durable-latency-{tag}.log"])
+    env = ctx.worker_env(notify=notify, poll_interval=poll_interval, conn_max_age=conn_max_age)
+    group = procs.Group([ctx.worker_cmd(slots, burst=False)], env=env, cwd=REPO,
+                        logs=[ctx.logs / f"durable-latency-{tag}.log"])
     try:
         problem = _warm_up(ctx, group, notify=notify)
         if problem:
@@ -302,6 +311,58 @@ def grow_finished(ctx: Ctx, target: int) -> dict:
     return {"finished_rows": target, "fill_seconds": time.perf_counter() - began, "total_size": size}
 
 
+# Pending rows exactly as start() writes them (no keys, no subject, due now), for backlogs
+# too large to start one by one in the time a benchmark has.
+FILL_PENDING = f"""
+INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name,
+                     next_run_at, pending_since)
+SELECT gen_random_uuid(), 'default', %(kind)s, 'pending', now(), now(), 'default',
+       clock_timestamp(), now()
+  FROM generate_series(1, %(n)s)
+"""
+
+
+def fill_pending_sql(ctx: Ctx, n: int) -> None:
+    ctx.sql(FILL_PENDING, {"kind": KIND, "n": n})
+    ctx.sql(f"VACUUM (ANALYZE) {TABLE}")
+
+
+def _no_flush_wait() -> None:
+    """``synchronous_commit = off`` for this session: the size scenarios measure what the table's
+    size does to a statement, not the WAL flush every autocommit UPDATE also waits for (on a
+    shared disk that flush varies more than everything else put together)."""
+    with connection.cursor() as cur:
+        cur.execute("SET synchronous_commit TO off")
+
+
+def _flush_wait_again() -> None:
+    with connection.cursor() as cur:
+        cur.execute("RESET synchronous_commit")
+
+
+def dequeue_backlog(ctx: Ctx, backlog: int, *, reps: int, explain_reps: int) -> dict:
+    """Time ``store.dequeue`` (limit 1, as a slot calls it) with ``backlog`` pending jobs due."""
+    reset()
+    fill_pending_sql(ctx, backlog + 20 + reps)
+    _no_flush_wait()
+    settings = conf.get()
+    ttl_ms = conf.ms(settings.LEASE_TTL)
+    owner = f"bench:{uuid.uuid4().hex[:6]}"
+    queues = [settings.DEFAULT_QUEUE]
+    for _ in range(20):
+        store.dequeue(queues, owner, ttl_ms, limit=1)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        store.dequeue(queues, owner, ttl_ms, limit=1)
+        times.append(time.perf_counter() - t0)
+    params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1}
+    exec_ms = [_explain_time(store.DEQUEUE, params) for _ in range(explain_reps)]
+    _flush_wait_again()
+    return {"backlog": backlog, "dequeue_p50_ms": _pct(times, 50) * 1000,
+            "dequeue_exec_p50_ms": _pct(exec_ms, 50), "plan": _explain_text(store.DEQUEUE, params)}
+
+
 def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int) -> dict:
     """Time ``store.dequeue`` (one row per call, as a slot calls it) and reconciler passes."""
     from durable_jobs.reconciler import Reconciler
@@ -318,6 +379,7 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
     ttl_ms = conf.ms(settings.LEASE_TTL)
     owner = f"bench:{uuid.uuid4().hex[:6]}"
     queues = [settings.DEFAULT_QUEUE]
+    _no_flush_wait()
     for _ in range(warm):
         store.dequeue(queues, owner, ttl_ms, limit=1)
     times = []
@@ -355,6 +417,7 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
             plans[name] = _explain_text(sql, params)
         except Exception as error:  # noqa: BLE001 - statements evolve; report instead of failing
             plans[name] = f"(EXPLAIN failed: {type(error).__name__}: {error})"
+    _flush_wait_again()
     return {
         "dequeue_p50_ms": _pct(times, 50) * 1000, "dequeue_p90_ms": _pct(times, 90) * 1000,
         "dequeue_mean_ms": statistics.fmean(times) * 1000,

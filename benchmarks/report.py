@@ -9,7 +9,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-COLUMNS = ("scenario", "durable_jobs", "procrastinate", "tasks_db", "target", "status")
+COLUMNS = ("scenario", "durable_jobs", "durable_persistent", "procrastinate", "tasks_db", "target", "status")
 
 
 class Table:
@@ -18,9 +18,10 @@ class Table:
         self.rows: list[dict[str, str]] = []
 
     def add(self, scenario: str, durable: str = "", procrastinate: str = "", tasks_db: str = "",
-            target: str = "", status: str = "") -> None:
-        self.rows.append({"scenario": scenario, "durable_jobs": durable, "procrastinate": procrastinate,
-                          "tasks_db": tasks_db, "target": target, "status": status})
+            target: str = "", status: str = "", *, persistent: str = "-") -> None:
+        self.rows.append({"scenario": scenario, "durable_jobs": durable, "durable_persistent": persistent,
+                          "procrastinate": procrastinate, "tasks_db": tasks_db, "target": target,
+                          "status": status})
 
     def render(self) -> str:
         widths = {c: max(len(self.headers[c]), *(len(r[c]) for r in self.rows)) if self.rows else len(self.headers[c])

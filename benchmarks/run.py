@@ -83,6 +83,7 @@ class Plan:
         self.sizes = [0, 10_000] if quick else [0, 100_000]
         if args.large:
             self.sizes.append(1_000_000)
+        self.backlogs = [1_000, 10_000] if quick else [1_000, 10_000, 100_000]
         self.dq_reps = 50 if quick else 200
         self.passes = 5 if quick else 20
         self.explain_reps = 10 if quick else 30
@@ -125,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
             raw.setdefault("peers", {})[peer.spec.key] = {"versions": peer.versions, "problem": peer.problem}
         ctx = durable_bench.Ctx(server, server.url(server_mod.DATABASES["durable"]), env, logs, sys.executable)
         results = Results(plan, ctx, peers, env, logs, raw, notes)
+        floor_start = _baseline_commits(ctx, 500 if plan.quick else 1000)
         for name in plan.scenarios:
             print(f"  scenario {name} ...", flush=True)
             try:
@@ -146,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
                 raw.setdefault("errors", {})["profile"] = traceback.format_exc()
                 traceback.print_exc()
                 procs.kill_all()
+        floor_end = _baseline_commits(ctx, 500 if plan.quick else 1000)
+        raw["commit_floor"] = {"start": floor_start, "end": floor_end}
+        results.table_obj.rows.insert(0, {
+            "scenario": "server floor: 1-row INSERT + COMMIT, 1 client, at start / end (/s)",
+            "durable_jobs": f"{report.num(floor_start['per_second'])} / {report.num(floor_end['per_second'])}",
+            "durable_persistent": "-", "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
         table = results.table()
     except KeyboardInterrupt:
         procs.kill_all()
@@ -215,6 +223,7 @@ class Results:
         self.notes = notes
         self.table_obj = report.Table({
             "scenario": "scenario", "durable_jobs": "durable_jobs",
+            "durable_persistent": "durable_jobs, CONN_MAX_AGE=None",
             "procrastinate": f"Procrastinate {peers['procrastinate'].versions.get('procrastinate') or ''}".strip(),
             "tasks_db": f"django-tasks-db {peers['tasks_db'].versions.get('django-tasks-db') or ''}".strip(),
             "target": "target (durable_jobs)", "status": "PASS/MISS"})
@@ -245,10 +254,6 @@ class Results:
     def scenario_start(self) -> None:
         from benchmarks import durable_bench, peer_bench
 
-        base = _baseline_commits(self.ctx, self.plan.start_n)
-        self.raw["baseline_commit"] = base
-        self.table_obj.add("server floor: 1-row INSERT + COMMIT, 1 client (/s)", report.num(base["per_second"]),
-                           "same server", "same server", "", "info")
         ours = durable_bench.start_rate(self.plan.start_n)
         self.raw["start_rate"] = ours
         cells = self._peer_cells(
@@ -284,6 +289,10 @@ class Results:
             ours = durable_bench.throughput(self.ctx, n, processes=processes, slots=slots, tag=tag,
                                             timeout=self.plan.worker_timeout)
             self.raw["throughput"][tag] = ours
+            persistent = durable_bench.throughput(self.ctx, n, processes=processes, slots=slots,
+                                                  tag=tag + "-persistent", timeout=self.plan.worker_timeout,
+                                                  conn_max_age="none")
+            self.raw.setdefault("throughput_persistent", {})[tag] = persistent
             cells = self._peer_cells(
                 lambda p: peer_bench.throughput(p, n, processes=processes, slots=slots, env=self.env,
                                                 logs=self.logs, tag=tag, timeout=self.plan.worker_timeout,
@@ -292,13 +301,15 @@ class Results:
             target, status = "", "info"
             if tag == "1x4":
                 target = f">= {report.num(TARGETS['throughput_4'])}/s"
-                status = report.verdict(ours["verified"] and (ours["per_second"] or 0) >= TARGETS["throughput_4"])
+                status = "as shipped " + report.verdict(_meets(ours, TARGETS["throughput_4"]))
+                status += ", persistent " + report.verdict(_meets(persistent, TARGETS["throughput_4"]))
             self.table_obj.add(f"throughput, {n:,} no-op jobs, {label} (jobs/s)", _throughput_cell(ours, None),
-                               cells["procrastinate"], cells["tasks_db"], target, status)
+                               cells["procrastinate"], cells["tasks_db"], target, status,
+                               persistent=_throughput_cell(persistent, ours.get("per_second")))
             if tag == "1x4":
-                self._rss_row(ours)
+                self._rss_row(ours, persistent)
 
-    def _rss_row(self, ours: dict) -> None:
+    def _rss_row(self, ours: dict, persistent: dict) -> None:
         runs = {k: (self.raw.get(k, {}).get("runs") or [None])[-1] for k in ("procrastinate", "tasks_db")}
         cells = {}
         for key, run in runs.items():
@@ -310,10 +321,11 @@ class Results:
             else:
                 cells[key] = f"{run['max_rss_mib']:.0f}" + (" per process" if run.get("processes", 1) > 1 else "")
         self.table_obj.add("worker peak RSS at 4 slots (MiB)", f"{ours['max_rss_mib']:.0f}", cells["procrastinate"],
-                           cells["tasks_db"], "", "info")
+                           cells["tasks_db"], "", "info", persistent=f"{persistent['max_rss_mib']:.0f}")
         self.table_obj.add("CPU ms per job at 4 slots: worker / server", _cpu_cell(ours),
                            _cpu_cell(runs["procrastinate"]) if self.peers["procrastinate"].ok else "not measured",
-                           _cpu_cell(runs["tasks_db"]) if self.peers["tasks_db"].ok else "not measured", "", "info")
+                           _cpu_cell(runs["tasks_db"]) if self.peers["tasks_db"].ok else "not measured", "", "info",
+                           persistent=_cpu_cell(persistent))
 
     def scenario_latency(self) -> None:
         from benchmarks import durable_bench, peer_bench
@@ -327,6 +339,10 @@ class Results:
             ours = durable_bench.latency(self.ctx, plan.latency_m, notify=notify, poll_interval=interval,
                                          slots=plan.latency_slots, gap=plan.gap, tag=tag)
             self.raw["latency"][tag] = ours
+            persistent = durable_bench.latency(self.ctx, plan.latency_m, notify=notify, poll_interval=interval,
+                                               slots=plan.latency_slots, gap=plan.gap, tag=tag + "-persistent",
+                                               conn_max_age="none")
+            self.raw.setdefault("latency_persistent", {})[tag] = persistent
 
             def peer_run(p, notify=notify, tag=tag):
                 if notify and p.spec.key == "tasks_db":
@@ -342,10 +358,10 @@ class Results:
             else:
                 label = f"latency p50 / p99, poll path (no NOTIFY), POLL_INTERVAL {interval:g} s (ms)"
                 target_ms = interval * 1000 + TARGETS["latency_poll_slack_ms"]
-            ok = None if "error" in ours else (ours["verified"] and ours["p99_ms"] is not None
-                                               and ours["p99_ms"] <= target_ms)
+            status = ("as shipped " + report.verdict(_latency_ok(ours, target_ms))
+                      + ", persistent " + report.verdict(_latency_ok(persistent, target_ms)))
             self.table_obj.add(label, _latency_cell(ours), cells["procrastinate"], cells["tasks_db"],
-                               f"p99 <= {target_ms:g} ms", report.verdict(ok))
+                               f"p99 <= {target_ms:g} ms", status, persistent=_latency_cell(persistent))
 
     def scenario_heartbeat(self) -> None:
         from benchmarks import durable_bench
@@ -383,7 +399,7 @@ class Results:
         def series(key: str, digits: int = 2) -> str:
             return " / ".join(f"{per_size[s][key]:.{digits}f}" for s in sizes)
 
-        self.table_obj.add(f"dequeue p50, client round trip, at {labels} finished rows (ms)",
+        self.table_obj.add(f"dequeue p50, client round trip (async commit), at {labels} finished rows (ms)",
                            series("dequeue_p50_ms"), "-", "-", "", "info")
         self.table_obj.add(f"dequeue p50, server execution, at {labels} (ms)", series("dequeue_exec_p50_ms", 3),
                            "-", "-", "", "info")
@@ -395,10 +411,27 @@ class Results:
                 continue
             client = per_size[size]["dequeue_p50_ms"] / empty["dequeue_p50_ms"] - 1
             server = per_size[size]["dequeue_exec_p50_ms"] / empty["dequeue_exec_p50_ms"] - 1
-            ok = client <= TARGETS["dequeue_growth"] and server <= TARGETS["dequeue_growth"]
+            # Judged on the server's execution time: what the table's size can change. The
+            # client round trip is shown beside it; it adds the network and Python, which do
+            # not depend on the table, and the noise of a shared machine.
+            ok = server <= TARGETS["dequeue_growth"]
             status = report.verdict(ok) if size >= 1_000_000 else report.verdict(ok) + " (indicative)"
-            self.table_obj.add(f"dequeue at {_size_label(size)} finished rows vs empty: client / server",
-                               f"{client:+.1%} / {server:+.1%}", "-", "-", target, status)
+            self.table_obj.add(f"dequeue at {_size_label(size)} finished rows vs empty: server (client)",
+                               f"{server:+.1%} ({client:+.1%})", "-", "-", target, status)
+        backlogs = {}
+        for backlog in self.plan.backlogs:
+            print(f"    backlog of {backlog:,} pending jobs", flush=True)
+            measured = durable_bench.dequeue_backlog(self.ctx, backlog, reps=self.plan.dq_reps,
+                                                     explain_reps=self.plan.explain_reps)
+            self.plans[f"a backlog of {backlog:,} pending jobs"] = {"DEQUEUE": measured.pop("plan")}
+            backlogs[backlog] = measured
+        self.raw["backlog"] = backlogs
+        if backlogs:
+            labels = " / ".join(_size_label(b) for b in backlogs)
+            self.table_obj.add(f"dequeue p50 with {labels} pending jobs due: client / server (ms)",
+                               " / ".join(f"{b['dequeue_p50_ms']:.2f}" for b in backlogs.values()) + "  |  "
+                               + " / ".join(f"{b['dequeue_exec_p50_ms']:.2f}" for b in backlogs.values()),
+                               "-", "-", "", "info")
         if 1_000_000 not in per_size:
             self.table_obj.add("dequeue at 1M finished rows vs empty", "not run (add --large)", "-", "-", target,
                                "not run")
@@ -420,8 +453,14 @@ class Results:
         p = self.plan
         return [
             "Throughput = completed rows counted in SQL / database-clock window from the first claim "
-            "(min started_at) to the last completion (max finished_at); 'wall' adds process start-up. "
-            "A run is marked UNVERIFIED unless every pre-filled job completed and every worker exited 0.",
+            "(min started_at) to the last completion (max finished_at); the JSON file also has the wall "
+            "time including process start-up. A run is marked UNVERIFIED unless every pre-filled job "
+            "completed and every worker exited 0.",
+            "durable_jobs runs twice: with the test project's settings as shipped (CONN_MAX_AGE unset, i.e. "
+            "Django's default 0, under which the worker's close_old_connections() before every dequeue "
+            "closes the slot's connection, so each slice opens a new PostgreSQL session) and with "
+            "CONN_MAX_AGE=None (persistent connections). The django-tasks-db peer uses the same Django "
+            "defaults (CONN_MAX_AGE 0, CONN_HEALTH_CHECKS on) as the first column.",
             f"Latency = started_at - created_at, both stamped by the database (django-tasks-db: by the "
             f"Python clock of the same machine), percentiles computed over {p.latency_m} single jobs started "
             f"{p.gap * 1000:.0f} ms apart on average (uniform jitter), each in its own transaction, to an "
@@ -475,10 +514,21 @@ def _throughput_cell(result: dict, ours: float | None) -> str:
     if "error" in result:
         return "error: " + _short(result["error"])
     text = report.num(result.get("per_second")) + report.ratio(result.get("per_second"), ours)
-    text += f" [wall {result['wall_seconds']:.1f}s]"
     if not result.get("verified"):
         text += f" UNVERIFIED: {result['completed']}/{result['n']} completed, exits {result['exit_codes']}"
     return text
+
+
+def _meets(result: dict, target: float) -> bool | None:
+    if "error" in result:
+        return None
+    return bool(result.get("verified")) and (result.get("per_second") or 0) >= target
+
+
+def _latency_ok(result: dict, target_ms: float) -> bool | None:
+    if "error" in result or result.get("p99_ms") is None:
+        return None
+    return bool(result.get("verified")) and result["p99_ms"] <= target_ms
 
 
 def _cpu_cell(result: dict | None) -> str:

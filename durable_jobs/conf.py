@@ -16,7 +16,7 @@ from django.conf import settings as django_settings
 
 from durable_jobs.exceptions import ConfigurationError
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +98,7 @@ class Settings:
                     f"DURABLE_JOBS[{name!r}] must be 1-100 characters of letters, digits, _ . : -"
                 )
         channel = self.NOTIFY_CHANNEL
-        if channel is not None and (not isinstance(channel, str) or not re.match(r"^[a-z_][a-z0-9_]{0,62}$", channel)):
+        if channel is not None and (not isinstance(channel, str) or not re.match(r"^[a-z_][a-z0-9_]{0,62}\Z", channel)):
             raise ConfigurationError(
                 "DURABLE_JOBS['NOTIFY_CHANNEL'] must be None or a lower-case identifier of at most 63 bytes"
             )

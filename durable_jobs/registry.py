@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from durable_jobs.context import Slice
     from durable_jobs.models import Job
 
-KIND_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+KIND_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
 
 #: classify(exc) -> "transient" | "terminal" | "unrecoverable"
 Classifier = Callable[[BaseException], str]

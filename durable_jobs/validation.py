@@ -15,7 +15,7 @@ from typing import Any
 
 from durable_jobs.exceptions import InvalidInput
 
-NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would let a final newline through
 # Keys may be any printable text (so keys that look like SQL round-trip exactly), but no
 # control characters: they would reach log lines and the admin verbatim.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.backends.signals import connection_created
 
 from durable_jobs import conf, store, validation
@@ -43,6 +43,26 @@ def tag_connection(sender, connection, **kwargs) -> None:
     if role.startswith("durable-"):
         store.set_application_name(f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/{role}"[:63],
                                    using=connection.alias)
+
+
+def keep_connection_healthy(using: str) -> None:
+    """Drop the slot's connection if a handler left it broken; otherwise keep it.
+
+    Not ``close_old_connections()``: under the default ``CONN_MAX_AGE = 0`` that closes
+    the connection on every call, and a worker polling in a loop would reconnect for
+    every dequeue. A worker's connections live as long as the process; a connection the
+    server or a pooler cuts is replaced on the next error.
+    """
+    connection = connections[using]
+    if connection.connection is None:
+        return
+    if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
+        connection.close()  # a handler left a transaction open: do not take chances
+    elif connection.errors_occurred:
+        if connection.is_usable():
+            connection.errors_occurred = False
+        else:
+            connection.close()
 
 
 def worker_identity() -> str:
@@ -138,7 +158,7 @@ class Worker:
         try:
             while not self.stopping.is_set():
                 try:
-                    close_old_connections()
+                    keep_connection_healthy(self.using)
                     claimed = store.dequeue(self.queues, owner, ttl_ms, limit=1, using=self.using)
                     failures = 0
                 except (DatabaseError, InterfaceError) as error:

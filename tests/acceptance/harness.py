@@ -80,16 +80,25 @@ def wait_until(predicate, *, timeout: float = 30, interval: float = 0.1, message
 
 
 def backends_of(app_name: str) -> list[int]:
+    """Backends of a process (``app_name``) or of one of its threads (``app_name/role``)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", [app_name])
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s",
+                       [app_name, app_name + "/%"])
         return [row[0] for row in cursor.fetchall()]
 
 
 def terminate_backends(app_name: str, *, query_like: str | None = None, like: bool = False) -> int:
-    """``pg_terminate_backend`` every connection of ``app_name`` (a LIKE pattern if ``like``)."""
-    sql = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name "
-           + ("LIKE %s" if like else "= %s"))
-    params: list = [app_name]
+    """``pg_terminate_backend`` every connection of ``app_name`` and its threads (``app_name/role``).
+
+    ``like=True`` reads ``app_name`` as a LIKE pattern instead.
+    """
+    if like:
+        sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s"
+        params: list = [app_name]
+    else:
+        sql = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+               "WHERE (application_name = %s OR application_name LIKE %s)")
+        params = [app_name, app_name + "/%"]
     if query_like:
         sql += " AND query LIKE %s"
         params.append(query_like)

@@ -414,12 +414,6 @@ def test_start__refuses_a_run_after_beyond_what_the_database_can_schedule(kind, 
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: validation.NAME ends in '$' and is used with .match(), which also matches "
-    "before a final newline: start() stores a queue, tenant or organization ending in "
-    "'\\n' (which then reaches NOTIFY payloads, labels and log lines; invariant 23).",
-)
 @pytest.mark.parametrize(
     ("field", "kwargs"),
     [

@@ -155,11 +155,6 @@ def test_load__default_tenant_and_queue_must_be_names(name, bad):
         conf.load({name: bad})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the name and channel patterns end in '$' used with re.match, which also "
-    "matches before a final newline, so 'default\\n' is accepted.",
-)
 @pytest.mark.parametrize(
     "setting",
     [
@@ -170,6 +165,7 @@ def test_load__default_tenant_and_queue_must_be_names(name, bad):
     ids=["tenant", "queue", "channel"],
 )
 def test_load__names_with_a_trailing_newline_are_refused(setting):
+    """Invariant 23: ``$`` would match before a final newline; the patterns must not."""
     with pytest.raises(ConfigurationError):
         conf.load(setting)
 

@@ -41,17 +41,9 @@ def test_name__refuses_anything_else_naming_the_field(value):
     assert isinstance(caught.value, ValueError)
 
 
-TRAILING_NEWLINE_BUG = (
-    "BUG: NAME (and conf.NAME_PATTERN, registry.KIND_PATTERN) is anchored with '$' and used "
-    "with .match(); '$' also matches before a final newline, so 'default\\n' passes as a kind, "
-    "queue, tenant or organization and a newline reaches the row, labels and log lines "
-    "(invariant 23). Use \\Z or re.fullmatch."
-)
-
-
-@pytest.mark.xfail(strict=True, reason=TRAILING_NEWLINE_BUG)
 @pytest.mark.parametrize("value", ["a\n", "reports.rebuild\n"])
 def test_name__refuses_a_trailing_newline(value):
+    """Invariant 23: ``$`` would match before a final newline; the pattern must not."""
     with pytest.raises(InvalidInput):
         validation.name("kind", value)
 
@@ -200,3 +192,13 @@ def test_printable__leaves_clean_text_alone_and_truncates_long_text():
     assert validation.printable("ünïcödé fine") == "ünïcödé fine"
     truncated = validation.printable("x" * 50, limit=10)
     assert len(truncated) == 10 and truncated.endswith("…")
+
+
+def test_handler_kind__refuses_a_trailing_newline():
+    """Invariant 23: the registry's kind pattern refuses what validation.name refuses."""
+    from durable_jobs import registry
+    from durable_jobs.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError):
+        registry.handler("reports.rebuild\n")(lambda job: None)
+    assert registry.get("reports.rebuild\n") is None
