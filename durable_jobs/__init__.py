@@ -37,10 +37,11 @@ from durable_jobs.states import DONE, YIELD, Done, Outcome, Scope, Status
 if TYPE_CHECKING:
     from durable_jobs.context import Slice
     from durable_jobs.models import Job
-    from durable_jobs.service import cancel, get, list_jobs, redrive, start
+    from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
 
 _LAZY = {
     "start": "durable_jobs.service",
+    "start_many": "durable_jobs.service",
     "get": "durable_jobs.service",
     "list_jobs": "durable_jobs.service",
     "cancel": "durable_jobs.service",

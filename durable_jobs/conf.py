@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from datetime import timedelta
 from typing import Any
@@ -71,9 +72,10 @@ class Settings:
             if field.type == "float":
                 if isinstance(value, timedelta):
                     value = value.total_seconds()
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                        or value <= 0:
                     raise ConfigurationError(
-                        f"DURABLE_JOBS[{field.name!r}] must be a positive number of seconds "
+                        f"DURABLE_JOBS[{field.name!r}] must be a positive, finite number of seconds "
                         f"or a timedelta, got {value!r}"
                     )
                 object.__setattr__(self, field.name, float(value))
@@ -86,7 +88,8 @@ class Settings:
                 raise ConfigurationError(f"DURABLE_JOBS[{field.name!r}] must be True or False")
         if self.RETENTION is not None:
             value = self.RETENTION.total_seconds() if isinstance(self.RETENTION, timedelta) else self.RETENTION
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value <= 0:
                 raise ConfigurationError(
                     f"DURABLE_JOBS['RETENTION'] must be None, a positive number of seconds or a timedelta, "
                     f"got {self.RETENTION!r}"

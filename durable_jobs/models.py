@@ -131,6 +131,9 @@ class Job(models.Model):
 
     class Meta:
         db_table = TABLE
+        # Django's internals (related lookups, deletion) use the base manager; make it the
+        # refusing one too, so no path writes a job row unfenced (invariant 1).
+        base_manager_name = "objects"
         ordering = ["-created_at"]
         default_permissions = ("view",)
         permissions = [

@@ -8,7 +8,9 @@ about tenants.
 
 from __future__ import annotations
 
+import math
 import uuid
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -20,6 +22,7 @@ from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES, Scope, Status
 
 MAX_PRIORITY = 100
+MAX_RUN_AFTER_SECONDS = 10 * 365 * 24 * 3600
 
 
 def scope_of(scope: Scope | str | tuple[str, str | None] | None) -> Scope:
@@ -66,10 +69,63 @@ def _schedule(run_after: datetime | timedelta | float | int | None) -> tuple[dat
             raise InvalidInput("run_after", "must be an aware datetime (carry its zone), a timedelta or seconds")
         return run_after, 0
     if isinstance(run_after, timedelta):
-        return None, conf.ms(max(run_after, timedelta(0)))
-    if isinstance(run_after, (int, float)) and not isinstance(run_after, bool) and run_after >= 0:
+        run_after = max(0.0, run_after.total_seconds())  # a moment already past means now
+    if isinstance(run_after, (int, float)) and not isinstance(run_after, bool) and math.isfinite(run_after):
+        if not 0 <= run_after <= MAX_RUN_AFTER_SECONDS:
+            raise InvalidInput("run_after", f"must be between 0 and {MAX_RUN_AFTER_SECONDS} seconds (ten years)")
         return None, conf.ms(run_after)
     raise InvalidInput("run_after", "must be an aware datetime, a timedelta or a non-negative number of seconds")
+
+
+def _prepare(
+    kind: str,
+    *,
+    input: Any = None,
+    subject: Any = None,
+    lock_key: str | None = None,
+    idempotency_key: str | None = None,
+    meta: dict[str, Any] | None = None,
+    queue: str | None = None,
+    priority: int = 0,
+    run_after: datetime | timedelta | float | None = None,
+    total_count: int | None = None,
+    created_by: str | None = None,
+) -> dict[str, Any]:
+    """Validate one start's arguments into the insert's fields; raise InvalidInput naming the field."""
+    settings = conf.get()
+    validation.name("kind", kind)
+    handler = registry.get(kind)
+    if handler is None and settings.REQUIRE_REGISTERED_KINDS:
+        raise UnknownKind(kind)
+    limits = {"max_bytes": settings.MAX_PAYLOAD_BYTES, "max_depth": settings.MAX_PAYLOAD_DEPTH}
+    input_json = validation.payload("input", input, **limits)
+    if meta is not None and not isinstance(meta, dict):
+        raise InvalidInput("meta", "must be a dict")
+    meta_json = validation.payload("meta", meta, **limits)
+    subject_type, subject_id = _subject(subject)
+    run_at, delay_ms = _schedule(run_after)
+    if queue is None:
+        queue = (handler.queue if handler else None) or settings.DEFAULT_QUEUE
+    return {
+        "id": uuid.uuid4(),
+        "kind": kind,
+        "input": input_json,
+        "meta": meta_json,
+        "idempotency_key": None if idempotency_key is None else validation.key("idempotency_key", idempotency_key),
+        "lock_key": None if lock_key is None else validation.key("lock_key", lock_key),
+        "subject_type": subject_type,
+        "subject_id": subject_id,
+        "progress_job_id": None,
+        "created_by": None if created_by is None else validation.key("created_by", created_by, max_length=200),
+        "queue": validation.name("queue", queue),
+        "priority": validation.integer("priority", priority, low=-MAX_PRIORITY, high=MAX_PRIORITY),
+        "total_count": None if total_count is None else validation.integer("total_count", total_count, low=0, high=2**62),
+        "run_at": run_at,
+        "delay_ms": delay_ms,
+        "wait_for": None,
+        "wait_key": None,
+        "wait_label": None,
+    }
 
 
 def start(
@@ -98,50 +154,67 @@ def start(
     """
     settings = conf.get()
     scope = scope_of(scope)
-    validation.name("kind", kind)
-    handler = registry.get(kind)
-    if handler is None and settings.REQUIRE_REGISTERED_KINDS:
-        raise UnknownKind(kind)
-    limits = {"max_bytes": settings.MAX_PAYLOAD_BYTES, "max_depth": settings.MAX_PAYLOAD_DEPTH}
-    validation.payload("input", input, **limits)
-    if meta is not None:
-        if not isinstance(meta, dict):
-            raise InvalidInput("meta", "must be a dict")
-        validation.payload("meta", meta, **limits)
-    subject_type, subject_id = _subject(subject)
-    run_at, delay_ms = _schedule(run_after)
-    if queue is None:
-        queue = (handler.queue if handler else None) or settings.DEFAULT_QUEUE
-    fields = {
-        "id": uuid.uuid4(),
-        "kind": kind,
-        "input": store.dump_json(input),
-        "meta": store.dump_json(meta),
-        "idempotency_key": None if idempotency_key is None else validation.key("idempotency_key", idempotency_key),
-        "lock_key": None if lock_key is None else validation.key("lock_key", lock_key),
-        "subject_type": subject_type,
-        "subject_id": subject_id,
-        "progress_job_id": None,
-        "created_by": None if created_by is None else validation.key("created_by", created_by, max_length=200),
-        "queue": validation.name("queue", queue),
-        "priority": validation.integer("priority", priority, low=-MAX_PRIORITY, high=MAX_PRIORITY),
-        "total_count": None if total_count is None else validation.integer("total_count", total_count, low=0, high=2**62),
-        "run_at": run_at,
-        "delay_ms": delay_ms,
-        "wait_for": None,
-        "wait_key": None,
-        "wait_label": None,
-    }
+    fields = _prepare(
+        kind, input=input, subject=subject, lock_key=lock_key, idempotency_key=idempotency_key, meta=meta,
+        queue=queue, priority=priority, run_after=run_after, total_count=total_count, created_by=created_by,
+    )
     result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
     job = result.job
     if not result.created and (job.kind != kind or job.organization_id != scope.organization):
         # The key is tenant-wide; answering with another organization's job would leak
-        # it, and answering with a job of another kind would hide a caller's bug.
-        raise IdempotencyConflict(idempotency_key or "", job.id)
+        # it (so its id is not named either), and answering with a job of another kind
+        # would hide a caller's bug.
+        raise IdempotencyConflict(idempotency_key or "", job.id if job.organization_id == scope.organization else None)
     if result.created:
         metrics.emit("jobs_started", kind=kind)
         signals.job_started.send_robust(sender=Job, job=job)
     return job
+
+
+def start_many(
+    jobs: Iterable[Mapping[str, Any]],
+    *,
+    scope: Scope | str | tuple[str, str | None] | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[uuid.UUID]:
+    """Start many jobs in one statement, in the caller's transaction; return their ids in order.
+
+    Each item holds ``start()``'s keyword arguments (``kind`` required), validated the same
+    way before anything is written. All or nothing: a held lock key (or one used twice in
+    the batch) raises ``LockKeyHeld`` and inserts none; an idempotency key already used
+    returns the existing job in its place.
+    """
+    settings = conf.get()
+    scope = scope_of(scope)
+    prepared = []
+    for position, spec in enumerate(jobs):
+        spec = dict(spec)
+        if "kind" not in spec:
+            raise InvalidInput(f"jobs[{position}]", "needs a kind")
+        unknown = set(spec) - _START_ARGUMENTS
+        if unknown:
+            raise InvalidInput(f"jobs[{position}]", f"unknown arguments {sorted(unknown)}")
+        prepared.append(_prepare(spec.pop("kind"), **spec))
+    if not prepared:
+        return []
+    results = store.insert_jobs(prepared, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
+    for fields, result in zip(prepared, results):
+        if not result.created and (result.kind != fields["kind"] or result.organization_id != scope.organization):
+            same_org = result.organization_id == scope.organization
+            raise IdempotencyConflict(fields["idempotency_key"] or "", result.id if same_org else None)
+    created: dict[str, int] = {}
+    for result in results:
+        if result.created:
+            created[result.kind] = created.get(result.kind, 0) + 1
+    for kind, count in created.items():
+        metrics.emit("jobs_started", count, kind=kind)
+    return [result.id for result in results]
+
+
+_START_ARGUMENTS = frozenset({
+    "kind", "input", "subject", "lock_key", "idempotency_key", "meta", "queue", "priority", "run_after",
+    "total_count", "created_by",
+})
 
 
 def get(job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS) -> Job:
@@ -219,7 +292,7 @@ def redrive(
     existing = get(parsed, scope=scope, using=using)
     if existing.status in (Status.COMPLETED.value, Status.CANCELLED.value):
         detail = "completed and cancelled jobs are final; start a new job instead"
-    elif existing.error_code == "unrecoverable" and existing.status == Status.FAILED.value:
+    elif "unrecoverable" in (existing.error_code, existing.error_class) and existing.status == Status.FAILED.value:
         detail = "it failed as unrecoverable; re-drive with force"
     elif existing.status in LIVE_STATUSES:
         detail = "it is still live (a running job is taken only once its lease expired)"

@@ -27,6 +27,7 @@ The fencing protocol, in short:
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -197,6 +198,134 @@ def insert_job(
             _scalar(using, NOTIFY, {"channel": notify_channel, "queue": fields["queue"]})
     assert job is not None
     return InsertResult(job, created=True)
+
+
+# The bulk twin of INSERT_JOB: one statement for the whole batch, the rows travelling as
+# one jsonb array (one parameter, parsed server-side).
+INSERT_JOBS = f"""
+INSERT INTO {TABLE} (
+    id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
+    input, meta, idempotency_key, lock_key, subject_type, subject_id,
+    queue_name, priority, total_count, next_run_at, pending_since
+)
+SELECT r.id, %(tenant)s, %(organization)s, r.kind, 'pending', r.created_by, now(), now(),
+       r.input, r.meta, r.idempotency_key, r.lock_key, r.subject_type, r.subject_id,
+       r.queue, r.priority, r.total_count,
+       coalesce(r.run_at, clock_timestamp() + r.delay_ms * interval '1 millisecond'), now()
+  FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
+       id uuid, kind text, created_by text, input jsonb, meta jsonb, idempotency_key text, lock_key text,
+       subject_type text, subject_id text, queue text, priority smallint, total_count bigint,
+       run_at timestamptz, delay_ms bigint)
+RETURNING id
+"""
+
+FIND_BY_IDEMPOTENCY_KEYS = f"""
+SELECT idempotency_key, id, kind, organization_id FROM {TABLE}
+ WHERE tenant_id = %(tenant)s AND idempotency_key = ANY(%(keys)s)
+"""
+
+FIND_LIVE_BY_LOCK_KEYS = f"""
+SELECT {COLUMNS} FROM {TABLE}
+ WHERE tenant_id = %(tenant)s
+   AND coalesce(organization_id, '{NO_ORGANIZATION}') = coalesce(%(organization)s, '{NO_ORGANIZATION}')
+   AND lock_key = ANY(%(lock_keys)s)
+   AND status IN {_LIVE}
+"""
+
+
+class BulkInsertResult:
+    """One row of a bulk start: the job's id, whether this call created it, and, for a
+    job found by its idempotency key, that job's kind and organization (to check them)."""
+
+    __slots__ = ("id", "created", "kind", "organization_id")
+
+    def __init__(self, id: Any, created: bool, kind: str, organization_id: str | None) -> None:
+        self.id, self.created, self.kind, self.organization_id = id, created, kind, organization_id
+
+
+def insert_jobs(
+    rows: list[dict[str, Any]], scope: Scope, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> list[BulkInsertResult]:
+    """Insert many jobs with one statement, in the caller's transaction (all or nothing).
+
+    The same guarantees as ``insert_job``, batch-wide: idempotency keys already used
+    answer with their job; a lock key held by a live job, or used twice in the batch,
+    raises ``LockKeyHeld`` before anything is inserted; the unique indexes settle races,
+    inside a savepoint so the caller's transaction stays usable.
+    """
+    params = _scope(scope)
+    with transaction.atomic(using=using):
+        keys = [row["idempotency_key"] for row in rows if row["idempotency_key"] is not None]
+        existing: dict[str, BulkInsertResult] = {}
+        if keys:
+            with _execute(using, FIND_BY_IDEMPOTENCY_KEYS, {"tenant": scope.tenant, "keys": keys}) as cursor:
+                existing = {key: BulkInsertResult(job_id, False, kind, org) for key, job_id, kind, org in cursor}
+        # A key's first occurrence is inserted; a repeat later in the batch answers with it.
+        to_insert, first_of_key = [], set()
+        for row in rows:
+            key = row["idempotency_key"]
+            if key is not None and (key in existing or key in first_of_key):
+                continue
+            if key is not None:
+                first_of_key.add(key)
+            to_insert.append(row)
+        lock_keys = [row["lock_key"] for row in to_insert if row["lock_key"] is not None]
+        if len(lock_keys) != len(set(lock_keys)):
+            twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
+            raise LockKeyHeld(twice)
+        if lock_keys:
+            holders = _all(using, FIND_LIVE_BY_LOCK_KEYS, {**params, "lock_keys": lock_keys})
+            if holders:
+                raise LockKeyHeld(holders[0].lock_key, holders[0].id)
+        try:
+            with transaction.atomic(using=using):
+                inserted: set[Any] = set()
+                if to_insert:
+                    with _execute(using, INSERT_JOBS, {**params, "rows": _rows_json(to_insert)}) as cursor:
+                        inserted = {row[0] for row in cursor}
+        except IntegrityError as error:
+            constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
+            if constraint == LOCK_KEY_INDEX:
+                raise LockKeyHeld("(one of the batch's lock keys)") from error
+            raise
+        if notify_channel:
+            for queue in sorted({row["queue"] for row in to_insert}):
+                _scalar(using, NOTIFY, {"channel": notify_channel, "queue": queue})
+    assert len(inserted) == len(to_insert)
+    first_id = {row["idempotency_key"]: row["id"] for row in to_insert if row["idempotency_key"] is not None}
+    results = []
+    for row in rows:
+        key = row["idempotency_key"]
+        if key is not None and key in existing:
+            results.append(existing[key])
+        elif row["id"] in inserted:
+            results.append(BulkInsertResult(row["id"], True, row["kind"], scope.organization))
+        else:  # a repeat of a key first used earlier in this batch
+            results.append(BulkInsertResult(first_id[key], False, row["kind"], scope.organization))
+    return results
+
+
+_BULK_FIELDS = ("id", "kind", "created_by", "idempotency_key", "lock_key", "subject_type", "subject_id", "queue",
+                "priority", "total_count", "run_at", "delay_ms")
+
+
+def _rows_json(rows: list[dict[str, Any]]) -> str:
+    """The batch as one JSON array; ``input`` and ``meta`` are already serialised JSON text."""
+    parts = []
+    for row in rows:
+        plain = {name: _jsonable(row[name]) for name in _BULK_FIELDS}
+        text = json.dumps(plain, ensure_ascii=False)
+        embedded = "".join(f',"{name}":{row[name]}' for name in ("input", "meta") if row[name] is not None)
+        parts.append(text[:-1] + embedded + "}")
+    return "[" + ",".join(parts) + "]"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
 
 
 FIND_BY_IDEMPOTENCY_KEY = f"""
@@ -804,7 +933,9 @@ UPDATE {TABLE}
        domain_mirrored_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
        next_run_at = clock_timestamp()
  WHERE id = %(id)s AND {SCOPE}
-   AND (%(force)s OR error_code IS DISTINCT FROM 'unrecoverable')
+   -- A parked job's code is the park reason; its class still says unrecoverable.
+   AND (%(force)s OR (error_code IS DISTINCT FROM 'unrecoverable'
+                      AND error_class IS DISTINCT FROM 'unrecoverable'))
    AND (status = 'failed'
         OR (status = 'running' AND lease_owner IS NOT NULL
             AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}))

@@ -47,16 +47,23 @@ def integer(field: str, value: Any, *, low: int, high: int) -> int:
     return value
 
 
-def payload(field: str, value: Any, *, max_bytes: int, max_depth: int) -> Any:
-    """A JSON payload: plain JSON types, no NUL, finite numbers, bounded depth and size."""
+def payload(field: str, value: Any, *, max_bytes: int, max_depth: int) -> str | None:
+    """Check a JSON payload (plain JSON types, no NUL, finite numbers, bounded depth and
+    size) and return its serialised text, ready for a jsonb parameter (None for None)."""
     _walk(field, value, max_depth, 0)
+    if value is None:
+        return None
     try:
-        size = len(json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode())
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as error:
         raise InvalidInput(field, f"is not JSON-serialisable ({error})") from None
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise InvalidInput(field, "contains a lone surrogate, which is not valid text") from None
     if size > max_bytes:
         raise InvalidInput(field, f"is {size} bytes serialised; the limit is {max_bytes} (MAX_PAYLOAD_BYTES)")
-    return value
+    return text
 
 
 def _walk(field: str, value: Any, max_depth: int, depth: int) -> None:

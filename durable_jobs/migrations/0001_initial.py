@@ -70,6 +70,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'db_table': 'durable_jobs_job',
+                'base_manager_name': 'objects',
                 'ordering': ['-created_at'],
                 'permissions': [('cancel_job', 'Can request cancellation of a job'), ('redrive_job', 'Can re-drive a failed job'), ('force_redrive_job', 'Can force re-drive of an unrecoverable job')],
                 'default_permissions': ('view',),

@@ -107,12 +107,6 @@ def test_job_reads__still_work_through_the_orm():
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (gap in invariant 1): Job has no Meta.base_manager_name, so Django's base "
-    "manager (Job._base_manager, also used by related-object machinery) is a plain Manager "
-    "whose update()/delete() write job rows unfenced.",
-)
 def test_job_base_manager__refuses_writes_too():
     """Invariant 1: Django's base manager must refuse like the default one."""
     job = JobFactory()

@@ -360,13 +360,6 @@ def test_operator_redrive__refuses_unrecoverable_unless_forced():
 
 
 @pytest.mark.django_db
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: operator_redrive (and service.redrive) test error_code = 'unrecoverable', "
-    "but parking a job whose verdict was unrecoverable (mirror_failed via "
-    "bump_mirror_attempts, or park) overwrites error_code with the park reason and keeps "
-    "error_class = 'unrecoverable'; such a job is re-driven without force (invariant 13).",
-)
 def test_operator_redrive__refuses_an_unrecoverable_failure_parked_for_its_mirror_unless_forced():
     """Invariant 13: ``unrecoverable`` only with force, even once parked for its mirror (11)."""
     job = running(lease_epoch=2)

@@ -631,13 +631,14 @@ class StoreMachine(RuleBasedStateMachine):
 
     # --- epoch-fenced writes (the terminal CAS and the mirror counter) ------------------
 
-    def _terminal(self, statement: str, lease: Lease, cas, mirror: bool) -> Job | None:
+    def _terminal(self, lease: Lease, mirror: bool, cas, **params) -> Job | None:
         """A terminal CAS and, when asked, the mirror's stamp, in one transaction."""
+        statement = cas.__name__
         m = self.model[lease.job_id]
         expected = self._epoch_holds(lease)
         released = m.lease_owner is None
         with transaction.atomic():
-            row = cas()
+            row = cas(lease, **params)
             mirrored = store.mark_mirrored(row) if row is not None and mirror else None
         self._check(statement, row is not None, expected, (lease, m.lease_epoch, m.status))
         if row is None:
@@ -651,8 +652,9 @@ class StoreMachine(RuleBasedStateMachine):
 
     def complete(self, lease, result, processed, total, mirror):
         m = self.model[lease.job_id]
-        cas = lambda: store.complete(lease, result=result, processed=processed, total=total)  # noqa: E731
-        if self._terminal("complete", lease, cas, mirror) is None:
+        row = self._terminal(lease, mirror, store.complete, result=result, processed=processed,
+                             total=total)
+        if row is None:
             return
         self._ended(m, "completed")
         m.error_class = m.error_code = m.error_message = None
@@ -664,9 +666,9 @@ class StoreMachine(RuleBasedStateMachine):
 
     def fail_terminal(self, lease, code, error_class, message, mirror):
         m = self.model[lease.job_id]
-        cas = lambda: store.fail_terminal(lease, code=code, error_class=error_class,  # noqa: E731
-                                          message=message)
-        if self._terminal("fail_terminal", lease, cas, mirror) is None:
+        row = self._terminal(lease, mirror, store.fail_terminal, code=code,
+                             error_class=error_class, message=message)
+        if row is None:
             return
         self._ended(m, "failed")
         m.error_code = code
@@ -676,7 +678,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def cancel(self, lease, mirror):
         m = self.model[lease.job_id]
-        if self._terminal("cancel", lease, lambda: store.cancel(lease), mirror) is None:
+        if self._terminal(lease, mirror, store.cancel) is None:
             return
         self._ended(m, "cancelled")
 

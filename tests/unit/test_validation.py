@@ -4,6 +4,8 @@ Invariant 23 (only validated bytes reach a label or a log line) and the jsonb li
 
 from __future__ import annotations
 
+import json
+
 import math
 
 import pytest
@@ -127,8 +129,12 @@ def test_integer__refuses_bools_floats_and_text(value):
     "value",
     [None, True, 0, -1.5, "text", [], {}, {"a": [1, 2.5, None, {"b": "ü"}]}, (1, 2), 10**30],
 )
-def test_payload__accepts_plain_json(value):
-    assert validation.payload("input", value, **LIMITS) is value
+def test_payload__accepts_plain_json_and_returns_its_serialised_text(value):
+    text = validation.payload("input", value, **LIMITS)
+    if value is None:
+        assert text is None
+    else:
+        assert json.loads(text) == (list(value) if isinstance(value, tuple) else value)
 
 
 BAD_PAYLOADS = {
