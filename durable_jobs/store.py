@@ -140,6 +140,12 @@ RETURNING {COLUMNS}
 #: at commit and dropped on rollback, so a rolled-back start wakes nobody (invariant 9).
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 
+#: The insert and its wake-up in one round trip.
+INSERT_JOB_AND_NOTIFY = f"""
+WITH inserted AS ({INSERT_JOB})
+SELECT {COLUMNS} FROM inserted, LATERAL (SELECT pg_notify(%(channel)s, inserted.queue_name)) AS wake
+"""
+
 
 class InsertResult:
     """The job a start produced or found, and whether this call created it."""
@@ -166,9 +172,16 @@ def insert_job(
 
     Raises ``LockKeyHeld`` when a live job holds the lock key.
     """
-    params = {**fields, **_scope(scope)}
+    params = {**fields, **_scope(scope), "channel": notify_channel}
+    insert = INSERT_JOB_AND_NOTIFY if notify_channel else INSERT_JOB
     key = fields.get("idempotency_key")
     lock_key = fields.get("lock_key")
+    if key is None and lock_key is None:
+        # No unique key to race on: one statement, atomic by itself, in the caller's
+        # transaction when there is one.
+        job = _one(using, insert, params)
+        assert job is not None
+        return InsertResult(job, created=True)
     with transaction.atomic(using=using):
         if key is not None:
             existing = find_by_idempotency_key(scope, key, using=using)
@@ -180,7 +193,7 @@ def insert_job(
                 raise LockKeyHeld(lock_key, holder.id)
         try:
             with transaction.atomic(using=using):
-                job = _one(using, INSERT_JOB, params)
+                job = _one(using, insert, params)
         except IntegrityError as error:
             constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
             # Whichever index refused, a job under this idempotency key is the answer: a
@@ -194,8 +207,6 @@ def insert_job(
                 holder = find_live_by_lock_key(scope, lock_key, using=using)
                 raise LockKeyHeld(lock_key, holder.id if holder else None) from error
             raise
-        if notify_channel:
-            _scalar(using, NOTIFY, {"channel": notify_channel, "queue": fields["queue"]})
     assert job is not None
     return InsertResult(job, created=True)
 
