@@ -22,6 +22,7 @@ never left looking healthy while nobody runs it, and the worker loop never dies 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -183,21 +184,22 @@ def _finish(
     its own autocommit statement, which also releases the lease and, past the budget,
     parks the job ``mirror_failed``. A mirror failure spends no retry budget.
     """
+    def transition():
+        if outcome == "completed":
+            return store.complete(lease, result=result, processed=processed, using=using)
+        if outcome == "failed":
+            return store.fail_terminal(lease, code=code or "failed", error_class=error_class or "terminal",
+                                       message=message, using=using)
+        return store.cancel(lease, using=using)
+
     try:
-        with transaction.atomic(using=using):
-            if outcome == "completed":
-                row = store.complete(lease, result=result, processed=processed, using=using)
-            elif outcome == "failed":
-                row = store.fail_terminal(lease, code=code or "failed", error_class=error_class or "terminal",
-                                          message=message, using=using)
-            else:
-                row = store.cancel(lease, using=using)
+        # Without a mirror the CAS is the whole terminal transaction: one statement.
+        with transaction.atomic(using=using) if handler.mirror is not None else contextlib.nullcontext():
+            row = transition()
             if row is None:
                 return "lease_lost"
             if handler.mirror is not None:
                 handler.mirror(row, outcome)
-            if not store.mark_mirrored(row, using=using):
-                raise RuntimeError("mark_mirrored found no row inside its own terminal transaction")
             faults.point("terminal_inside")
     except (OperationalError, InterfaceError):
         raise  # the connection failed, not the mirror: _guarded retries the whole transaction

@@ -163,7 +163,6 @@ class Reconciler:
                     return
                 if handler is not None and handler.mirror is not None:
                     handler.mirror(row, outcome)
-                store.mark_mirrored(row, using=self.using)
         except DatabaseError:
             raise
         except Exception as error:  # noqa: BLE001 - the mirror is user code

@@ -703,9 +703,12 @@ def release_lease(lease: Lease, *, delay_ms: int, using: str = DEFAULT_DB_ALIAS)
 # generation of the lease: any takeover bumps it.
 _TERMINAL_FENCE = "id = %(id)s AND status = 'running' AND lease_epoch = %(epoch)s"
 
+# The terminal statements stamp domain_mirrored_at themselves: the kind's mirror runs in
+# the same transaction right after, so the stamp commits exactly when the mirror did
+# (and with no mirror, the transition is the whole terminal transaction: one statement).
 COMPLETE = f"""
 UPDATE {TABLE}
-   SET status = 'completed', finished_at = now(), lease_owner = NULL,
+   SET status = 'completed', finished_at = now(), domain_mirrored_at = now(), lease_owner = NULL,
        lease_expires_at = clock_timestamp(), next_run_at = NULL,
        error_class = NULL, error_code = NULL, error_message = NULL,
        result = %(result)s::jsonb,
@@ -730,7 +733,7 @@ def complete(
 
 FAIL_TERMINAL = f"""
 UPDATE {TABLE}
-   SET status = 'failed', finished_at = now(), lease_owner = NULL,
+   SET status = 'failed', finished_at = now(), domain_mirrored_at = now(), lease_owner = NULL,
        lease_expires_at = clock_timestamp(), next_run_at = NULL,
        error_code = %(code)s, error_class = %(error_class)s,
        error_message = coalesce(%(message)s, error_message), updated_at = now()
@@ -751,7 +754,7 @@ def fail_terminal(
 
 CANCEL = f"""
 UPDATE {TABLE}
-   SET status = 'cancelled', finished_at = now(), lease_owner = NULL,
+   SET status = 'cancelled', finished_at = now(), domain_mirrored_at = now(), lease_owner = NULL,
        lease_expires_at = clock_timestamp(), next_run_at = NULL, updated_at = now()
  WHERE {_TERMINAL_FENCE}
 RETURNING {COLUMNS}
@@ -761,18 +764,6 @@ RETURNING {COLUMNS}
 def cancel(lease: Lease, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """End a running job the holder saw cancelled (epoch-fenced); None when the epoch moved on."""
     return _one(using, CANCEL, _lease(lease))
-
-
-MARK_MIRRORED = f"""
-UPDATE {TABLE} SET domain_mirrored_at = now()
- WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status = %(status)s
-RETURNING 1
-"""
-
-
-def mark_mirrored(job: Job, *, using: str = DEFAULT_DB_ALIAS) -> bool:
-    """Stamp the mirror as landed, in the terminal transaction, for the row that CAS wrote."""
-    return _scalar(using, MARK_MIRRORED, {"id": job.id, "epoch": job.lease_epoch, "status": job.status}) is not None
 
 
 # Its own autocommit statement, never inside the transaction it counts: that transaction
@@ -844,7 +835,7 @@ def request_cancel(job_id: object, scope: Scope, *, by: str | None, using: str =
 # The `pending` status is the fence: there is no lease to check.
 CANCEL_PENDING = f"""
 UPDATE {TABLE}
-   SET status = 'cancelled', finished_at = now(), lease_owner = NULL,
+   SET status = 'cancelled', finished_at = now(), domain_mirrored_at = now(), lease_owner = NULL,
        lease_expires_at = clock_timestamp(), next_run_at = NULL, pending_since = NULL,
        updated_at = now()
  WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NOT NULL

@@ -92,3 +92,9 @@ def suicide(job: durable.Slice):
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@durable.handler("demo.noop")
+def noop(job: durable.Slice):
+    """Do nothing: for measuring the machinery itself."""
+    return durable.DONE

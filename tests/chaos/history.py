@@ -70,8 +70,8 @@ CHECKS = {
     "every effect's transaction re-asserted the lease on the job row": """
         SELECT e.job_id, e.item FROM demo_effect e
          WHERE NOT EXISTS (SELECT 1 FROM durable_jobs_history h WHERE h.job_id = e.job_id AND h.txid = e.txid)""",
-    # The terminal transaction may touch the row again (mark_mirrored) before it commits;
-    # any later transaction touching a completed or cancelled row is a violation.
+    # A later transaction touching a completed or cancelled row is a violation (the
+    # transaction that made it so may still touch it before committing).
     "no transition out of completed or cancelled": """
         SELECT h.job_id, h.old_status, h.status, h.seq FROM durable_jobs_history h
          WHERE h.op = 'UPDATE' AND h.old_status IN ('completed', 'cancelled')

@@ -197,33 +197,27 @@ def test_cancel__ends_a_running_job():
 
 
 # ---------------------------------------------------------------------------------------
-# mark_mirrored, bump_mirror_attempts (invariant 11, fenced on the epoch)
+# The mirror stamp, bump_mirror_attempts (invariant 11, fenced on the epoch)
 # ---------------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
-def test_mark_mirrored__stamps_the_row_the_terminal_cas_wrote():
-    """Invariant 11: the mirror stamp lands on the row the terminal CAS wrote."""
+@pytest.mark.parametrize("end", ["complete", "fail_terminal", "cancel"])
+def test_terminal_cas__stamps_the_mirror_as_landed_with_the_transition(end):
+    """Invariant 11: the stamp is part of the terminal CAS, so it commits exactly when the
+    mirror that runs in the same transaction does."""
     job = running(lease_epoch=2)
-    ended = store.complete(lease_of(job))
-
-    assert store.mark_mirrored(ended) is True
-    assert reload(job).domain_mirrored_at is not None
+    kwargs = {"code": "terminal", "error_class": "terminal"} if end == "fail_terminal" else {}
+    ended = getattr(store, end)(lease_of(job), **kwargs)
+    assert ended.domain_mirrored_at is not None and reload(job).domain_mirrored_at == ended.domain_mirrored_at
 
 
 @pytest.mark.django_db
-def test_mark_mirrored__refused_for_another_epoch_or_status():
-    """Invariants 4 and 11: the mirror stamp is fenced on the epoch and the status written."""
+def test_terminal_cas__a_stale_epoch_stamps_nothing():
+    """Invariants 4 and 11."""
     job = running(lease_epoch=2)
-    ended = store.complete(lease_of(job))
-
-    stale = reload(job)
-    stale.lease_epoch = 1
-    assert store.mark_mirrored(stale) is False
-    other_status = reload(job)
-    other_status.status = "failed"
-    assert store.mark_mirrored(other_status) is False
-    assert reload(ended).domain_mirrored_at is None
+    assert store.complete(lease_of(job, epoch=1)) is None
+    assert reload(job).domain_mirrored_at is None
 
 
 def _bump(lease, *, max_attempts=3, delay_ms=0):
