@@ -34,7 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, Operation
 
 from durable_jobs import conf, faults, metrics, registry, signals, store, validation
 from durable_jobs.context import Slice
-from durable_jobs.exceptions import CancelRequested, LeaseLost
+from durable_jobs.exceptions import CancelRequested, LeaseLost, TransientError
 from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
 
 if TYPE_CHECKING:
@@ -67,9 +67,7 @@ def run_slice(
     """Run the handler for ``job`` (already claimed by this worker) and record the outcome."""
     began = time.monotonic()
     faults.point("after_claim")
-    handler = registry.get(job.kind)
-    if handler is None:
-        return _report(job, began, _park_unknown_kind(job, using))
+    handler = registry.get(job.kind) or _unregistered(job.kind)
     lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
                   ttl_ms=conf.ms(handler.setting("LEASE_TTL")))
     if job.error_code in VERDICT_CODES:
@@ -110,7 +108,7 @@ def _run_handler(context: Slice, handler: Handler, using: str) -> tuple[str, str
         _leave_broken_transaction(using)
         return _fail(context, handler, error, using), _describe(error)
 
-    if isinstance(returned, Done) or returned == Outcome.DONE:
+    if isinstance(returned, Done) or _is(returned, Outcome.DONE):
         result = returned.result if isinstance(returned, Done) else None
         try:
             validation.payload("result", result, max_bytes=conf.get().MAX_PAYLOAD_BYTES,
@@ -119,7 +117,7 @@ def _run_handler(context: Slice, handler: Handler, using: str) -> tuple[str, str
             return _fail(context, handler, _InvalidOutcome(str(error)), using), _describe(error)
         return _guarded(using, lambda: _finish(job, handler, lease, "completed", using=using,
                                                result=result, processed=None)), None
-    if returned == Outcome.YIELD:
+    if _is(returned, Outcome.YIELD):
         if context.cancel_observed:
             return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
         interrupted = context.interrupted
@@ -131,6 +129,12 @@ def _run_handler(context: Slice, handler: Handler, using: str) -> tuple[str, str
         return ("interrupted" if interrupted else "yielded"), None
     error = _InvalidOutcome(f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD")
     return _fail(context, handler, error, using), str(error)
+
+
+def _is(returned: Any, outcome: Outcome) -> bool:
+    # Compared as text only when it is text: ``==`` on an arbitrary object (an array, a
+    # model) may raise or answer with something that is not a bool.
+    return returned is outcome or (isinstance(returned, str) and returned == outcome.value)
 
 
 class _InvalidOutcome(Exception):
@@ -225,16 +229,23 @@ def _finish(
     return outcome
 
 
-def _park_unknown_kind(job: Job, using: str) -> str:
-    parked = _guarded(using, lambda: store.park(
-        job.id, job.lease_epoch, ParkReason.UNKNOWN_KIND.value,
-        f"no handler is registered for kind {job.kind!r} in this worker", using=using))
-    if parked == "bookkeeping_failed":
-        return parked
-    if parked is None:
-        return "lease_lost"
-    metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.UNKNOWN_KIND.value)
-    return "parked"
+class UnknownKindError(TransientError):
+    """No handler for the job's kind in this worker."""
+
+
+def _unregistered(kind: str) -> Handler:
+    """A stand-in handler for a kind this worker does not know.
+
+    It fails each slice as a transient ``unknown_kind`` error: during a rolling deploy a
+    worker that knows the kind takes the retry; if none does, the job ends
+    ``retry_exhausted`` with the reason in its message. It never crashes the worker
+    and never spins: retries back off like any other.
+    """
+
+    def no_handler(job: Slice) -> None:
+        raise UnknownKindError(f"no handler is registered for kind {kind!r} in this worker", code="unknown_kind")
+
+    return registry.Handler(kind=kind, func=no_handler)
 
 
 def _guarded(using: str, write: Callable[[], T]) -> T | str:

@@ -43,7 +43,6 @@ class ParkReason(str, enum.Enum):
 
     POISON = "poison"  # re-driven too often without committing anything
     MIRROR_FAILED = "mirror_failed"  # the terminal transaction's mirror kept failing
-    UNKNOWN_KIND = "unknown_kind"  # no handler for the kind in the worker that met it
 
     def __str__(self) -> str:
         return self.value

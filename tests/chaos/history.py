@@ -99,8 +99,7 @@ CHECKS = {
         SELECT id, error_code, redrives_since_commit, mirror_attempts FROM durable_jobs_job
          WHERE parked_at IS NOT NULL
            AND NOT ((error_code = 'poison' AND redrives_since_commit > %(max_redrives)s)
-                 OR (error_code = 'mirror_failed' AND mirror_attempts >= %(max_mirror)s)
-                 OR error_code = 'unknown_kind')""",
+                 OR (error_code = 'mirror_failed' AND mirror_attempts >= %(max_mirror)s))""",
     "no advisory lock left behind": """
         SELECT pid, objid FROM pg_locks WHERE locktype = 'advisory'""",
     "no session idle in a transaction": """

@@ -58,7 +58,7 @@ def test_a_reconciler_killed_between_select_and_update(recorded, processes):
 
 
 def test_sigstop_past_the_lease_then_sigcont_lands_no_zombie_write(recorded, processes):
-    jobs = start_imports(2, rows=8, delay=0.6)
+    start_imports(2, rows=8, delay=0.6)
     zombie = processes.worker("--concurrency", "2", app_name="durable-zombie")
     wait_until(lambda: Job.objects.filter(processed_count__gte=1).count() == 2, message="both under way")
     zombie.signal(signal.SIGSTOP)

@@ -11,13 +11,20 @@ from tests.factories import JobFactory, reload, running
 pytestmark = pytest.mark.django_db
 
 
-def test_an_unknown_kind_is_parked_with_a_clear_code_instead_of_crashing(kinds):
+def test_an_unknown_kind_retries_with_a_clear_code_then_fails_instead_of_crashing(kinds):
+    """A kind this worker does not know (a rolling deploy, a typo that slipped in) backs off
+    like a transient error, so a worker that knows it can take the retry; if none does,
+    the job ends retry_exhausted with the reason in its message."""
     job = JobFactory(kind="tests.nobody_handles_this")
-    reports = testing.run_jobs()
-    assert [r.outcome for r in reports] == ["parked"]
+    assert [r.outcome for r in testing.run_jobs()] == ["retrying"]
+    waiting = reload(job)
+    assert (waiting.status, waiting.error_code, waiting.lease_owner) == ("running", "unknown_kind", None)
+    assert waiting.next_run_at > waiting.lease_expires_at, "it backs off instead of spinning"
+    reports = testing.run_jobs(fast_forward=True)
+    assert reports[-1].outcome == "failed"
     after = reload(job)
-    assert after.status == "failed" and after.error_code == "unknown_kind"
-    assert "tests.nobody_handles_this" in after.error_message
+    assert after.status == "failed" and after.error_code == "retry_exhausted"
+    assert "no handler is registered for kind 'tests.nobody_handles_this'" in after.error_message
 
 
 def test_a_verdict_decided_but_not_recorded_is_recorded_without_running_the_work(kinds):
