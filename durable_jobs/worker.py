@@ -13,6 +13,7 @@ or the grace period running out, exits at once and leaves the leases to expire.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -90,7 +91,9 @@ class Worker:
         self.identity = worker_identity()
         self.stopping = threading.Event()  # phase one: stop claiming, slices yield
         self.hard_stop = threading.Event()  # phase two: leave now
-        self.reports: list[SliceReport] = []
+        # Recent slice reports (bounded: a worker runs for weeks) and a running total.
+        self.recent: collections.deque[SliceReport] = collections.deque(maxlen=1000)
+        self._slices_per_slot = [0] * concurrency
         self._wakes = [threading.Event() for _ in range(concurrency)]
         self._idle = [False] * concurrency
         self._idle_lock = threading.Lock()
@@ -146,8 +149,12 @@ class Worker:
                 thread.join(timeout=0.1)
         self.stopping.set()
         self._heartbeater.stop()
-        log.info("worker %s stopped after %d slices", self.identity, len(self.reports))
+        log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
         return 0
+
+    @property
+    def slices_run(self) -> int:
+        return sum(self._slices_per_slot)
 
     def _slot(self, number: int) -> None:
         owner = f"{self.identity}/{number}"
@@ -172,9 +179,10 @@ class Worker:
                 if claimed:
                     self._set_idle(number, False)
                     for job in claimed:
-                        self.reports.append(
-                            run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater, using=self.using)
-                        )
+                        report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
+                                           using=self.using)
+                        self.recent.append(report)  # deque.append is thread-safe
+                        self._slices_per_slot[number] += 1  # each slot writes only its own cell
                     continue
                 if self.burst and self._set_idle(number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over
