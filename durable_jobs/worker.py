@@ -30,6 +30,7 @@ from django.db.backends.signals import connection_created
 from durable_jobs import conf, store, validation
 from durable_jobs.executor import SliceReport, run_slice
 from durable_jobs.heartbeat import Heartbeater
+from durable_jobs.states import Lease
 
 log = logging.getLogger("durable_jobs.worker")
 
@@ -44,6 +45,14 @@ def tag_connection(sender, connection, **kwargs) -> None:
     if role.startswith("durable-"):
         store.set_application_name(f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/{role}"[:63],
                                    using=connection.alias)
+
+
+#: A slice this short (seconds) lets its slot claim more than one job at a time.
+QUICK_SLICE = 0.05
+
+
+def _lease_of(job, ttl_ms: int) -> Lease:
+    return Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=ttl_ms)
 
 
 def keep_connection_healthy(using: str) -> None:
@@ -162,11 +171,12 @@ class Worker:
         settings = conf.get()
         ttl_ms = conf.ms(settings.LEASE_TTL)
         failures = 0
+        batch = 1
         try:
             while not self.stopping.is_set():
                 try:
                     keep_connection_healthy(self.using)
-                    claimed = store.dequeue(self.queues, owner, ttl_ms, limit=1, using=self.using)
+                    claimed = store.dequeue(self.queues, owner, ttl_ms, limit=batch, using=self.using)
                     failures = 0
                 except (DatabaseError, InterfaceError) as error:
                     failures += 1
@@ -178,11 +188,19 @@ class Worker:
                     continue
                 if claimed:
                     self._set_idle(number, False)
-                    for job in claimed:
-                        report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
-                                           using=self.using)
-                        self.recent.append(report)  # deque.append is thread-safe
-                        self._slices_per_slot[number] += 1  # each slot writes only its own cell
+                    try:
+                        quick = self._run_claimed(number, claimed, ttl_ms)
+                    except (DatabaseError, InterfaceError) as error:
+                        # Between slices (a lease extension or hand-back): the claims left
+                        # keep their leases, which expire and are re-driven.
+                        log.warning("slot %s: database error between slices (%s)", owner, type(error).__name__)
+                        connections[self.using].close()
+                        quick = False
+                    # Claim several at a time only while slices are quick: the claims wait
+                    # their turn holding leases, and a deep queue of no-op-like jobs should
+                    # not pay one claim transaction per job.
+                    full = len(claimed) == batch
+                    batch = min(settings.MAX_PREFETCH, batch * 2) if quick and full else 1 if not quick else batch
                     continue
                 if self.burst and self._set_idle(number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over
@@ -191,6 +209,28 @@ class Worker:
                 wake.clear()
         finally:
             connections[self.using].close()
+
+    def _run_claimed(self, number: int, claimed: list, ttl_ms: int) -> bool:
+        """Run a slot's claims in order; return True when every slice was quick.
+
+        A claim that waited long for its turn has its lease extended before it runs; one
+        left unstarted at shutdown is handed back at once (released, no budget spent).
+        """
+        quick = True
+        claimed_at = time.monotonic()
+        for index, job in enumerate(claimed):
+            if self.stopping.is_set():
+                for unstarted in claimed[index:]:
+                    store.release_lease(_lease_of(unstarted, ttl_ms), delay_ms=0, using=self.using)
+                return False
+            if index and time.monotonic() - claimed_at > ttl_ms / 3000:
+                if store.heartbeat(_lease_of(job, ttl_ms), using=self.using) is None:
+                    continue  # taken over while it waited: not ours to run
+            report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater, using=self.using)
+            self.recent.append(report)  # deque.append is thread-safe
+            self._slices_per_slot[number] += 1  # each slot writes only its own cell
+            quick = quick and report.duration < QUICK_SLICE
+        return quick
 
     def _set_idle(self, number: int, idle: bool) -> bool:
         with self._idle_lock:
