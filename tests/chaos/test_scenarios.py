@@ -156,3 +156,50 @@ def test_three_reconcilers_over_hundreds_of_orphans_act_once_each(recorded, proc
         reconciler.signal(signal.SIGTERM)
     finish_with_rescuer(processes, orphans, timeout=90)
     assert_invariants(recorded, processes)
+
+
+def test_a_claim_storm_over_few_lock_keys_never_runs_two_jobs_of_one_key(recorded, processes):
+    """Starts race on three lock keys while two workers drain them: at no instant are two
+    jobs of one key live, per the recorded history (the index makes it so; this proves it)."""
+    import threading
+
+    from django.db import connections
+
+    for n in range(2):
+        processes.worker("--concurrency", "2", app_name=f"durable-storm-{n}")
+    stop = threading.Event()
+    refused = []
+
+    def starter():
+        try:
+            while not stop.is_set():
+                for key in ("a", "b", "c"):
+                    try:
+                        durable.start("demo.import", input={"rows": 2, "batch": 1}, lock_key=key)
+                    except durable.LockKeyHeld:
+                        refused.append(key)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=starter) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    time.sleep(6)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    wait_until(lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(), message="the drain")
+    assert Job.objects.count() >= 6 and refused, "the storm really raced"
+    with __import__("django").db.connection.cursor() as cursor:
+        cursor.execute("""
+            WITH spans AS (
+                SELECT j.lock_key, h.job_id, min(h.at) AS began,
+                       min(h.at) FILTER (WHERE h.status IN ('completed', 'failed', 'cancelled')) AS ended
+                  FROM durable_jobs_history h JOIN durable_jobs_job j ON j.id = h.job_id
+                 GROUP BY j.lock_key, h.job_id)
+            SELECT a.lock_key, a.job_id, b.job_id FROM spans a JOIN spans b
+              ON a.lock_key = b.lock_key AND a.job_id < b.job_id
+             WHERE a.began < b.ended AND b.began < a.ended""")
+        overlaps = cursor.fetchall()
+    assert overlaps == [], f"two live jobs shared a lock key: {overlaps[:5]}"
+    assert_invariants(recorded, processes)

@@ -117,3 +117,41 @@ def test_an_orphan_take_waits_for_a_fenced_transaction_holding_the_row(kinds):
     assert wrote is True, "the fence held the row: its write landed first"
     assert taken is None, "the checkpoint renewed the lease, so the job was no orphan by the time the take ran"
     assert reload(job).checkpoint == {"at": 1}
+
+
+def _reconcile():
+    from durable_jobs.reconciler import Reconciler
+
+    return Reconciler().run_pass()
+
+
+@pytest.mark.parametrize("step", ["yield", "fail"])
+def test_cancel_racing_a_yield_or_a_failure_still_ends_the_job_cancelled(kinds, step):
+    """Invariant 8: whichever lands first, the request survives and the reconciler honours it."""
+    kinds.add("tests.noop")
+    for _ in range(5):
+        job = running(lease_expires_at=60)
+        lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=1000)
+        if step == "yield":
+            holder = lambda: store.yield_slice(lease)  # noqa: E731
+        else:
+            holder = lambda: store.fail_slice(lease, error_class="transient", code="x", message="m",  # noqa: E731
+                                              max_failures=5, backoff_base_ms=10, backoff_max_ms=10)
+        written, requested = race(holder, lambda: durable.cancel(job.id))
+        assert written is not None and not isinstance(requested, Exception)
+        _reconcile()
+        assert reload(job).status == "cancelled"
+
+
+def test_cancel_racing_an_operator_redrive_ends_consistently(kinds):
+    kinds.add("tests.noop")
+    for _ in range(5):
+        job = running(status="failed", lease_owner=None, finished_at=-1, error_code="terminal", error_class="terminal")
+        redriven, cancelled = race(lambda: durable.redrive(job.id), lambda: durable.cancel(job.id))
+        assert not isinstance(redriven, Exception)
+        _reconcile()
+        after = reload(job)
+        if isinstance(cancelled, durable.WrongState):  # the cancel came first: a failed job is not live
+            assert after.status == "pending"
+        else:  # the re-drive came first: the pending job was then cancelled
+            assert after.status == "cancelled"
