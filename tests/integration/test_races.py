@@ -155,3 +155,19 @@ def test_cancel_racing_an_operator_redrive_ends_consistently(kinds):
             assert after.status == "pending"
         else:  # the re-drive came first: the pending job was then cancelled
             assert after.status == "cancelled"
+
+
+def test_operator_redrive_racing_a_late_heartbeat(kinds):
+    """A stalled worker wakes and heartbeats while an operator re-drives its expired lease:
+    either the heartbeat renews first (the redrive is refused: the job is alive again) or
+    the redrive wins and the heartbeat finds its lease gone. Never both."""
+    kinds.add("tests.noop")
+    for _ in range(10):
+        job = running(lease_expires_at=-120)
+        lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=60_000)
+        beat, redriven = race(lambda: store.heartbeat(lease), lambda: durable.redrive(job.id))
+        after = reload(job)
+        if isinstance(redriven, durable.WrongState):
+            assert beat is False and after.status == "running" and after.lease_epoch == 1
+        else:
+            assert beat is None and after.status == "pending" and after.lease_epoch == 2
