@@ -1,8 +1,10 @@
-"""Subprocesses with exact resource accounting, and the server's CPU time.
+"""Subprocesses with resource accounting, and the server's CPU time.
 
-Worker processes are reaped with ``os.wait4``, which returns the child's own rusage:
-user/system CPU seconds and ``ru_maxrss`` (peak resident set, KiB on Linux) — the
-worker's peak memory, measured by the kernel rather than sampled.
+Worker processes are reaped with ``os.wait4``, which returns the child's own CPU time.
+Peak memory is the kernel's high-water mark of the worker's address space, ``VmHWM`` in
+``/proc/<pid>/status``, read every 20 ms while it runs (it only grows, so the last read is
+the peak up to a few milliseconds before exit). Not ``ru_maxrss``: a child forked from
+this (large) runner process inherits the runner's resident size into that figure.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Group:
         self.procs: list[subprocess.Popen] = []
         self.logs = logs
         self.results: dict[int, ProcResult] = {}
+        self.peaks: dict[int, int] = {}
         for cmd, log in zip(cmds, logs):
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "wb") as sink:
@@ -51,8 +54,16 @@ class Group:
             self.procs.append(proc)
             _LIVE.append(proc)
 
+    def sample(self) -> None:
+        for index, proc in enumerate(self.procs):
+            if index not in self.results:
+                hwm = _vm_hwm_kib(proc.pid)
+                if hwm:
+                    self.peaks[index] = max(self.peaks.get(index, 0), hwm)
+
     def poll(self) -> bool:
         """Reap whatever exited; True when every process has."""
+        self.sample()
         for index, proc in enumerate(self.procs):
             if index in self.results:
                 continue
@@ -65,7 +76,7 @@ class Group:
                 _LIVE.remove(proc)
             self.results[index] = ProcResult(
                 cmd=self.cmds[index], exit_code=code, wall_seconds=time.monotonic() - self.began,
-                user_cpu=usage.ru_utime, system_cpu=usage.ru_stime, max_rss_kib=usage.ru_maxrss,
+                user_cpu=usage.ru_utime, system_cpu=usage.ru_stime, max_rss_kib=self.peaks.get(index, 0),
                 log=str(self.logs[index]),
             )
         return len(self.results) == len(self.procs)
@@ -86,6 +97,7 @@ class Group:
 
     def stop(self, signum: int = signal.SIGTERM, timeout: float = 20.0) -> list[ProcResult]:
         """Signal every live process (SIGTERM: a graceful stop), then reap them."""
+        self.sample()
         for index, proc in enumerate(self.procs):
             if index not in self.results:
                 try:
@@ -98,6 +110,17 @@ class Group:
                 return self.stop(signal.SIGKILL, timeout=10)
             time.sleep(0.02)
         return [self.results[i] for i in range(len(self.procs))]
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def kill_all() -> None:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-COLUMNS = ("scenario", "durable_jobs", "durable_persistent", "procrastinate", "tasks_db", "target", "status")
+COLUMNS = ("scenario", "durable_jobs", "procrastinate", "tasks_db", "target", "status")
 
 
 class Table:
@@ -18,8 +18,8 @@ class Table:
         self.rows: list[dict[str, str]] = []
 
     def add(self, scenario: str, durable: str = "", procrastinate: str = "", tasks_db: str = "",
-            target: str = "", status: str = "", *, persistent: str = "-") -> None:
-        self.rows.append({"scenario": scenario, "durable_jobs": durable, "durable_persistent": persistent,
+            target: str = "", status: str = "") -> None:
+        self.rows.append({"scenario": scenario, "durable_jobs": durable,
                           "procrastinate": procrastinate, "tasks_db": tasks_db, "target": target,
                           "status": status})
 
@@ -88,6 +88,21 @@ def versions() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return out
+
+
+def code_state() -> str:
+    """HEAD plus a digest of uncommitted changes under durable_jobs/ (to notice edits mid-run)."""
+    import hashlib
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        diff = subprocess.run(["git", "diff", "HEAD", "--", "durable_jobs"], cwd=repo, capture_output=True,
+                              timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head[:10]}+{hashlib.sha1(diff).hexdigest()[:10]}" if diff else head[:10]
 
 
 def write(path: Path, *, title: str, command: str, sections: list[tuple[str, str]], raw: dict) -> None:

@@ -13,7 +13,7 @@ Scenarios (``--only`` picks some):
                 a 1-row INSERT+COMMIT baseline; bulk start (``durable.start_many`` if present).
 ``throughput``  N pre-filled no-op jobs drained by ``durable_worker --burst`` at 1 slot, 4 slots,
                 and 2 processes × 2 slots (peers side by side, interleaved); completions
-                counted in SQL; the 4-slot worker's peak RSS (kernel rusage).
+                counted in SQL; the workers' peak RSS (VmHWM) and CPU per job.
 ``latency``     M single starts to an idle 4-slot worker, NOTIFY path and poll path;
                 ``started_at - created_at`` (database clock) percentiles computed in SQL.
 ``heartbeat``   ``store.heartbeat`` in a loop on one lease; HOT share from pg_stat_user_tables.
@@ -61,6 +61,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--latency-jobs", type=int, help="single jobs per latency run (default 200; --quick 40)")
     parser.add_argument("--poll-interval", type=float, default=1.0,
                         help="POLL_INTERVAL of the poll-path latency run, seconds (default 1, the library default)")
+    parser.add_argument("--repeat", type=int, help="throughput rounds, median reported (default 3; --quick 1)")
     parser.add_argument("--no-peers", action="store_true", help="measure durable_jobs only")
     parser.add_argument("--only", help=f"comma-separated scenarios among {', '.join(SCENARIOS)}")
     parser.add_argument("--profile", action="store_true",
@@ -88,6 +89,7 @@ class Plan:
         self.passes = 5 if quick else 20
         self.explain_reps = 10 if quick else 30
         self.worker_timeout = 120 if quick else 600
+        self.repeat = args.repeat or (1 if quick else 3)
         self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
         unknown = set(self.scenarios) - set(SCENARIOS)
         if unknown:
@@ -107,9 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
     began = time.monotonic()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
 
     machine = report.machine()
+    code_at_start = report.code_state()
     print(f"durable_jobs benchmarks: {'quick' if plan.quick else 'default'} run; results -> {out_path}", flush=True)
     print("  starting PostgreSQL ...", flush=True)
     server = server_mod.start(pg_stat_statements=plan.profile)
@@ -119,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         server_facts = server.describe()
         raw["server"] = server_facts
         env = _setup_django(server)
-        from benchmarks import durable_bench, peer_bench, peers as peers_mod
+        from benchmarks import durable_bench
+        from benchmarks import peers as peers_mod
 
         peers = peers_mod.prepare(server, env=env, logs=logs, skip=args.no_peers)
         for peer in peers.values():
@@ -136,13 +140,14 @@ def main(argv: list[str] | None = None) -> int:
                 raw.setdefault("errors", {})[name] = traceback.format_exc()
                 traceback.print_exc()
                 procs.kill_all()
+                _fresh_connection()
         profile_text = ""
         if plan.profile:
             print("  profile ...", flush=True)
-            from benchmarks import profile
+            from benchmarks import profiling
 
             try:
-                profile_text = profile.run(ctx, plan, raw)
+                profile_text = profiling.run(ctx, plan, raw)
             except Exception as error:  # noqa: BLE001
                 notes.append(f"profile failed: {type(error).__name__}: {error}")
                 raw.setdefault("errors", {})["profile"] = traceback.format_exc()
@@ -153,17 +158,25 @@ def main(argv: list[str] | None = None) -> int:
         results.table_obj.rows.insert(0, {
             "scenario": "server floor: 1-row INSERT + COMMIT, 1 client, at start / end (/s)",
             "durable_jobs": f"{report.num(floor_start['per_second'])} / {report.num(floor_end['per_second'])}",
-            "durable_persistent": "-", "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
+            "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
         table = results.table()
     except KeyboardInterrupt:
         procs.kill_all()
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception:  # noqa: BLE001 - set-up failed: say so, clean up, fail
+        traceback.print_exc()
+        print("benchmark set-up failed; see the traceback above", file=sys.stderr)
+        return 1
     finally:
         procs.kill_all()
         server.stop()
 
     machine["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    code_at_end = report.code_state()
+    if code_at_end != code_at_start:
+        notes.insert(0, f"durable_jobs/ changed during the run ({code_at_start} at start, {code_at_end} at "
+                        "the end): figures may mix two versions of the code")
     elapsed = time.monotonic() - began
     rendered = table.render()
     print()
@@ -172,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         print(f"note: {note}")
     versions = report.versions()
+    versions["durable_jobs code (HEAD+diff digest)"] = code_at_start
     raw["versions"] = versions
     peer_versions = {p.spec.label: (p.versions if p.ok else p.problem) for p in peers.values()}
     sections = [
@@ -189,7 +203,19 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(("Profile: a no-op slice at 4 slots", profile_text))
     report.write(out_path, title=f"durable_jobs benchmarks, {stamp}", command=command, sections=sections, raw=raw)
     print(f"results written to {out_path} (and {out_path.with_suffix('.json').name}); took {elapsed:.0f} s")
+    broken = sorted(k for k in raw.get("errors", {}) if k not in results.peers)
+    unverified = results.unverified()
+    if broken or unverified:
+        # PASS/MISS never fails the command (targets are goals); a scenario that crashed or a
+        # durable_jobs run whose completions do not add up does.
+        print(f"FAILED: scenarios with errors: {broken or 'none'}; unverified durable_jobs runs: "
+              f"{unverified or 'none'}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt()
 
 
 def _setup_django(server) -> dict:
@@ -223,7 +249,6 @@ class Results:
         self.notes = notes
         self.table_obj = report.Table({
             "scenario": "scenario", "durable_jobs": "durable_jobs",
-            "durable_persistent": "durable_jobs, CONN_MAX_AGE=None",
             "procrastinate": f"Procrastinate {peers['procrastinate'].versions.get('procrastinate') or ''}".strip(),
             "tasks_db": f"django-tasks-db {peers['tasks_db'].versions.get('django-tasks-db') or ''}".strip(),
             "target": "target (durable_jobs)", "status": "PASS/MISS"})
@@ -283,34 +308,53 @@ class Results:
         n = self.plan.n
         configs = [("1 slot", 1, 1, "1x1"), ("4 slots, 1 process", 1, 4, "1x4"),
                    ("2 processes x 2 slots", 2, 2, "2x2")]
-        self.raw["throughput"] = {}
-        for label, processes, slots, tag in configs:
-            print(f"    throughput {label}", flush=True)
-            ours = durable_bench.throughput(self.ctx, n, processes=processes, slots=slots, tag=tag,
-                                            timeout=self.plan.worker_timeout)
-            self.raw["throughput"][tag] = ours
-            persistent = durable_bench.throughput(self.ctx, n, processes=processes, slots=slots,
-                                                  tag=tag + "-persistent", timeout=self.plan.worker_timeout,
-                                                  conn_max_age="none")
-            self.raw.setdefault("throughput_persistent", {})[tag] = persistent
-            cells = self._peer_cells(
-                lambda p: peer_bench.throughput(p, n, processes=processes, slots=slots, env=self.env,
-                                                logs=self.logs, tag=tag, timeout=self.plan.worker_timeout,
-                                                server_pid=self.ctx.server.postmaster_pid()),
-                lambda r: _throughput_cell(r, ours.get("per_second")))
+        runs: dict[str, dict[str, list]] = {tag: {"durable": [], "procrastinate": [], "tasks_db": []}
+                                            for _, _, _, tag in configs}
+        # Rounds, each running every configuration of every system once, so a slow patch of a
+        # shared machine lands on all of them rather than on one.
+        for round_ in range(self.plan.repeat):
+            for label, processes, slots, tag in configs:
+                print(f"    throughput {label} (round {round_ + 1}/{self.plan.repeat})", flush=True)
+                runs[tag]["durable"].append(durable_bench.throughput(
+                    self.ctx, n, processes=processes, slots=slots, tag=f"{tag}-r{round_}",
+                    timeout=self.plan.worker_timeout))
+                for key, peer in self.peers.items():
+                    if not peer.ok:
+                        continue
+                    try:
+                        result = peer_bench.throughput(peer, n, processes=processes, slots=slots, env=self.env,
+                                                       logs=self.logs, tag=f"{tag}-r{round_}",
+                                                       timeout=self.plan.worker_timeout,
+                                                       server_pid=self.ctx.server.postmaster_pid())
+                    except Exception as error:  # noqa: BLE001
+                        result = {"error": f"{type(error).__name__}: {error}"}
+                        self.raw.setdefault("errors", {})[key] = traceback.format_exc()
+                        procs.kill_all()
+                    runs[tag][key].append(result)
+        self.raw["throughput_runs"] = runs
+        self.raw["throughput"] = {tag: _median_run(r["durable"]) for tag, r in runs.items()}
+        for label, _, _, tag in configs:
+            ours = self.raw["throughput"][tag]
+            cells = {}
+            for key, peer in self.peers.items():
+                if not peer.ok:
+                    cells[key] = "not measured: " + _short(peer.problem)
+                else:
+                    cells[key] = _throughput_cell(_median_run(runs[tag][key]), ours.get("per_second"),
+                                                  runs[tag][key])
             target, status = "", "info"
             if tag == "1x4":
                 target = f">= {report.num(TARGETS['throughput_4'])}/s"
-                status = "as shipped " + report.verdict(_meets(ours, TARGETS["throughput_4"]))
-                status += ", persistent " + report.verdict(_meets(persistent, TARGETS["throughput_4"]))
-            self.table_obj.add(f"throughput, {n:,} no-op jobs, {label} (jobs/s)", _throughput_cell(ours, None),
-                               cells["procrastinate"], cells["tasks_db"], target, status,
-                               persistent=_throughput_cell(persistent, ours.get("per_second")))
+                status = report.verdict(_meets(ours, TARGETS["throughput_4"]))
+            rounds = f", median of {self.plan.repeat}" if self.plan.repeat > 1 else ""
+            self.table_obj.add(f"throughput, {n:,} no-op jobs, {label} (jobs/s{rounds})",
+                               _throughput_cell(ours, None, runs[tag]["durable"]),
+                               cells["procrastinate"], cells["tasks_db"], target, status)
             if tag == "1x4":
-                self._rss_row(ours, persistent)
+                self._rss_row(ours, {k: _median_run(runs[tag][k]) if runs[tag][k] else None
+                                     for k in ("procrastinate", "tasks_db")})
 
-    def _rss_row(self, ours: dict, persistent: dict) -> None:
-        runs = {k: (self.raw.get(k, {}).get("runs") or [None])[-1] for k in ("procrastinate", "tasks_db")}
+    def _rss_row(self, ours: dict, runs: dict) -> None:
         cells = {}
         for key, run in runs.items():
             peer = self.peers[key]
@@ -321,11 +365,10 @@ class Results:
             else:
                 cells[key] = f"{run['max_rss_mib']:.0f}" + (" per process" if run.get("processes", 1) > 1 else "")
         self.table_obj.add("worker peak RSS at 4 slots (MiB)", f"{ours['max_rss_mib']:.0f}", cells["procrastinate"],
-                           cells["tasks_db"], "", "info", persistent=f"{persistent['max_rss_mib']:.0f}")
+                           cells["tasks_db"], "", "info")
         self.table_obj.add("CPU ms per job at 4 slots: worker / server", _cpu_cell(ours),
                            _cpu_cell(runs["procrastinate"]) if self.peers["procrastinate"].ok else "not measured",
-                           _cpu_cell(runs["tasks_db"]) if self.peers["tasks_db"].ok else "not measured", "", "info",
-                           persistent=_cpu_cell(persistent))
+                           _cpu_cell(runs["tasks_db"]) if self.peers["tasks_db"].ok else "not measured", "", "info")
 
     def scenario_latency(self) -> None:
         from benchmarks import durable_bench, peer_bench
@@ -339,10 +382,6 @@ class Results:
             ours = durable_bench.latency(self.ctx, plan.latency_m, notify=notify, poll_interval=interval,
                                          slots=plan.latency_slots, gap=plan.gap, tag=tag)
             self.raw["latency"][tag] = ours
-            persistent = durable_bench.latency(self.ctx, plan.latency_m, notify=notify, poll_interval=interval,
-                                               slots=plan.latency_slots, gap=plan.gap, tag=tag + "-persistent",
-                                               conn_max_age="none")
-            self.raw.setdefault("latency_persistent", {})[tag] = persistent
 
             def peer_run(p, notify=notify, tag=tag):
                 if notify and p.spec.key == "tasks_db":
@@ -358,10 +397,8 @@ class Results:
             else:
                 label = f"latency p50 / p99, poll path (no NOTIFY), POLL_INTERVAL {interval:g} s (ms)"
                 target_ms = interval * 1000 + TARGETS["latency_poll_slack_ms"]
-            status = ("as shipped " + report.verdict(_latency_ok(ours, target_ms))
-                      + ", persistent " + report.verdict(_latency_ok(persistent, target_ms)))
             self.table_obj.add(label, _latency_cell(ours), cells["procrastinate"], cells["tasks_db"],
-                               f"p99 <= {target_ms:g} ms", status, persistent=_latency_cell(persistent))
+                               f"p99 <= {target_ms:g} ms", report.verdict(_latency_ok(ours, target_ms)))
 
     def scenario_heartbeat(self) -> None:
         from benchmarks import durable_bench
@@ -437,6 +474,12 @@ class Results:
                                "not run")
 
     # --- output --------------------------------------------------------------------------
+    def unverified(self) -> list[str]:
+        bad = [f"throughput {tag} round {i + 1}" for tag, r in self.raw.get("throughput_runs", {}).items()
+               for i, run in enumerate(r["durable"]) if not run.get("verified")]
+        bad += [f"latency {tag}" for tag, r in self.raw.get("latency", {}).items() if not r.get("verified")]
+        return bad
+
     def table(self) -> report.Table:
         return self.table_obj
 
@@ -455,12 +498,14 @@ class Results:
             "Throughput = completed rows counted in SQL / database-clock window from the first claim "
             "(min started_at) to the last completion (max finished_at); the JSON file also has the wall "
             "time including process start-up. A run is marked UNVERIFIED unless every pre-filled job "
-            "completed and every worker exited 0.",
-            "durable_jobs runs twice: with the test project's settings as shipped (CONN_MAX_AGE unset, i.e. "
-            "Django's default 0, under which the worker's close_old_connections() before every dequeue "
-            "closes the slot's connection, so each slice opens a new PostgreSQL session) and with "
-            "CONN_MAX_AGE=None (persistent connections). The django-tasks-db peer uses the same Django "
-            "defaults (CONN_MAX_AGE 0, CONN_HEALTH_CHECKS on) as the first column.",
+            "completed and every worker exited 0. With --repeat R (default 3) every configuration of "
+            "every system runs once per round, rounds one after the other; the cell shows the median "
+            "run and [min-max] of the rounds.",
+            "durable_jobs runs with the test project's settings (benchmarks/settings_bench.py adds only the "
+            "no-op handler and the NOTIFY/poll switches). The django-tasks-db peer runs with persistent "
+            "connections (CONN_MAX_AGE=None): its db_worker calls close_old_connections() around every "
+            "task, which under Django's default CONN_MAX_AGE=0 would open a new session per task; the "
+            "peer gets its best reasonable configuration, not its default.",
             f"Latency = started_at - created_at, both stamped by the database (django-tasks-db: by the "
             f"Python clock of the same machine), percentiles computed over {p.latency_m} single jobs started "
             f"{p.gap * 1000:.0f} ms apart on average (uniform jitter), each in its own transaction, to an "
@@ -471,10 +516,20 @@ class Results:
             "'2 processes x 2 slots' is 2 db_worker processes. Ratios in brackets are peer / durable_jobs "
             "measured in the same run on the same server.",
             "Every system logs at INFO (durable_worker -v 1, Procrastinate and db_worker at INFO) to a file.",
-            "Peak RSS is the kernel's ru_maxrss of the worker process (os.wait4). CPU per job is the "
-            "worker's user+system time (rusage) / completed jobs; the server's is the postmaster's and "
-            "its backends' CPU over the same run (local embedded server only).",
+            "Peak RSS is the kernel's high-water mark of the worker process (VmHWM in /proc/<pid>/status, "
+            "read every 20 ms; for several processes, the largest). CPU per job is the worker processes' "
+            "user+system time (os.wait4 rusage) / completed jobs; the server's is the postmaster's and its "
+            "backends' CPU over the same run (a local embedded server only).",
         ]
+
+
+def _fresh_connection() -> None:
+    from django.db import connection
+
+    try:
+        connection.close()
+    except Exception:  # noqa: BLE001
+        connection.connection = None
 
 
 def _baseline_commits(ctx, n: int) -> dict:
@@ -510,10 +565,24 @@ def _rate_cell(result: dict, ours: float | None) -> str:
     return report.num(result["per_second"]) + report.ratio(result["per_second"], ours)
 
 
-def _throughput_cell(result: dict, ours: float | None) -> str:
+def _median_run(runs: list[dict]) -> dict:
+    """The run with the median rate (the lower middle of an even count); an error if none worked."""
+    good = sorted((r for r in runs if "error" not in r and r.get("per_second")), key=lambda r: r["per_second"])
+    if not good:
+        return runs[-1] if runs else {"error": "no run"}
+    return good[(len(good) - 1) // 2]
+
+
+def _throughput_cell(result: dict, ours: float | None, runs: list[dict] | None = None) -> str:
     if "error" in result:
         return "error: " + _short(result["error"])
     text = report.num(result.get("per_second")) + report.ratio(result.get("per_second"), ours)
+    rates = [r["per_second"] for r in (runs or []) if "error" not in r and r.get("per_second")]
+    if len(rates) > 1:
+        text += f" [{min(rates):,.0f}-{max(rates):,.0f}]"
+    failed = [r for r in (runs or []) if "error" in r or not r.get("verified")]
+    if failed and result.get("verified"):
+        text += f" ({len(failed)} of {len(runs)} runs failed)"
     if not result.get("verified"):
         text += f" UNVERIFIED: {result['completed']}/{result['n']} completed, exits {result['exit_codes']}"
     return text

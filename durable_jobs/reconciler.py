@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import threading
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from durable_jobs import conf, faults, metrics, registry, store
 from durable_jobs.states import VERDICT_CODES, Lease, ParkReason
@@ -66,9 +66,9 @@ class Reconciler:
                 self.run_pass()
             except DatabaseError as error:
                 log.warning("reconciler pass failed: %s", type(error).__name__)
-                from django.db import connections
-
                 connections[self.using].close()
+            except Exception:  # noqa: BLE001 - the loop must outlive any one bad pass
+                log.exception("reconciler pass failed")
             if once:
                 return
             stop.wait(conf.get().RECONCILE_INTERVAL)

@@ -9,6 +9,7 @@ and skipped; nothing is ever estimated in its place.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -92,17 +93,28 @@ def ensure_venv(name: str, requirements: list[str], *, log: Path, timeout: float
         return python, None
     VENVS.mkdir(parents=True, exist_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as sink:
-        try:
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True, stdout=sink,
-                           stderr=subprocess.STDOUT, timeout=120)
-            subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                            *requirements], check=True, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
-            reason = procs.tail(log, 2) or str(error)
-            return None, f"not installed ({type(error).__name__}): {reason[:300]}"
+    output = ""
+    try:
+        for cmd, limit in (([sys.executable, "-m", "venv", "--clear", str(venv)], 120),
+                           ([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                             *requirements], timeout)):
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit)
+            output += done.stdout or ""
+            done.check_returncode()
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
+        output += getattr(error, "stdout", None) or ""
+        log.write_text(_redact(output))
+        lines = [ln for ln in _redact(output).splitlines() if ln.strip() and "is ignored" not in ln]
+        reason = " | ".join(lines[-2:]) or str(error)
+        return None, f"not installed ({type(error).__name__}): {reason[:300]}"
+    log.write_text(_redact(output))
     marker.write_text(wanted)
     return python, None
+
+
+def _redact(text: str) -> str:
+    """Keep index host names out of the files a run writes (logs, results)."""
+    return re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s'\"]+", r"\1<index>", text)
 
 
 def installed_versions(python: Path, dists: list[str]) -> dict:
