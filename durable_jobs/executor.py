@@ -62,9 +62,16 @@ def run_slice(
     *,
     stopping: threading.Event | None = None,
     heartbeater: Heartbeater | None = None,
+    completions: list[DeferredCompletion] | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> SliceReport:
-    """Run the handler for ``job`` (already claimed by this worker) and record the outcome."""
+    """Run the handler for ``job`` (already claimed by this worker) and record the outcome.
+
+    With ``completions`` (a worker slot's batch), a job of a kind without a mirror that
+    finishes is not completed here but appended to the list, outcome ``deferred``: the
+    slot completes the batch with one statement (``complete_deferred``), each row still
+    fenced on its own epoch. Nothing is reported completed before that commits.
+    """
     began = time.monotonic()
     faults.point("after_claim")
     handler = registry.get(job.kind) or _unregistered(job.kind)
@@ -82,7 +89,7 @@ def run_slice(
     if heartbeater is not None:
         heartbeater.track(context)
     try:
-        outcome, error = _run_handler(context, handler, using)
+        outcome, error = _run_handler(context, handler, using, completions)
     finally:
         if heartbeater is not None:
             heartbeater.untrack(context)
@@ -91,7 +98,9 @@ def run_slice(
     return report
 
 
-def _run_handler(context: Slice, handler: Handler, using: str) -> tuple[str, str | None]:
+def _run_handler(
+    context: Slice, handler: Handler, using: str, completions: list[DeferredCompletion] | None
+) -> tuple[str, str | None]:
     lease = context.lease
     job = context.job
     if lease.ttl_ms != conf.ms(conf.get().LEASE_TTL):
@@ -111,10 +120,13 @@ def _run_handler(context: Slice, handler: Handler, using: str) -> tuple[str, str
     if isinstance(returned, Done) or _is(returned, Outcome.DONE):
         result = returned.result if isinstance(returned, Done) else None
         try:
-            validation.payload("result", result, max_bytes=conf.get().MAX_PAYLOAD_BYTES,
-                               max_depth=conf.get().MAX_PAYLOAD_DEPTH)
+            result_json = validation.payload("result", result, max_bytes=conf.get().MAX_PAYLOAD_BYTES,
+                                             max_depth=conf.get().MAX_PAYLOAD_DEPTH)
         except Exception as error:  # noqa: BLE001
             return _fail(context, handler, _InvalidOutcome(str(error)), using), _describe(error)
+        if completions is not None and handler.mirror is None:
+            completions.append(DeferredCompletion(job=job, lease=lease, result_json=result_json))
+            return "deferred", None
         return _guarded(using, lambda: _finish(job, handler, lease, "completed", using=using,
                                                result=result, processed=None)), None
     if _is(returned, Outcome.YIELD):
@@ -293,12 +305,47 @@ def _describe(error: BaseException) -> str:
     return validation.printable(f"{type(error).__name__}: {error}", limit=2000)
 
 
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DeferredCompletion:
+    job: Job
+    lease: Lease
+    result_json: str | None
+
+
+def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Complete a slot's batch of finished slices in one statement; return each one's outcome.
+
+    Each row is fenced on its own epoch: a job taken over meanwhile is ``lease_lost`` and
+    the others still complete. Signals, metrics and the log line follow the commit.
+    """
+    if not completions:
+        return []
+    applied = _guarded(using, lambda: store.complete_many(
+        [(item.lease, item.result_json) for item in completions], using=using))
+    outcomes = []
+    for item in completions:
+        if applied == "bookkeeping_failed":
+            outcome = "bookkeeping_failed"
+        else:
+            outcome = "completed" if item.job.id in applied else "lease_lost"
+        if outcome == "completed":
+            faults.point("terminal_after")
+            signals.job_finished.send_robust(sender=Slice, job=item.job, outcome=outcome)
+            metrics.emit("jobs_completed", kind=item.job.kind)
+        level = logging.INFO if outcome == "completed" else logging.WARNING
+        log.log(level, "slice kind=%s job=%s outcome=%s (batched completion)", item.job.kind, item.job.id, outcome)
+        outcomes.append(outcome)
+    return outcomes
+
+
 def _report(job: Job, began: float, outcome: str, error: str | None = None) -> SliceReport:
     duration = time.monotonic() - began
     report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error)
     metrics.emit("slices", kind=job.kind, outcome=outcome)
     metrics.observe("slice_seconds", duration, kind=job.kind, outcome=outcome)
     level = logging.WARNING if outcome in ("lease_lost", "bookkeeping_failed", "parked") else logging.INFO
+    if outcome == "deferred":
+        return report  # logged when its batched completion commits
     # kind matched KIND_PATTERN at start and the id is a UUID: only validated bytes here.
     log.log(level, "slice kind=%s job=%s outcome=%s duration_ms=%d%s", job.kind, job.id, outcome,
             duration * 1000, f" error={error!r}" if error else "")

@@ -11,7 +11,8 @@ on the calling thread. ``@N`` fires on the N-th time the point is reached (defau
 the first), ``@*`` every time.
 
 Points: ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
-``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``.
+``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
+``before_batched_completion``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import time
 
 POINTS = frozenset({
     "after_claim", "domain_before_commit", "domain_after_commit", "terminal_inside", "terminal_after",
-    "reconciler_between", "before_heartbeat",
+    "reconciler_between", "before_heartbeat", "before_batched_completion",
 })
 
 

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.backends.signals import connection_created
 
-from durable_jobs import conf, store, validation
-from durable_jobs.executor import SliceReport, run_slice
+from durable_jobs import conf, faults, store, validation
+from durable_jobs.executor import SliceReport, complete_deferred, run_slice
 from durable_jobs.heartbeat import Heartbeater
 from durable_jobs.states import Lease
 
@@ -218,18 +218,27 @@ class Worker:
         """
         quick = True
         claimed_at = time.monotonic()
-        for index, job in enumerate(claimed):
-            if self.stopping.is_set():
-                for unstarted in claimed[index:]:
-                    store.release_lease(_lease_of(unstarted, ttl_ms), delay_ms=0, using=self.using)
-                return False
-            if index and time.monotonic() - claimed_at > ttl_ms / 3000:
-                if store.heartbeat(_lease_of(job, ttl_ms), using=self.using) is None:
-                    continue  # taken over while it waited: not ours to run
-            report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater, using=self.using)
-            self.recent.append(report)  # deque.append is thread-safe
-            self._slices_per_slot[number] += 1  # each slot writes only its own cell
-            quick = quick and report.duration < QUICK_SLICE
+        # Finished slices of kinds without a mirror are completed together after the batch
+        # (one statement, each row on its own epoch fence); a single claim completes alone.
+        completions: list | None = [] if len(claimed) > 1 else None
+        try:
+            for index, job in enumerate(claimed):
+                if self.stopping.is_set():
+                    for unstarted in claimed[index:]:
+                        store.release_lease(_lease_of(unstarted, ttl_ms), delay_ms=0, using=self.using)
+                    return False
+                if index and time.monotonic() - claimed_at > ttl_ms / 3000:
+                    if store.heartbeat(_lease_of(job, ttl_ms), using=self.using) is None:
+                        continue  # taken over while it waited: not ours to run
+                report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
+                                   completions=completions, using=self.using)
+                self.recent.append(report)  # deque.append is thread-safe
+                self._slices_per_slot[number] += 1  # each slot writes only its own cell
+                quick = quick and report.duration < QUICK_SLICE
+        finally:
+            if completions:
+                faults.point("before_batched_completion")
+                complete_deferred(completions, using=self.using)
         return quick
 
     def _set_idle(self, number: int, idle: bool) -> bool:

@@ -203,3 +203,17 @@ def test_a_claim_storm_over_few_lock_keys_never_runs_two_jobs_of_one_key(recorde
         overlaps = cursor.fetchall()
     assert overlaps == [], f"two live jobs shared a lock key: {overlaps[:5]}"
     assert_invariants(recorded, processes)
+
+
+def test_sigkill_before_a_batched_completion_commits(recorded, processes):
+    """Quick slices finished but their batched completion never committed: the jobs are
+    orphans, re-driven and completed once; nothing was reported completed early."""
+    jobs = [durable.start("demo.noop") for _ in range(40)]
+    victim = processes.worker(app_name="durable-victim", env={"DURABLE_JOBS_FAULTS": "before_batched_completion=kill"})
+    victim.wait(timeout=60)
+    assert "FAULT before_batched_completion kill" in victim.output()
+    assert "outcome=completed (batched" not in victim.output().split("FAULT")[-1]
+    finish_with_rescuer(processes, jobs)
+    assert Job.objects.filter(status="completed").count() == 40
+    assert Job.objects.filter(redrives__gte=1).exists(), "the unflushed batch was re-driven"
+    assert_invariants(recorded, processes)

@@ -313,3 +313,16 @@ def test_assert_lease__locks_the_row_so_nobody_takes_the_job_over_meanwhile(othe
     assert other_connection.execute(store.TAKE_ORPHAN, take).fetchone() is not None
     with transaction.atomic():
         assert store.assert_lease(lease) is False
+
+
+@pytest.mark.django_db
+def test_complete_many__fences_each_row_on_its_own_epoch():
+    """Invariant 4, batched: a taken-over job in the batch is refused, the others complete."""
+    jobs = [running(lease_epoch=3) for _ in range(3)]
+    leases = [lease_of(jobs[0]), lease_of(jobs[1], epoch=2), lease_of(jobs[2])]
+    applied = store.complete_many([(leases[0], '{"n":1}'), (leases[1], None), (leases[2], None)])
+    assert applied == {jobs[0].id, jobs[2].id}
+    assert reload(jobs[0]).status == "completed" and reload(jobs[0]).result == {"n": 1}
+    assert reload(jobs[0]).domain_mirrored_at is not None
+    assert reload(jobs[1]).status == "running", "the stale epoch completed nothing"
+    assert store.complete_many([(leases[0], None)]) == set(), "a completed job is never completed again"
