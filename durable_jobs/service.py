@@ -8,6 +8,7 @@ about tenants.
 
 from __future__ import annotations
 
+import inspect
 import math
 import uuid
 from collections.abc import Iterable, Mapping
@@ -211,11 +212,8 @@ def start_many(
     return [result.id for result in results]
 
 
-_START_ARGUMENTS = frozenset({
-    "kind", "input", "subject", "lock_key", "idempotency_key", "meta", "queue", "priority", "run_after",
-    "total_count", "created_by",
-})
-
+# What one item of start_many may hold: exactly _prepare's arguments, so the two never drift.
+_START_ARGUMENTS = frozenset(inspect.signature(_prepare).parameters)
 
 def get(job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS) -> Job:
     """Return the job ``job_id`` of ``scope``; raise ``JobNotFound`` otherwise."""
