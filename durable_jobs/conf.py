@@ -71,32 +71,15 @@ class Settings:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            label = f"DURABLE_JOBS[{field.name!r}]"
             if field.type == "float":
-                if isinstance(value, timedelta):
-                    value = value.total_seconds()
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                        or value <= 0:
-                    raise ConfigurationError(
-                        f"DURABLE_JOBS[{field.name!r}] must be a positive, finite number of seconds "
-                        f"or a timedelta, got {value!r}"
-                    )
-                object.__setattr__(self, field.name, float(value))
+                object.__setattr__(self, field.name, duration(label, value))
             elif field.type == "int":
-                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise ConfigurationError(
-                        f"DURABLE_JOBS[{field.name!r}] must be a positive integer, got {value!r}"
-                    )
+                positive_int(label, value)
             elif field.type == "bool" and not isinstance(value, bool):
-                raise ConfigurationError(f"DURABLE_JOBS[{field.name!r}] must be True or False")
+                raise ConfigurationError(f"{label} must be True or False")
         if self.RETENTION is not None:
-            value = self.RETENTION.total_seconds() if isinstance(self.RETENTION, timedelta) else self.RETENTION
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or value <= 0:
-                raise ConfigurationError(
-                    f"DURABLE_JOBS['RETENTION'] must be None, a positive number of seconds or a timedelta, "
-                    f"got {self.RETENTION!r}"
-                )
-            object.__setattr__(self, "RETENTION", float(value))
+            object.__setattr__(self, "RETENTION", duration("DURABLE_JOBS['RETENTION'] (or None)", self.RETENTION))
         for name in ("DEFAULT_TENANT", "DEFAULT_QUEUE"):
             if not isinstance(getattr(self, name), str) or not NAME_PATTERN.match(getattr(self, name)):
                 raise ConfigurationError(
@@ -117,6 +100,21 @@ class Settings:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+
+
+def duration(label: str, value: Any) -> float:
+    """Seconds from a positive, finite number or a ``timedelta``; ConfigurationError otherwise."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+            or seconds <= 0:
+        raise ConfigurationError(f"{label} must be a positive, finite number of seconds or a timedelta, got {value!r}")
+    return float(seconds)
+
+
+def positive_int(label: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"{label} must be a positive integer, got {value!r}")
+    return value
 
 
 def load(raw: Any) -> Settings:

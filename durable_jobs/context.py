@@ -81,6 +81,10 @@ class Slice:
         """How many slices of this job yielded before this one."""
         return self.job.continuation_seq
 
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.handler.setting("HEARTBEAT_INTERVAL")
+
     # --- what the heartbeat thread reports in ---
     def observe_cancel(self) -> None:
         self._cancel_observed = True
@@ -176,8 +180,11 @@ class Slice:
         """Report progress and extend the lease now; raises ``LeaseLost`` if it is gone.
 
         Advisory: progress recorded here is not a committed unit. The worker heartbeats
-        in the background anyway, so call this only to publish progress.
+        in the background anyway, so call this only to publish progress. A slice that
+        overran (taken for stuck) cannot keep its lease alive this way either.
         """
+        if self._lease_lost:
+            raise LeaseLost(self.id, self.lease.epoch)
         cancel = store.heartbeat(self.lease, processed=processed, total=total, using=self.using)
         if cancel is None:
             self._lease_lost = True

@@ -74,24 +74,33 @@ def run_slice(
     """
     began = time.monotonic()
     faults.point("after_claim")
-    handler = registry.get(job.kind) or _unregistered(job.kind)
     lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
-                  ttl_ms=conf.ms(handler.setting("LEASE_TTL")))
-    if job.error_code in VERDICT_CODES:
-        # A verdict decided by fail_slice whose terminal transaction never committed: record
-        # it, never run the work again.
-        outcome = _guarded(using, lambda: _finish(job, handler, lease, "failed", using=using,
-                                                 code=job.error_code, error_class=job.error_class))
-        return _report(job, began, outcome)
-
-    context = Slice(job, handler, lease, stopping=stopping, using=using)
-    signals.slice_started.send_robust(sender=Slice, job=job)
-    if heartbeater is not None:
-        heartbeater.track(context)
+                  ttl_ms=conf.ms(conf.get().LEASE_TTL))
+    context = None
     try:
-        outcome, error = _run_handler(context, handler, using, completions)
-    finally:
+        handler = registry.get(job.kind) or _unregistered(job.kind)
+        lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
+                      ttl_ms=conf.ms(handler.setting("LEASE_TTL")))
+        if job.error_code in VERDICT_CODES:
+            # A verdict decided by fail_slice whose terminal transaction never committed:
+            # record it, never run the work again.
+            outcome = _guarded(using, lambda: _finish(job, handler, lease, "failed", using=using,
+                                                     code=job.error_code, error_class=job.error_class))
+            return _report(job, began, outcome)
+        context = Slice(job, handler, lease, stopping=stopping, using=using)
+        signals.slice_started.send_robust(sender=Slice, job=job)
         if heartbeater is not None:
+            heartbeater.track(context)
+        outcome, error = _run_handler(context, handler, using, completions)
+    except Exception as error:  # noqa: BLE001 - a bug of ours must not strand the job or kill the slot
+        log.exception("[%s %s] slice bookkeeping failed", job.kind, job.id)
+        # Hand the lease back (after a pause, in case the fault repeats) rather than leave
+        # the job to wait out its lease as an orphan.
+        _guarded(using, lambda: store.release_lease(lease, delay_ms=conf.ms(conf.get().RETRY_BACKOFF_MAX),
+                                                    using=using))
+        outcome, error = "bookkeeping_failed", _describe(error)
+    finally:
+        if heartbeater is not None and context is not None:
             heartbeater.untrack(context)
     report = _report(job, began, outcome, error)
     signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
@@ -110,10 +119,14 @@ def _run_handler(
     try:
         returned = handler.func(context)
     except LeaseLost:
+        # Lost here (taken over) or only given up locally (the slice overran): hand the
+        # lease back in case it is still ours, so the job need not wait out its expiry.
+        _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
         return "lease_lost", None
     except CancelRequested:
         return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
-    except Exception as error:  # noqa: BLE001 - every handler failure is an outcome
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - every handler failure is an outcome
+        # SystemExit too: a handler calling sys.exit() must not take its slot thread down.
         _leave_broken_transaction(using)
         return _fail(context, handler, error, using), _describe(error)
 
@@ -217,9 +230,11 @@ def _finish(
             if handler.mirror is not None:
                 handler.mirror(row, outcome)
             faults.point("terminal_inside")
-    except (OperationalError, InterfaceError):
-        raise  # the connection failed, not the mirror: _guarded retries the whole transaction
     except Exception as error:  # noqa: BLE001 - the mirror is user code
+        if isinstance(error, (OperationalError, InterfaceError)) and not _connection_usable(using):
+            raise  # the connection failed, not the mirror: _guarded retries the whole transaction
+        # A usable connection means the mirror itself failed (a constraint, a deadlock,
+        # a statement timeout): count it against the mirror budget, not the work.
         _leave_broken_transaction(using)
         log.warning("[%s %s] mirror failed: %s", job.kind, job.id, _describe(error))
         parked = store.bump_mirror_attempts(
@@ -270,6 +285,14 @@ def _guarded(using: str, write: Callable[[], T]) -> T | str:
             _reset_connection(using)
     log.error("bookkeeping write failed twice; the job's lease will expire and the reconciler will re-drive it")
     return "bookkeeping_failed"
+
+
+def _connection_usable(using: str) -> bool:
+    connection = connections[using]
+    try:
+        return connection.connection is not None and connection.is_usable()
+    except Exception:  # noqa: BLE001
+        return False
 
 
 def _reset_connection(using: str) -> None:

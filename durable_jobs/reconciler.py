@@ -32,7 +32,7 @@ import threading
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from durable_jobs import conf, faults, metrics, registry, store
+from durable_jobs import conf, faults, metrics, registry, store, validation
 from durable_jobs.states import VERDICT_CODES, Lease, ParkReason
 
 log = logging.getLogger("durable_jobs.reconciler")
@@ -88,13 +88,14 @@ class Reconciler:
         settings = conf.get()
         grace_ms = conf.ms(settings.ORPHAN_GRACE)
         with transaction.atomic(using=self.using):
-            now = store.database_now(using=self.using)
-            for job in store.select_cancelling(limit=BATCH, tenant=self.tenant, using=self.using):
+            # Only jobs no worker is running: pending, a released lease, or a lease expired
+            # past the grace (decided in SQL, on the database clock). A live slice ends
+            # itself at its next heartbeat, and is not even locked here.
+            for job in store.select_cancelling(grace_ms=grace_ms, limit=BATCH, tenant=self.tenant,
+                                               using=self.using):
                 if job.status == "pending":
                     self._terminal(job, report, lambda j=job: store.cancel_pending(j.id, using=self.using), "cancelled")
-                    continue
-                expired = job.lease_expires_at is not None and (now - job.lease_expires_at).total_seconds() * 1000 > grace_ms
-                if job.lease_owner is None or expired:
+                else:
                     lease = _lease_of(job)
                     self._terminal(job, report, lambda: store.cancel(lease, using=self.using), "cancelled")
 
@@ -163,15 +164,22 @@ class Reconciler:
                     return
                 if handler is not None and handler.mirror is not None:
                     handler.mirror(row, outcome)
-        except DatabaseError:
-            raise
         except Exception as error:  # noqa: BLE001 - the mirror is user code
+            if isinstance(error, DatabaseError) and not connections[self.using].is_usable():
+                raise  # the connection died: the pass fails and the loop reconnects
+            # The mirror failed (the savepoint contained it): count the attempt, and park the
+            # job once the budget is spent, so one bad mirror never blocks the step.
             report.mirror_failures += 1
-            log.warning("[%s %s] mirror failed during reconcile: %s: %s", job.kind, job.id, type(error).__name__, error)
+            log.warning("[%s %s] mirror failed during reconcile: %s", job.kind, job.id,
+                        validation.printable(f"{type(error).__name__}: {error}", limit=300))
+            max_attempts = handler.setting("MAX_MIRROR_ATTEMPTS") if handler else conf.get().MAX_MIRROR_ATTEMPTS
+            message = f"mirror failed: {type(error).__name__}"
             if job.status == "running":
-                max_attempts = handler.setting("MAX_MIRROR_ATTEMPTS") if handler else conf.get().MAX_MIRROR_ATTEMPTS
                 store.bump_mirror_attempts(_lease_of(job), max_attempts=max_attempts, delay_ms=0,
-                                           message=f"mirror failed: {type(error).__name__}", using=self.using)
+                                           message=message, using=self.using)
+            else:
+                store.bump_pending_mirror_attempts(job.id, max_attempts=max_attempts, message=message,
+                                                   using=self.using)
             return
         if outcome == "cancelled":
             report.cancelled += 1

@@ -97,7 +97,11 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
     if unknown:
         raise ConfigurationError(f"handler {kind!r}: unknown policy {sorted(unknown)}")
 
+    policy = _checked_policy(kind, policy)
+
     def register(func: Callable) -> Callable:
+        if not callable(func):
+            raise ConfigurationError(f"handler {kind!r} must be callable")
         existing = _handlers.get(kind)
         if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
             raise ConfigurationError(
@@ -111,6 +115,28 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
         return func
 
     return register
+
+
+_DURATIONS = ("slice_budget", "lease_ttl", "heartbeat_interval", "retry_backoff_base", "retry_backoff_max")
+_COUNTS = ("max_consecutive_failures", "max_mirror_attempts")
+
+
+def _checked_policy(kind: str, policy: dict[str, Any]) -> dict[str, Any]:
+    """Apply the settings' rules to a handler's own policy: seconds or timedelta, counts >= 1."""
+    checked = dict(policy)
+    for name, value in policy.items():
+        if value is None:
+            continue
+        label = f"handler {kind!r} {name}"
+        if name in _DURATIONS:
+            checked[name] = conf.duration(label, value)
+        elif name in _COUNTS:
+            conf.positive_int(label, value)
+        elif name in ("classify", "mirror") and not callable(value):
+            raise ConfigurationError(f"{label} must be callable")
+        elif name == "queue" and (not isinstance(value, str) or not conf.NAME_PATTERN.match(value)):
+            raise ConfigurationError(f"{label} must be 1-100 characters of letters, digits, _ . : -")
+    return checked
 
 
 def _qualname(func: Callable) -> str:

@@ -68,6 +68,10 @@ def _schedule(run_after: datetime | timedelta | float | int | None) -> tuple[dat
     if isinstance(run_after, datetime):
         if run_after.tzinfo is None or run_after.utcoffset() is None:
             raise InvalidInput("run_after", "must be an aware datetime (carry its zone), a timedelta or seconds")
+        if run_after.year > datetime.now(run_after.tzinfo).year + 10:
+            # A sanity bound on the caller's instant (not a scheduling decision: the
+            # instant itself goes to the database as given).
+            raise InvalidInput("run_after", "is more than ten years ahead")
         return run_after, 0
     if isinstance(run_after, timedelta):
         run_after = max(0.0, run_after.total_seconds())  # a moment already past means now

@@ -303,7 +303,7 @@ def insert_jobs(
             for queue in sorted({row["queue"] for row in to_insert}):
                 _scalar(using, NOTIFY, {"channel": notify_channel, "queue": queue})
     assert len(inserted) == len(to_insert)
-    first_id = {row["idempotency_key"]: row["id"] for row in to_insert if row["idempotency_key"] is not None}
+    first = {row["idempotency_key"]: row for row in to_insert if row["idempotency_key"] is not None}
     results = []
     for row in rows:
         key = row["idempotency_key"]
@@ -311,8 +311,8 @@ def insert_jobs(
             results.append(existing[key])
         elif row["id"] in inserted:
             results.append(BulkInsertResult(row["id"], True, row["kind"], scope.organization))
-        else:  # a repeat of a key first used earlier in this batch
-            results.append(BulkInsertResult(first_id[key], False, row["kind"], scope.organization))
+        else:  # a repeat of a key first used earlier in this batch: answer with that job
+            results.append(BulkInsertResult(first[key]["id"], False, first[key]["kind"], scope.organization))
     return results
 
 
@@ -835,6 +835,35 @@ def bump_mirror_attempts(
     )
 
 
+# The pending twin: a cancel_pending whose mirror failed. The `pending` status and the
+# cancel request are the fence; past the budget the job is parked for an operator.
+BUMP_PENDING_MIRROR_ATTEMPTS = f"""
+UPDATE {TABLE}
+   SET mirror_attempts = mirror_attempts + 1,
+       status = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN 'failed' ELSE status END,
+       parked_at = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN now() ELSE parked_at END,
+       finished_at = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN now() ELSE finished_at END,
+       pending_since = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN NULL ELSE pending_since END,
+       next_run_at = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN NULL ELSE next_run_at END,
+       error_code = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN 'mirror_failed' ELSE error_code END,
+       error_class = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s
+                          THEN coalesce(error_class, 'terminal') ELSE error_class END,
+       error_message = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s
+                            THEN %(message)s ELSE error_message END,
+       updated_at = now()
+ WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NOT NULL
+RETURNING {COLUMNS}
+"""
+
+
+def bump_pending_mirror_attempts(
+    job_id: object, *, max_attempts: int, message: str | None, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
+    """Count a failed mirror of a pending cancellation; park the job once the budget is spent."""
+    return _one(using, BUMP_PENDING_MIRROR_ATTEMPTS,
+                {"id": job_id, "max_attempts": max_attempts, "message": message})
+
+
 # ---------------------------------------------------------------------------------------
 # Cancellation
 # ---------------------------------------------------------------------------------------
@@ -975,8 +1004,22 @@ RETURNING {COLUMNS}
 def operator_redrive(
     job_id: object, scope: Scope, *, force: bool, grace_ms: int, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
-    """Re-issue a failed job (or take an expired lease by hand); None when refused."""
-    return _one(using, OPERATOR_REDRIVE, {"id": job_id, **_scope(scope), "force": force, "grace_ms": grace_ms})
+    """Re-issue a failed job (or take an expired lease by hand); None when refused.
+
+    Raises ``LockKeyHeld`` when the failed job's lock key has since been taken by a live
+    job: making this one live again would be a second live job on the key. The UPDATE runs
+    in a savepoint, so the refusal leaves the caller's transaction usable.
+    """
+    params = {"id": job_id, **_scope(scope), "force": force, "grace_ms": grace_ms}
+    try:
+        with transaction.atomic(using=using):
+            return _one(using, OPERATOR_REDRIVE, params)
+    except IntegrityError as error:
+        if getattr(getattr(error.__cause__, "diag", None), "constraint_name", None) != LOCK_KEY_INDEX:
+            raise
+        job = get_job(job_id, scope, using=using)
+        holder = find_live_by_lock_key(scope, job.lock_key, using=using) if job and job.lock_key else None
+        raise LockKeyHeld(job.lock_key if job else "?", holder.id if holder else None) from error
 
 
 RECORD_ENQUEUE = f"""
@@ -999,18 +1042,25 @@ def record_enqueue(job_id: object, queue_job_id: str, queue: str, *, using: str 
 
 _TENANT_FILTER = "(%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)"
 
+# Only jobs no worker is running: a live slice ends itself at its next heartbeat, and
+# locking it here would only hold up its heartbeat and fill the batch, starving the rest.
 SELECT_CANCELLING = f"""
 SELECT {COLUMNS} FROM {TABLE}
- WHERE cancel_requested_at IS NOT NULL AND status IN {_LIVE} AND {_TENANT_FILTER}
+ WHERE cancel_requested_at IS NOT NULL AND status IN {_LIVE}
+   AND (status = 'pending' OR lease_owner IS NULL
+        OR lease_expires_at < clock_timestamp() - {_ms("grace_ms")})
+   AND {_TENANT_FILTER}
  ORDER BY cancel_requested_at
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED
 """
 
 
-def select_cancelling(*, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> list[Job]:
-    """Lock and return live jobs whose cancellation was requested."""
-    return _all(using, SELECT_CANCELLING, {"limit": limit, "tenant": tenant})
+def select_cancelling(
+    *, grace_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> list[Job]:
+    """Lock and return live jobs whose cancellation was requested and that no worker is running."""
+    return _all(using, SELECT_CANCELLING, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant})
 
 
 SELECT_ORPHANS = f"""

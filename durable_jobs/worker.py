@@ -29,7 +29,7 @@ from django.db.backends.signals import connection_created
 
 from durable_jobs import conf, faults, store, validation
 from durable_jobs.executor import SliceReport, complete_deferred, run_slice
-from durable_jobs.heartbeat import Heartbeater
+from durable_jobs.heartbeat import Heartbeater, HeldLease
 from durable_jobs.states import Lease
 
 log = logging.getLogger("durable_jobs.worker")
@@ -108,6 +108,7 @@ class Worker:
         self._idle_lock = threading.Lock()
         self._heartbeater = Heartbeater(using=using)
         self._previous_handlers: dict[int, object] = {}
+        self._failed = False
 
     # --- signals: handlers only set flags ---
     def _on_signal(self, signum, frame) -> None:
@@ -146,6 +147,17 @@ class Worker:
             thread.start()
         deadline = None
         while any(t.is_alive() for t in threads):
+            if not self.stopping.is_set() and not all(t.is_alive() for t in threads):
+                # A slot died of something no handler should be able to cause. Exit non-zero
+                # so a supervisor restarts the worker rather than trusting a crippled one.
+                log.error("worker %s: a slot thread died; stopping", self.identity)
+                self.stopping.set()
+                self._failed = True
+            if not self._heartbeater.alive and not self.stopping.is_set():
+                log.error("worker %s: the heartbeat thread died; stopping so leases are not lost silently",
+                          self.identity)
+                self.stopping.set()
+                self._failed = True
             if self.hard_stop.is_set():
                 log.warning("worker %s stopping at once; running leases will expire", self.identity)
                 return 1
@@ -159,7 +171,7 @@ class Worker:
         self.stopping.set()
         self._heartbeater.stop()
         log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
-        return 0
+        return 1 if self._failed else 0
 
     @property
     def slices_run(self) -> int:
@@ -196,6 +208,9 @@ class Worker:
                         log.warning("slot %s: database error between slices (%s)", owner, type(error).__name__)
                         connections[self.using].close()
                         quick = False
+                    except Exception:  # noqa: BLE001 - a slot must outlive any one batch
+                        log.exception("slot %s: unexpected error between slices", owner)
+                        quick = False
                     # Claim several at a time only while slices are quick: the claims wait
                     # their turn holding leases, and a deep queue of no-op-like jobs should
                     # not pay one claim transaction per job.
@@ -216,30 +231,46 @@ class Worker:
         A claim that waited long for its turn has its lease extended before it runs; one
         left unstarted at shutdown is handed back at once (released, no budget spent).
         """
+        if len(claimed) == 1:
+            self._record(number, run_slice(claimed[0], stopping=self.stopping, heartbeater=self._heartbeater,
+                                           using=self.using))
+            return self.recent[-1].duration < QUICK_SLICE
+        # The batch's leases are kept alive while they wait their turn and, once finished,
+        # until their batched completion commits: a slow slice in the batch must not let
+        # its neighbours' leases expire. Kinds without a mirror are completed together
+        # after the batch (one statement, each row on its own epoch fence).
+        interval = conf.get().HEARTBEAT_INTERVAL
+        held = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed]
+        for entry in held:
+            self._heartbeater.track(entry)
+        completions: list = []
         quick = True
-        claimed_at = time.monotonic()
-        # Finished slices of kinds without a mirror are completed together after the batch
-        # (one statement, each row on its own epoch fence); a single claim completes alone.
-        completions: list | None = [] if len(claimed) > 1 else None
         try:
             for index, job in enumerate(claimed):
-                if self.stopping.is_set():
-                    for unstarted in claimed[index:]:
-                        store.release_lease(_lease_of(unstarted, ttl_ms), delay_ms=0, using=self.using)
+                if self.stopping.is_set() or not quick:
+                    # Shutting down, or a slice was slow: hand the unstarted claims back at
+                    # once (no budget spent) for another slot to take.
+                    for entry in held[index:]:
+                        if not entry.lease_lost:
+                            store.release_lease(entry.lease, delay_ms=0, using=self.using)
                     return False
-                if index and time.monotonic() - claimed_at > ttl_ms / 3000:
-                    if store.heartbeat(_lease_of(job, ttl_ms), using=self.using) is None:
-                        continue  # taken over while it waited: not ours to run
+                if held[index].lease_lost:
+                    continue  # taken over while it waited: not ours to run
                 report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
                                    completions=completions, using=self.using)
-                self.recent.append(report)  # deque.append is thread-safe
-                self._slices_per_slot[number] += 1  # each slot writes only its own cell
-                quick = quick and report.duration < QUICK_SLICE
+                self._record(number, report)
+                quick = report.duration < QUICK_SLICE
         finally:
             if completions:
                 faults.point("before_batched_completion")
                 complete_deferred(completions, using=self.using)
+            for entry in held:
+                self._heartbeater.untrack(entry)
         return quick
+
+    def _record(self, number: int, report: SliceReport) -> None:
+        self.recent.append(report)  # deque.append is thread-safe
+        self._slices_per_slot[number] += 1  # each slot writes only its own cell
 
     def _set_idle(self, number: int, idle: bool) -> bool:
         with self._idle_lock:

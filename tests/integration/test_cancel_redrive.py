@@ -144,3 +144,23 @@ def test_redrive__a_pending_job_is_wrong_state(kind):
     with pytest.raises(WrongState):
         durable.redrive(job.id)
     assert reload(job).redrives == 0
+
+
+@pytest.mark.django_db
+def test_redrive__refused_with_lock_key_held_when_a_live_job_took_the_key(kinds):
+    """A failed job's lock key may have been taken since; re-driving it would make two
+    live jobs on one key. The refusal names the holder and leaves the transaction usable."""
+    from django.db import transaction
+
+    from tests.factories import JobFactory, reload
+
+    kinds.add("tests.keyed")
+    failed = JobFactory(kind="tests.keyed", status="failed", lock_key="K", finished_at=-1, pending_since=None,
+                        error_code="terminal", error_class="terminal")
+    holder = durable.start("tests.keyed", lock_key="K")
+    with transaction.atomic():
+        with pytest.raises(durable.LockKeyHeld) as caught:
+            durable.redrive(failed.id)
+        assert caught.value.holder_id == holder.id
+        durable.start("tests.keyed")  # the transaction is still usable
+    assert reload(failed).status == "failed"

@@ -447,21 +447,25 @@ def test_record_enqueue__refused_for_a_finished_job():
 
 
 @pytest.mark.django_db
-def test_select_cancelling__returns_live_cancel_requested_jobs_of_the_tenant():
-    """Invariants 8 and 14: the candidates, and the tenant filter that shards the loop."""
+def test_select_cancelling__returns_cancel_requested_jobs_no_worker_runs_of_the_tenant():
+    """Invariants 8 and 14: the candidates, and the tenant filter that shards the loop.
+    A running job with a live lease is its worker's to end, so it is not selected."""
     wanted = JobFactory(cancel_requested_at=-5)
-    wanted_running = running(cancel_requested_at=-4)
+    abandoned = running(cancel_requested_at=-4, lease_expires_at=-60)
+    released = running(cancel_requested_at=-4, lease_owner=None, lease_expires_at=-1, next_run_at=30)
+    running(cancel_requested_at=-4)  # a live lease: its worker ends it
+    running(cancel_requested_at=-4, lease_expires_at=-0.1)  # expired, but inside the grace
     JobFactory()  # not requested
     JobFactory(status="cancelled", cancel_requested_at=-5, finished_at=-1, next_run_at=None)
     other_tenant = JobFactory(tenant_id="tenant-b", cancel_requested_at=-5)
 
     with transaction.atomic():
-        everyone = {j.id for j in store.select_cancelling(limit=10)}
-        ours = {j.id for j in store.select_cancelling(limit=10, tenant="default")}
-        theirs = {j.id for j in store.select_cancelling(limit=10, tenant="tenant-b")}
+        everyone = {j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10)}
+        ours = {j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10, tenant="default")}
+        theirs = {j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10, tenant="tenant-b")}
 
-    assert everyone == {wanted.id, wanted_running.id, other_tenant.id}
-    assert ours == {wanted.id, wanted_running.id}
+    assert everyone == {wanted.id, abandoned.id, released.id, other_tenant.id}
+    assert ours == {wanted.id, abandoned.id, released.id}
     assert theirs == {other_tenant.id}
 
 
@@ -511,8 +515,8 @@ SELECTIONS = {
     "select_cancelling": (
         lambda: JobFactory(cancel_requested_at=-5),
         store.SELECT_CANCELLING,
-        lambda limit: store.select_cancelling(limit=limit),
-        {},
+        lambda limit: store.select_cancelling(grace_ms=GRACE_MS, limit=limit),
+        {"grace_ms": GRACE_MS},
     ),
     "select_orphans": (
         lambda: running(lease_expires_at=-60),
