@@ -119,19 +119,16 @@ class Reconciler:
                 handler = registry.get(job.kind)
                 backoff = handler.retry_delay(job.redrives_since_commit + 1) if handler else settings.RETRY_BACKOFF_BASE
                 faults.point("reconciler_between")
-                with transaction.atomic(using=self.using):
-                    taken = store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=conf.ms(backoff), using=self.using)
-                    if taken is None:
-                        continue
-                    report.orphans_taken += 1
-                    metrics.emit("orphans_taken", kind=job.kind)
-                    if taken.redrives_since_commit > settings.MAX_REDRIVES_WITHOUT_COMMIT:
-                        message = (f"re-driven {taken.redrives_since_commit} times without committing any work "
-                                   f"(budget {settings.MAX_REDRIVES_WITHOUT_COMMIT})")
-                        if store.park(taken.id, taken.lease_epoch, ParkReason.POISON.value, message, using=self.using):
-                            report.parked += 1
-                            metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.POISON.value)
-                            log.warning("[%s %s] parked as poison: %s", job.kind, job.id, message)
+                taken = store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=conf.ms(backoff),
+                                          max_redrives=settings.MAX_REDRIVES_WITHOUT_COMMIT, using=self.using)
+                if taken is None:
+                    continue
+                report.orphans_taken += 1
+                metrics.emit("orphans_taken", kind=job.kind)
+                if taken.status == "failed":
+                    report.parked += 1
+                    metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.POISON.value)
+                    log.warning("[%s %s] parked as poison: %s", job.kind, job.id, taken.error_message)
 
     # --- step 3 ---
     def count_stale_pending(self, report: PassReport) -> None:

@@ -917,11 +917,26 @@ _REDRIVE_CORE = """status = 'pending', lease_owner = NULL, lease_epoch = lease_e
 # a released lease and is merely queued: taking it would spend its budget and eventually
 # park a healthy job as poison. Verdict rows are finished by the reconciler instead of
 # being run again; cancel-requested rows are ended by its cancel step.
+# The poison verdict is decided here, from the counter this statement increments
+# (invariant 3): past the budget the orphan is parked instead of re-driven.
+_POISON = "%(max_redrives)s::int IS NOT NULL AND redrives_since_commit + 1 > %(max_redrives)s::int"
+
 TAKE_ORPHAN = f"""
 UPDATE {TABLE}
-   SET {_REDRIVE_CORE},
+   SET lease_owner = NULL, lease_epoch = lease_epoch + 1, lease_expires_at = clock_timestamp(),
+       redrives = redrives + 1, updated_at = now(),
        redrives_since_commit = redrives_since_commit + 1,
-       next_run_at = clock_timestamp() + {_ms("backoff_ms")}
+       next_run_at = CASE WHEN {_POISON} THEN NULL ELSE clock_timestamp() + {_ms("backoff_ms")} END,
+       status = CASE WHEN {_POISON} THEN 'failed' ELSE 'pending' END,
+       pending_since = CASE WHEN {_POISON} THEN NULL ELSE now() END,
+       parked_at = CASE WHEN {_POISON} THEN now() ELSE parked_at END,
+       finished_at = CASE WHEN {_POISON} THEN now() ELSE finished_at END,
+       error_code = CASE WHEN {_POISON} THEN 'poison' ELSE error_code END,
+       error_class = CASE WHEN {_POISON} THEN coalesce(error_class, 'terminal') ELSE error_class END,
+       error_message = CASE WHEN {_POISON}
+           THEN 're-driven ' || (redrives_since_commit + 1) || ' times without committing any work (budget '
+                || %(max_redrives)s::int || ')'
+           ELSE error_message END
  WHERE id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
    AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
    AND cancel_requested_at IS NULL
@@ -930,14 +945,19 @@ RETURNING {COLUMNS}
 """
 
 
-def take_orphan(job_id: object, *, grace_ms: int, backoff_ms: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+def take_orphan(
+    job_id: object, *, grace_ms: int, backoff_ms: int, max_redrives: int | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Job | None:
     """Take an orphan back to pending under a new delivery (redrives + 1, epoch + 1).
 
     The epoch bump is what stops the old holder: if it wakes up, its heartbeat and every
     fenced write find zero rows. Counts against ``redrives_since_commit`` (the poison
-    budget), which any committed unit resets.
+    budget), which any committed unit resets; once that count exceeds ``max_redrives``
+    the same statement parks the job ``poison`` (``status == 'failed'`` in the reply).
     """
-    return _one(using, TAKE_ORPHAN, {"id": job_id, "grace_ms": grace_ms, "backoff_ms": backoff_ms})
+    return _one(using, TAKE_ORPHAN, {"id": job_id, "grace_ms": grace_ms, "backoff_ms": backoff_ms,
+                                     "max_redrives": max_redrives})
 
 
 REDRIVE_PENDING = f"""

@@ -172,3 +172,14 @@ def test_two_reconcilers_side_by_side_act_once_on_each_orphan(kinds):
         thread.join()
     assert sum(r.orphans_taken for r in reports) == 150
     assert {reload(job).redrives for job in orphans} == {1}, "every orphan re-driven exactly once"
+
+
+def test_take_orphan_decides_the_poison_verdict_in_its_own_update(kinds):
+    """Invariant 3: the park is decided from the counter the take increments, in one statement."""
+    kinds.add("tests.noop")
+    job = running(lease_expires_at=-60, redrives_since_commit=2)
+    parked = store.take_orphan(job.id, grace_ms=0, backoff_ms=0, max_redrives=2)
+    assert (parked.status, parked.error_code, parked.redrives_since_commit) == ("failed", "poison", 3)
+    assert parked.parked_at is not None and parked.next_run_at is None and parked.lease_epoch == 2
+    below = running(lease_expires_at=-60, redrives_since_commit=1)
+    assert store.take_orphan(below.id, grace_ms=0, backoff_ms=0, max_redrives=2).status == "pending"
