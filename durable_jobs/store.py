@@ -1044,13 +1044,17 @@ def operator_redrive(
 
 RECORD_ENQUEUE = f"""
 UPDATE {TABLE} SET queue_job_id = %(queue_job_id)s, queue_name = %(queue)s, updated_at = now()
- WHERE id = %(id)s AND status IN {_LIVE}
+ WHERE id = %(id)s AND status IN {_LIVE} AND lease_owner IS NULL
 RETURNING 1
 """
 
 
 def record_enqueue(job_id: object, queue_job_id: str, queue: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
-    """Record the message id a broker transport accepted, so a later cancel can remove it."""
+    """Record the message id a broker transport accepted, so a later cancel can remove it.
+
+    Only for a job awaiting delivery (pending, or a released lease): a job under a live
+    claim keeps the queue it was claimed from.
+    """
     return _scalar(using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue}) is not None
 
 

@@ -552,3 +552,11 @@ def test_selection__two_reconcilers_side_by_side_take_disjoint_rows(name, other_
 
     assert len(theirs) == 2
     assert ours == ids - theirs
+
+
+@pytest.mark.django_db
+def test_record_enqueue__refused_for_a_job_under_a_live_claim():
+    """A broker bookkeeping write never touches a job someone is running."""
+    job = running()
+    assert store.record_enqueue(job.id, "msg-1", "bulk") is False
+    assert reload(job).queue_name == "default"
