@@ -203,7 +203,7 @@ def start_many(
     if not prepared:
         return []
     results = store.insert_jobs(prepared, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
-    for fields, result in zip(prepared, results):
+    for fields, result in zip(prepared, results, strict=True):
         if not result.created and (result.kind != fields["kind"] or result.organization_id != scope.organization):
             same_org = result.organization_id == scope.organization
             raise IdempotencyConflict(fields["idempotency_key"] or "", result.id if same_org else None)

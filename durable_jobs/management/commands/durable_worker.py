@@ -50,7 +50,7 @@ class Command(BaseCommand):
             try:
                 from durable_jobs import prometheus
             except ImportError:
-                raise CommandError("--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]")
+                raise CommandError("--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]") from None
             prometheus.serve(metrics_port)
         worker = Worker(queues=queues, concurrency=concurrency, burst=burst, reconcile=reconcile)
         worker.install_signal_handlers()
