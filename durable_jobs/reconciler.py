@@ -27,6 +27,7 @@ Steps:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 
@@ -94,10 +95,10 @@ class Reconciler:
             for job in store.select_cancelling(grace_ms=grace_ms, limit=BATCH, tenant=self.tenant,
                                                using=self.using):
                 if job.status == "pending":
-                    self._terminal(job, report, lambda j=job: store.cancel_pending(j.id, using=self.using), "cancelled")
+                    cas = functools.partial(store.cancel_pending, job.id, using=self.using)
                 else:
-                    lease = _lease_of(job)
-                    self._terminal(job, report, lambda: store.cancel(lease, using=self.using), "cancelled")
+                    cas = functools.partial(store.cancel, _lease_of(job), using=self.using)
+                self._terminal(job, report, cas, "cancelled")
 
     # --- step 2 ---
     def recover_orphans(self, report: PassReport) -> None:
@@ -108,13 +109,9 @@ class Reconciler:
                 if job.cancel_requested_at is not None:
                     continue  # step 1 ends it
                 if job.error_code in VERDICT_CODES:
-                    lease = _lease_of(job)
-                    code, error_class = job.error_code, job.error_class or "terminal"
-                    self._terminal(
-                        job, report,
-                        lambda: store.fail_terminal(lease, code=code, error_class=error_class, using=self.using),
-                        "failed",
-                    )
+                    cas = functools.partial(store.fail_terminal, _lease_of(job), code=job.error_code,
+                                            error_class=job.error_class or "terminal", using=self.using)
+                    self._terminal(job, report, cas, "failed")
                     continue
                 handler = registry.get(job.kind)
                 backoff = handler.retry_delay(job.redrives_since_commit + 1) if handler else settings.RETRY_BACKOFF_BASE
