@@ -428,18 +428,30 @@ def claim(
 # evaluated once, so the planner cannot re-run the limited subquery per outer row and
 # claim more rows than asked for. Eligibility is decided inside it, under the row locks.
 # A released lease (a failed slice waiting for its retry) is as deliverable as pending.
+#
+# One index scan per queue (the LATERAL over the queue names), each already in
+# (priority, run time) order on durable_jobs_deliverable, merged and limited outside: a
+# plain `queue_name = ANY(...)` cannot read that index in order and sorts the whole due
+# backlog on every call (measured: 30 ms at 100k due jobs, against 0.06 ms this way).
+# A row one queue's scan locked but the merge left out is claimed by nobody and is
+# released when this statement's transaction ends.
 DEQUEUE = f"""
 WITH candidates AS MATERIALIZED (
-    SELECT id FROM {TABLE}
-     WHERE status IN {_LIVE}
-       AND lease_owner IS NULL
-       AND next_run_at IS NOT NULL
-       AND next_run_at <= clock_timestamp()
-       AND queue_name = ANY(%(queues)s)
-       AND cancel_requested_at IS NULL
-     ORDER BY priority DESC, next_run_at
-     LIMIT %(limit)s
-     FOR UPDATE SKIP LOCKED
+    SELECT due.id FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, next_run_at FROM {TABLE}
+         WHERE queue_name = q.name
+           AND status IN {_LIVE}
+           AND lease_owner IS NULL
+           AND next_run_at IS NOT NULL
+           AND next_run_at <= clock_timestamp()
+           AND cancel_requested_at IS NULL
+         ORDER BY priority DESC, next_run_at
+         LIMIT %(limit)s
+         FOR UPDATE SKIP LOCKED
+    ) AS due
+    ORDER BY due.priority DESC, due.next_run_at
+    LIMIT %(limit)s
 )
 UPDATE {TABLE} AS j
    SET status = 'running',
@@ -1143,7 +1155,10 @@ DELETE FROM {TABLE} WHERE id IN (
     SELECT id FROM {TABLE}
      WHERE finished_at IS NOT NULL AND parked_at IS NULL
        AND status IN ('completed', 'failed', 'cancelled')
-       AND finished_at < clock_timestamp() - {_ms("older_than_ms")}
+       -- now(), not clock_timestamp(): a stable value lets durable_jobs_finished bound
+       -- the scan (a volatile one made this read the whole table every pass). This runs
+       -- as its own statement, so now() is the moment it starts.
+       AND finished_at < now() - {_ms("older_than_ms")}
        AND {_TENANT_FILTER}
      LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED

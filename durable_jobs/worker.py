@@ -219,6 +219,8 @@ class Worker:
                     continue
                 if self.burst and self._set_idle(number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over
+                    for other in self._wakes:
+                        other.set()  # the sleeping slots need not wait out their poll
                     break
                 wake.wait(settings.POLL_INTERVAL)
                 wake.clear()
