@@ -404,7 +404,7 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
         pass_times.append(time.perf_counter() - t0)
     grace_ms = conf.ms(settings.ORPHAN_GRACE)
     candidates = {
-        "SELECT_CANCELLING": {"limit": 100, "tenant": None},
+        "SELECT_CANCELLING": {"grace_ms": grace_ms, "limit": 100, "tenant": None},
         "SELECT_ORPHANS": {"grace_ms": grace_ms, "limit": 100, "tenant": None},
         "SELECT_STALE_PENDING": {"pending_ttl_ms": conf.ms(settings.PENDING_TTL), "limit": 100, "tenant": None},
         "COUNT_STALE_PENDING": {"pending_ttl_ms": conf.ms(settings.PENDING_TTL), "tenant": None},
@@ -420,8 +420,22 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
             plans[name] = _explain_text(sql, params)
         except Exception as error:  # noqa: BLE001 - statements evolve; report instead of failing
             plans[name] = f"(EXPLAIN failed: {type(error).__name__}: {error})"
+    # What-if (no library change): the retention DELETE with now() — stable, so the planner
+    # can use the finished_at index — instead of the volatile clock_timestamp().
+    retention = {}
+    delete_sql = getattr(store, "DELETE_FINISHED", None)
+    if delete_sql is not None:
+        params = candidates["DELETE_FINISHED"]
+        variant = delete_sql.replace("finished_at < clock_timestamp()", "finished_at < now()")
+        try:
+            retention = {"as_written_ms": _pct([_explain_time(delete_sql, params) for _ in range(5)], 50),
+                         "with_now_ms": _pct([_explain_time(variant, params) for _ in range(5)], 50),
+                         "variant_differs": variant != delete_sql}
+        except Exception as error:  # noqa: BLE001
+            retention = {"error": f"{type(error).__name__}: {error}"}
     _flush_wait_again()
     return {
+        "retention_delete": retention,
         "dequeue_p50_ms": _pct(times, 50) * 1000, "dequeue_p90_ms": _pct(times, 90) * 1000,
         "dequeue_mean_ms": statistics.fmean(times) * 1000,
         "dequeue_exec_p50_ms": _pct(exec_ms, 50), "dequeue_exec_values_ms": exec_ms,

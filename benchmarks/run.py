@@ -441,6 +441,11 @@ class Results:
         self.table_obj.add(f"dequeue p50, server execution, at {labels} (ms)", series("dequeue_exec_p50_ms", 3),
                            "-", "-", "", "info")
         self.table_obj.add(f"reconciler pass p50 at {labels} (ms)", series("reconcile_p50_ms"), "-", "-", "", "info")
+        if all(per_size[s].get("retention_delete", {}).get("variant_differs") for s in sizes):
+            self.table_obj.add(f"  of which retention DELETE, server, at {labels}: as written | with now() (ms)",
+                               " / ".join(f"{per_size[s]['retention_delete']['as_written_ms']:.2f}" for s in sizes)
+                               + "  |  " + " / ".join(f"{per_size[s]['retention_delete']['with_now_ms']:.2f}"
+                                                      for s in sizes), "-", "-", "", "what-if")
         empty = per_size.get(0)
         target = f"<= +{TARGETS['dequeue_growth']:.0%} vs empty"
         for size in sizes:
@@ -518,7 +523,8 @@ class Results:
             "Every system logs at INFO (durable_worker -v 1, Procrastinate and db_worker at INFO) to a file.",
             "Peak RSS is the kernel's high-water mark of the worker process (VmHWM in /proc/<pid>/status, "
             "read every 20 ms; for several processes, the largest). CPU per job is the worker processes' "
-            "user+system time (os.wait4 rusage) / completed jobs; the server's is the postmaster's and its "
+            "user+system time (os.wait4 rusage, process start-up included: ~0.3 s, so a small --n "
+            "inflates it) / completed jobs; the server's is the postmaster's and its "
             "backends' CPU over the same run (a local embedded server only).",
         ]
 
