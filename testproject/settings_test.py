@@ -30,6 +30,7 @@ DURABLE_JOBS = {
 for _name, _default in list(DURABLE_JOBS.items()) + [
     ("MAX_CONSECUTIVE_FAILURES", None), ("MAX_MIRROR_ATTEMPTS", None),
     ("MAX_REDRIVES_WITHOUT_COMMIT", None), ("RECONCILE_INTERVAL", None), ("FENCED_IDLE_TIMEOUT", None),
+    ("MAX_PREFETCH", None),
 ]:
     _raw = os.environ.get(f"DURABLE_JOBS_{_name}")
     if _raw is not None:
