@@ -40,9 +40,9 @@ VARIANTS = {
     "crash re-drives not counted against the poison budget": (
         "durable_jobs/store.py",
         '''       redrives_since_commit = redrives_since_commit + 1,
-       next_run_at = clock_timestamp() + {_ms("backoff_ms")}''',
+       next_run_at = CASE WHEN {_POISON}''',
         '''       redrives_since_commit = redrives_since_commit,
-       next_run_at = clock_timestamp() + {_ms("backoff_ms")}''',
+       next_run_at = CASE WHEN {_POISON}''',
         ["tests/integration/test_reconciler.py"],
     ),
 }
