@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from durable_jobs.models import Job
     from durable_jobs.registry import Handler
 
-_UNSET: Any = store._UNSET
+_UNSET: Any = store.UNSET
 
 
 class JobLogger(logging.LoggerAdapter):
@@ -137,6 +137,8 @@ class Slice:
             yield
             return
         outermost = not connections[self.using].in_atomic_block
+        # What save_checkpoint() records in memory is only true once this commits.
+        remembered = (self.checkpoint, self.processed, self.total)
         with transaction.atomic(using=self.using):
             self.in_fence = True
             try:
@@ -153,6 +155,9 @@ class Slice:
                     raise LeaseLost(self.id, self.lease.epoch)
                 if cancel:
                     self._cancel_observed = True
+            except BaseException:
+                self.checkpoint, self.processed, self.total = remembered
+                raise
             finally:
                 self.in_fence = False
         faults.point("domain_after_commit")

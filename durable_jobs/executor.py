@@ -52,7 +52,7 @@ class SliceReport:
 
     job_id: Any
     kind: str
-    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed
+    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred
     duration: float
     error: str | None = None
 

@@ -8,7 +8,8 @@ Two halves, because a job system lives in several processes:
 * **Gauges read from the database at scrape time** — ``metrics_view`` (mount it in your
   URLconf) reports the fleet-wide truth: jobs by kind and status, the pending backlog's
   oldest age, running jobs with expired leases, parked jobs by reason. Any web process
-  can serve it; every scrape costs a few indexed aggregate queries.
+  can serve it. A scrape counts jobs by kind and status over the whole table: cheap up
+  to millions of rows; scrape less often (or not from this view) beyond that.
 
     # urls.py
     from durable_jobs.prometheus import metrics_view

@@ -493,14 +493,15 @@ UPDATE {TABLE}
 RETURNING cancel_requested_at IS NOT NULL
 """
 
-_UNSET = object()
+#: "Not passed": ``total=None`` is a value (unknown), so absence needs its own marker.
+UNSET: Any = object()
 
 
 def heartbeat(
     lease: Lease,
     *,
     processed: int | None = None,
-    total: Any = _UNSET,
+    total: Any = UNSET,
     committed: bool = False,
     lock_timeout_ms: int | None = None,
     using: str = DEFAULT_DB_ALIAS,
@@ -514,7 +515,7 @@ def heartbeat(
     Touches no indexed column, so it is a HOT update (invariant 12): a job heartbeating
     for days must not bloat the indexes.
     """
-    set_total = total is not _UNSET
+    set_total = total is not UNSET
     params = {**_lease(lease), "processed": processed, "set_total": set_total,
               "total": total if set_total else None, "committed": committed}
     if lock_timeout_ms is None:
@@ -575,7 +576,7 @@ def write_checkpoint(
     checkpoint: Any,
     *,
     processed: int | None = None,
-    total: Any = _UNSET,
+    total: Any = UNSET,
     using: str = DEFAULT_DB_ALIAS,
 ) -> bool:
     """Record a checkpoint under the fence; a committed unit (resets the budgets, invariant 7).
@@ -584,7 +585,7 @@ def write_checkpoint(
     transaction that may have lasted longer than the lease, and a lease computed from the
     transaction's start (``now()``) would be written already expired.
     """
-    set_total = total is not _UNSET
+    set_total = total is not UNSET
     return _scalar(
         using,
         WRITE_CHECKPOINT,

@@ -162,3 +162,22 @@ def test_a_failing_mirror_rolls_back_the_completion_and_its_own_writes(kinds):
     parked = reload(job)
     assert (parked.status, parked.error_code, parked.mirror_attempts) == ("failed", "mirror_failed", 2)
     assert parked.domain_mirrored_at is None
+
+
+def test_a_fenced_block_that_rolls_back_forgets_the_checkpoint_it_saved(kinds):
+    seen = []
+
+    def handler(job):
+        try:
+            with job.fenced():
+                job.save_checkpoint({"at": 1}, processed=1)
+                raise RuntimeError("domain write failed")
+        except RuntimeError:
+            seen.append((job.checkpoint, job.processed))
+        return durable.DONE
+
+    kinds.add("tests.rolled_back", handler)
+    job = durable.start("tests.rolled_back")
+    testing.run_jobs()
+    assert seen == [(None, 0)], "the in-memory checkpoint follows the database"
+    assert reload(job).checkpoint is None
