@@ -17,6 +17,7 @@ from django.conf import settings as django_settings
 
 from durable_jobs.exceptions import ConfigurationError
 
+EXECUTION_MODES = ("process", "thread")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
 
 
@@ -32,6 +33,20 @@ class Settings:
     HEARTBEAT_INTERVAL: float = 10.0
     #: Wall time a slice may run before should_yield() asks it to hand back.
     SLICE_BUDGET: float = 300.0
+    #: The hard bound on one slice; None means twice SLICE_BUDGET. A slice still running
+    #: then is ended (its child process killed, or its thread abandoned) and the job is
+    #: charged a ``time_limit`` failure: backoff, and after MAX_CONSECUTIVE_FAILURES such
+    #: slices in a row it ends failed.
+    TIME_LIMIT: float | None = None
+    #: How handlers run: "process" (a child process per slot, killed at the time limit,
+    #: on cancel past CANCEL_GRACE and at shutdown past SHUTDOWN_GRACE) or "thread".
+    EXECUTION: str = "process"
+    #: How long a running slice has to honour a cancel request before it is killed
+    #: (process execution) or abandoned (thread execution).
+    CANCEL_GRACE: float = 30.0
+    #: Thread execution: handler threads a worker may abandon (past their time limit or
+    #: cancel grace) before it exits non-zero so its supervisor restarts it.
+    MAX_ABANDONED_THREADS: int = 4
     #: The N-th consecutive failed slice is the retry_exhausted verdict.
     MAX_CONSECUTIVE_FAILURES: int = 5
     #: Retry backoff: base * 2**(failures-1), capped, with full jitter on the top half.
@@ -78,8 +93,14 @@ class Settings:
                 positive_int(label, value)
             elif field.type == "bool" and not isinstance(value, bool):
                 raise ConfigurationError(f"{label} must be True or False")
-        if self.RETENTION is not None:
-            object.__setattr__(self, "RETENTION", duration("DURABLE_JOBS['RETENTION'] (or None)", self.RETENTION))
+        for name in ("RETENTION", "TIME_LIMIT"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, duration(f"DURABLE_JOBS[{name!r}] (or None)", getattr(self, name)))
+        if self.EXECUTION not in EXECUTION_MODES:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['EXECUTION'] must be one of {', '.join(map(repr, EXECUTION_MODES))}, "
+                f"got {self.EXECUTION!r}"
+            )
         for name in ("DEFAULT_TENANT", "DEFAULT_QUEUE"):
             if not isinstance(getattr(self, name), str) or not NAME_PATTERN.match(getattr(self, name)):
                 raise ConfigurationError(

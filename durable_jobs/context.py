@@ -61,13 +61,18 @@ class Slice:
         self.using = using
         self.log = JobLogger(logging.getLogger("durable_jobs.job"), {"kind": job.kind, "job_id": job.id})
         self._stopping = stopping or threading.Event()
-        budget = handler.setting("SLICE_BUDGET")
-        self._deadline = time.monotonic() + budget
-        self._stuck_at = self._deadline + budget
+        self.started_at = time.monotonic()
+        self._deadline = self.started_at + handler.setting("SLICE_BUDGET")
+        #: The hard bound (monotonic): past it the worker ends the slice (time_limit).
+        self.time_limit_at = self.started_at + handler.time_limit_seconds()
         self._cancel_observed = job.cancel_requested_at is not None
+        #: When (monotonic) this slice first learned of a cancel request.
+        self.cancel_seen_at: float | None = self.started_at if self._cancel_observed else None
         self._lease_lost = False
-        #: True while a fenced transaction holds the job row; the background heartbeat
-        #: stands aside then, and the fence extends the lease itself at commit.
+        #: Set by the worker that gave up on this slice (thread execution: time limit or
+        #: cancel past its grace); nothing the handler does afterwards is recorded.
+        self.abandoned = False
+        #: True while a fenced transaction of this slice holds the job row.
         self.in_fence = False
 
     # --- attempt counters, for handlers that want to behave differently on a retry ---
@@ -87,7 +92,14 @@ class Slice:
 
     # --- what the heartbeat thread reports in ---
     def observe_cancel(self) -> None:
+        if not self._cancel_observed:
+            self.cancel_seen_at = time.monotonic()
         self._cancel_observed = True
+
+    def abandon(self) -> None:
+        """The worker gave up on this slice: every later fenced write raises ``LeaseLost``."""
+        self.abandoned = True
+        self._lease_lost = True
 
     def mark_lease_lost(self) -> None:
         self._lease_lost = True
@@ -114,9 +126,9 @@ class Slice:
             or time.monotonic() >= self._deadline
         )
 
-    def overran(self) -> bool:
-        """True once the slice has run twice its budget: it is taken for stuck."""
-        return time.monotonic() >= self._stuck_at
+    def past_time_limit(self, now: float | None = None) -> bool:
+        """True once the slice has run past its kind's time limit: the worker ends it."""
+        return (time.monotonic() if now is None else now) >= self.time_limit_at
 
     # --- fenced writes ---
     @contextlib.contextmanager
@@ -127,7 +139,12 @@ class Slice:
         checked, so nobody can take the job over until this commits; a lost lease raises
         ``LeaseLost`` before the block runs and nothing lands. At the end the lease is
         extended from ``clock_timestamp()``, so a transaction that ran longer than the
-        lease commits a fresh lease, never one born expired.
+        lease commits a fresh lease, never one born expired. A fenced write is a
+        committed unit (invariant 7): it resets the suspicion budgets.
+
+        Inside the caller's own ``atomic()`` the row stays locked until that outer
+        transaction commits (the background heartbeat skips it meanwhile), so the lease
+        is extended once more right after that commit.
         """
         if self._lease_lost:
             raise LeaseLost(self.id, self.lease.epoch)
@@ -149,18 +166,24 @@ class Slice:
                     raise LeaseLost(self.id, self.lease.epoch)
                 yield
                 faults.point("domain_before_commit")
-                cancel = store.heartbeat(self.lease, using=self.using)
+                cancel = store.heartbeat(self.lease, committed=True, using=self.using)
                 if cancel is None:  # cannot happen while we hold the row lock; never assume
                     self._lease_lost = True
                     raise LeaseLost(self.id, self.lease.epoch)
                 if cancel:
-                    self._cancel_observed = True
+                    self.observe_cancel()
+                if not outermost:
+                    transaction.on_commit(self._beat_after_outer_commit, using=self.using, robust=True)
             except BaseException:
                 self.checkpoint, self.processed, self.total = remembered
                 raise
             finally:
                 self.in_fence = False
         faults.point("domain_after_commit")
+
+    def _beat_after_outer_commit(self) -> None:
+        if store.heartbeat(self.lease, using=self.using) is None:
+            self._lease_lost = True
 
     def save_checkpoint(self, state: Any, *, processed: int | None = None, total: Any = _UNSET) -> None:
         """Durably record where the work stands: a committed unit (resets the budgets).
@@ -185,8 +208,8 @@ class Slice:
         """Report progress and extend the lease now; raises ``LeaseLost`` if it is gone.
 
         Advisory: progress recorded here is not a committed unit. The worker heartbeats
-        in the background anyway, so call this only to publish progress. A slice that
-        overran (taken for stuck) cannot keep its lease alive this way either.
+        in the background anyway, so call this only to publish progress. It does not
+        move the slice's time limit.
         """
         if self._lease_lost:
             raise LeaseLost(self.id, self.lease.epoch)
@@ -195,7 +218,7 @@ class Slice:
             self._lease_lost = True
             raise LeaseLost(self.id, self.lease.epoch)
         if cancel:
-            self._cancel_observed = True
+            self.observe_cancel()
         if processed is not None:
             self.processed = processed
         if total is not _UNSET:

@@ -24,17 +24,19 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from durable_jobs import conf, faults, metrics, registry, signals, store, validation
 from durable_jobs.context import Slice
-from durable_jobs.exceptions import CancelRequested, LeaseLost, TransientError
+from durable_jobs.exceptions import CancelRequested, InvalidInput, LeaseLost, TransientError
 from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
 
 if TYPE_CHECKING:
@@ -52,9 +54,34 @@ class SliceReport:
 
     job_id: Any
     kind: str
-    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred
+    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred | time_limit | abandoned
     duration: float
     error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Ran:
+    """How a slice's handler ended, before anything is recorded: a closed set of ends.
+
+    Produced where the handler ran (this thread, or the child process of process
+    execution, which sends it over a pipe) and by the worker itself when it had to end
+    the slice (time limit, cancel or shutdown past their grace, a dead child). ``record``
+    turns each into exactly one transition.
+    """
+
+    end: str  # done | yield | cancel | lease_lost | failed | interrupted | time_limit
+    result_json: str | None = None  # done: the validated result as JSON text
+    interrupted: bool = False  # yield: the worker was shutting down
+    error_class: str | None = None  # failed
+    code: str | None = None  # failed
+    message: str | None = None  # failed, interrupted, time_limit
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+#: The ends of ``Ran``: what ``record`` knows how to write.
+ENDS = frozenset({"done", "yield", "cancel", "lease_lost", "failed", "interrupted", "time_limit"})
 
 
 def run_slice(
@@ -63,9 +90,16 @@ def run_slice(
     stopping: threading.Event | None = None,
     heartbeater: Heartbeater | None = None,
     completions: list[DeferredCompletion] | None = None,
+    runner: Callable[[Slice], Ran] | None = None,
+    on_start: Callable[[Slice], None] | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> SliceReport:
     """Run the handler for ``job`` (already claimed by this worker) and record the outcome.
+
+    ``runner`` runs the handler somewhere else (process execution: a child process) and
+    answers how it ended; without one the handler runs on this thread (``invoke``).
+    ``on_start`` is handed the slice context before the handler runs (the worker's
+    supervisor watches it).
 
     With ``completions`` (a worker slot's batch), a job of a kind without a mirror that
     finishes is not completed here but appended to the list, outcome ``deferred``: the
@@ -88,10 +122,21 @@ def run_slice(
                                                      code=job.error_code, error_class=job.error_class))
             return _report(job, began, outcome)
         context = Slice(job, handler, lease, stopping=stopping, using=using)
+        if on_start is not None:
+            on_start(context)
         signals.slice_started.send_robust(sender=Slice, job=job)
         if heartbeater is not None:
             heartbeater.track(context)
-        outcome, error = _run_handler(context, handler, using, completions)
+        if lease.ttl_ms != conf.ms(conf.get().LEASE_TTL) and store.heartbeat(lease, using=using) is None:
+            outcome, error = "lease_lost", None  # the claim used the default TTL; this kind has its own
+        else:
+            ran = runner(context) if runner is not None else invoke(context, using=using)
+            if context.abandoned:
+                # The worker gave up on this slice (time limit, cancel past its grace) and
+                # recorded that itself; whatever the handler did since is not ours to write.
+                outcome, error = "abandoned", ran.message
+            else:
+                outcome, error = record(context, ran, completions=completions, using=using)
     except Exception as error:  # noqa: BLE001 - a bug of ours must not strand the job or kill the slot
         log.exception("[%s %s] slice bookkeeping failed", job.kind, job.id)
         # Hand the lease back (after a pause, in case the fault repeats) rather than leave
@@ -107,53 +152,107 @@ def run_slice(
     return report
 
 
-def _run_handler(
-    context: Slice, handler: Handler, using: str, completions: list[DeferredCompletion] | None
-) -> tuple[str, str | None]:
-    lease = context.lease
-    job = context.job
-    if lease.ttl_ms != conf.ms(conf.get().LEASE_TTL):
-        # The claim used the default TTL; this kind has its own.
-        if store.heartbeat(lease, using=using) is None:
-            return "lease_lost", None
+def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
+    """Call the handler and say how it ended; writes nothing of the job's bookkeeping.
+
+    Whatever the handler returns or raises maps to one ``Ran``. A lost connection (or a
+    server restart) is an interruption, never the work's own failure; a deadlock or a
+    serialization failure leaves the connection usable and stays a transient failure.
+    """
+    handler = context.handler
     try:
         returned = handler.func(context)
     except LeaseLost:
-        # Lost here (taken over) or only given up locally (the slice overran): hand the
-        # lease back in case it is still ours, so the job need not wait out its expiry.
-        _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
-        return "lease_lost", None
+        return Ran(end="lease_lost")
     except CancelRequested:
-        return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
+        return Ran(end="cancel")
     except (Exception, SystemExit) as error:  # noqa: BLE001 - every handler failure is an outcome
-        # SystemExit too: a handler calling sys.exit() must not take its slot thread down.
+        # SystemExit too: a handler calling sys.exit() must not take its slot down.
+        if is_connection_loss(error):
+            _reset_connection(using)
+            return Ran(end="interrupted", message=f"interrupted: database connection lost ({_describe(error)})"[:2000])
         _leave_broken_transaction(using)
-        return _fail(context, handler, error, using), _describe(error)
-
+        if isinstance(error, InvalidInput):
+            # A payload the store can never hold (a checkpoint that is not JSON, a start
+            # with bad arguments) is a programming error: a retry fails the same way.
+            return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code="invalid_input",
+                       message=_describe(error))
+        return Ran(end="failed", error_class=handler.error_class_of(error), code=_error_code(error),
+                   message=_describe(error))
     if isinstance(returned, Done) or _is(returned, Outcome.DONE):
         result = returned.result if isinstance(returned, Done) else None
         try:
             result_json = validation.payload("result", result, max_bytes=conf.get().MAX_PAYLOAD_BYTES,
                                              max_depth=conf.get().MAX_PAYLOAD_DEPTH)
         except Exception as error:  # noqa: BLE001
-            return _fail(context, handler, _InvalidOutcome(str(error)), using), _describe(error)
-        if completions is not None and handler.mirror is None:
-            completions.append(DeferredCompletion(job=job, lease=lease, result_json=result_json))
-            return "deferred", None
-        return _guarded(using, lambda: _finish(job, handler, lease, "completed", using=using,
-                                               result=result, processed=None)), None
+            return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code="invalid_result",
+                       message=_describe(error))
+        return Ran(end="done", result_json=result_json)
     if _is(returned, Outcome.YIELD):
         if context.cancel_observed:
-            return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
-        interrupted = context.interrupted
-        delivery = _guarded(using, lambda: store.yield_slice(lease, interrupted=interrupted, using=using))
+            return Ran(end="cancel")
+        return Ran(end="yield", interrupted=context.interrupted)
+    return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code="invalid_outcome",
+               message=f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD")
+
+
+def record(
+    context: Slice, ran: Ran, *, completions: list[DeferredCompletion] | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> tuple[str, str | None]:
+    """Write the one transition ``ran`` calls for; return (outcome, error text)."""
+    job, handler, lease = context.job, context.handler, context.lease
+    if ran.end == "lease_lost":
+        # Lost here (taken over) or only given up locally: hand the lease back in case it
+        # is still ours, so the job need not wait out its expiry.
+        _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
+        return "lease_lost", None
+    if ran.end == "cancel":
+        return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
+    if ran.end == "done":
+        if completions is not None and handler.mirror is None:
+            completions.append(DeferredCompletion(job=job, lease=lease, result_json=ran.result_json))
+            return "deferred", None
+        result = json.loads(ran.result_json) if ran.result_json is not None else None
+        return _guarded(using, lambda: _finish(job, handler, lease, "completed", using=using,
+                                               result=result, processed=None)), None
+    if ran.end == "yield":
+        delivery = _guarded(using, lambda: store.yield_slice(lease, interrupted=ran.interrupted, using=using))
         if delivery == "bookkeeping_failed":
             return "bookkeeping_failed", None
         if delivery is None:
             return "lease_lost", None
-        return ("interrupted" if interrupted else "yielded"), None
-    error = _InvalidOutcome(f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD")
-    return _fail(context, handler, error, using), str(error)
+        return ("interrupted" if ran.interrupted else "yielded"), None
+    if ran.end == "interrupted":
+        return _charge_interruption(job, handler, lease, ran.message, using), ran.message
+    if ran.end == "time_limit":
+        return _fail(context, time_limit_failure(context), using), ran.message
+    return _fail(context, ran, using), ran.message
+
+
+def time_limit_failure(context: Slice) -> Ran:
+    """The failure charged to a slice that ran past its kind's time limit."""
+    limit = context.handler.time_limit_seconds()
+    return Ran(
+        end="failed", error_class=ErrorClass.TRANSIENT.value, code="time_limit",
+        message=(f"slice ran past its time limit of {limit:g}s and was ended; raise time_limit for kind "
+                 f"{context.kind!r}, or save a checkpoint and return YIELD when should_yield() says so"),
+    )
+
+
+def _charge_interruption(job: Job, handler: Handler, lease: Lease, reason: str | None, using: str) -> str:
+    settings = conf.get()
+    row = _guarded(using, lambda: store.charge_interruption(
+        lease, reason=reason or "interrupted", max_redrives=settings.MAX_REDRIVES_WITHOUT_COMMIT,
+        backoff_ms=conf.ms(handler.retry_delay(job.redrives_since_commit + 1)), using=using))
+    if row == "bookkeeping_failed":
+        return "bookkeeping_failed"
+    if row is None:
+        return "lease_lost"
+    if row.status == "failed":
+        metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.POISON.value)
+        return "parked"
+    return "interrupted"
 
 
 def _is(returned: Any, outcome: Outcome) -> bool:
@@ -162,23 +261,14 @@ def _is(returned: Any, outcome: Outcome) -> bool:
     return returned is outcome or (isinstance(returned, str) and returned == outcome.value)
 
 
-class _InvalidOutcome(Exception):
-    """A handler returned something that is not an outcome: a bug, so a terminal error."""
-
-    error_class = ErrorClass.TERMINAL.value
-    code = "invalid_outcome"
-
-
-def _fail(context: Slice, handler: Handler, error: BaseException, using: str) -> str:
-    lease = context.lease
-    error_class = error.error_class if isinstance(error, _InvalidOutcome) else handler.error_class_of(error)
-    code = _error_code(error)
-    message = _describe(error)
+def _fail(context: Slice, ran: Ran, using: str) -> str:
+    """Count a failed slice; on a verdict, record it with the terminal transaction."""
+    handler, lease = context.handler, context.lease
     reply = _guarded(using, lambda: store.fail_slice(
         lease,
-        error_class=error_class,
-        code=code,
-        message=message,
+        error_class=ran.error_class or ErrorClass.TRANSIENT.value,
+        code=ran.code,
+        message=ran.message,
         max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
         backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
         backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")),
@@ -191,7 +281,7 @@ def _fail(context: Slice, handler: Handler, error: BaseException, using: str) ->
     if reply.verdict is None:
         return "retrying"
     return _guarded(using, lambda: _finish(context.job, handler, lease, "failed", using=using,
-                                           code=reply.verdict, error_class=error_class, message=message))
+                                           code=reply.verdict, error_class=ran.error_class, message=ran.message))
 
 
 def _finish(
@@ -231,7 +321,7 @@ def _finish(
                 handler.mirror(row, outcome)
             faults.point("terminal_inside")
     except Exception as error:  # noqa: BLE001 - the mirror is user code
-        if isinstance(error, (OperationalError, InterfaceError)) and not _connection_usable(using):
+        if is_connection_loss(error) or (isinstance(error, OperationalError) and not _connection_usable(using)):
             raise  # the connection failed, not the mirror: _guarded retries the whole transaction
         # A usable connection means the mirror itself failed (a constraint, a deadlock,
         # a statement timeout): count it against the mirror budget, not the work.
@@ -285,6 +375,29 @@ def _guarded(using: str, write: Callable[[], T]) -> T | str:
             _reset_connection(using)
     log.error("bookkeeping write failed twice; the job's lease will expire and the reconciler will re-drive it")
     return "bookkeeping_failed"
+
+
+#: SQLSTATEs that say the server ended the session: an administrator's command
+#: (pg_terminate_backend), a crash or a shutdown, a server not accepting connections yet.
+_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03"})
+
+
+def is_connection_loss(error: BaseException) -> bool:
+    """True when ``error`` says the database connection itself was lost, not a statement.
+
+    Read from the error, not from the connection afterwards: by the time a handler's
+    exception reaches us, Django's ``atomic()`` may already have replaced the broken
+    connection with a fresh one. A deadlock, a serialization failure, a lock or
+    statement timeout leave the session alive: those are the work's own (transient)
+    failures.
+    """
+    original = error.__cause__ if isinstance(error.__cause__, psycopg.Error) else error
+    if isinstance(error, InterfaceError) or isinstance(original, psycopg.InterfaceError):
+        return True
+    if not isinstance(original, psycopg.OperationalError):
+        return False
+    state = getattr(original, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _SESSION_ENDED
 
 
 def _connection_usable(using: str) -> bool:

@@ -1,21 +1,18 @@
-"""The background heartbeat: keeps every running slice's lease alive on its own connection.
+"""The background heartbeat: keeps every lease a worker holds alive, one statement per tick.
 
-A handler busy in a long computation never calls anything, yet must keep its lease;
-a handler genuinely stuck must lose it. So leases are extended by this thread, on its
-own database connection, on each kind's cadence, independent of the handler. The
-heartbeat carries the cancel flag back to the slice and tells it when the lease is gone.
+A handler busy in a long computation never calls anything, yet must keep its lease. So
+leases are extended by this thread, on its own database connection, on each kind's
+cadence, independent of the handlers. The heartbeat carries the cancel flag back to the
+slice and tells it when the lease is gone.
 
-A slice still running at twice its ``SLICE_BUDGET`` is taken for stuck (an infinite loop,
-a call that never returns): the heartbeat stops extending its lease, so the lease
-expires, the reconciler re-drives the job, and everything the stuck slice tries to
-write afterwards is refused. A handler that needs longer slices says so with its
-``slice_budget``.
+All due leases are extended by one statement (``store.heartbeat_leases``) that skips a
+row locked by a transaction instead of waiting for it: a slice inside ``fenced()`` holds
+its own row (the fence extends the lease itself at commit), a mirror holds its row for
+as long as user code takes. Waiting behind one such row used to delay every other
+lease's beat; forty slow mirrors were enough to let a healthy slice's lease expire.
 
-While a slice is inside ``fenced()`` its transaction holds the job row; the heartbeat
-stands aside (the fence extends the lease itself at commit) and, should it race the
-fence to the row, gives up after a short lock timeout instead of waiting behind it
-(invariant 5): it never deadlocks against the worker's own lock, and a collision delays
-the other slices' heartbeats by at most that timeout (a quarter of the interval).
+What a slice may do with its time is not this thread's business: the worker's
+supervisor ends a slice at its time limit (``Worker._supervise``).
 """
 
 from __future__ import annotations
@@ -23,30 +20,40 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Protocol
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
-from durable_jobs import conf, faults, store
-from durable_jobs.context import Slice
+from durable_jobs import faults, store
+from durable_jobs.states import Lease
 
 log = logging.getLogger("durable_jobs.heartbeat")
+
+
+class Beatable(Protocol):
+    """What the heartbeat needs of a lease holder: a ``Slice``, a ``HeldLease``, a child's proxy."""
+
+    id: object
+    kind: str
+    lease: Lease
+    heartbeat_interval: float
+
+    def mark_lease_lost(self) -> None: ...
+
+    def observe_cancel(self) -> None: ...
 
 
 class HeldLease:
     """A claim the worker holds while not running it: waiting its turn in a slot's batch,
     or finished and waiting for the batch's completion. Its lease is kept alive too."""
 
-    in_fence = False
     lease_lost = False
 
-    def __init__(self, job, lease, heartbeat_interval: float) -> None:
+    def __init__(self, job, lease: Lease, heartbeat_interval: float) -> None:
         self.id = job.id
         self.kind = job.kind
         self.lease = lease
         self.heartbeat_interval = heartbeat_interval
-
-    def overran(self) -> bool:
-        return False
 
     def mark_lease_lost(self) -> None:
         self.lease_lost = True
@@ -58,7 +65,7 @@ class HeldLease:
 class Heartbeater:
     def __init__(self, *, using: str = DEFAULT_DB_ALIAS) -> None:
         self.using = using
-        self._slices: dict[int, tuple[Slice, float]] = {}
+        self._held: dict[int, tuple[Beatable, float]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._sleeping_until = 0.0
@@ -73,17 +80,22 @@ class Heartbeater:
         self._wake.set()
         self._thread.join(timeout=5)
 
-    def track(self, context: Slice | HeldLease) -> None:
-        due = time.monotonic() + context.heartbeat_interval
+    def track(self, holder: Beatable) -> None:
+        due = time.monotonic() + holder.heartbeat_interval
         with self._lock:
-            self._slices[id(context)] = (context, due)
+            self._held[id(holder)] = (holder, due)
             sooner = due < self._sleeping_until
         if sooner:  # wake the thread only when it would otherwise sleep past this one's beat
             self._wake.set()
 
-    def untrack(self, context: Slice | HeldLease) -> None:
+    def untrack(self, holder: Beatable) -> None:
         with self._lock:
-            self._slices.pop(id(context), None)
+            self._held.pop(id(holder), None)
+
+    def held(self) -> list[Beatable]:
+        """Every lease holder tracked now (for the worker's last act at shutdown)."""
+        with self._lock:
+            return [holder for holder, _ in self._held.values()]
 
     @property
     def alive(self) -> bool:
@@ -93,9 +105,11 @@ class Heartbeater:
         try:
             while not self._stop.is_set():
                 try:
-                    self._beat_due()
-                except Exception:  # noqa: BLE001 - this thread keeps every lease alive
-                    log.exception("heartbeat pass failed")
+                    self.beat_due()
+                except Exception as error:  # noqa: BLE001 - this thread keeps every lease alive
+                    # A dropped connection or a server restart: the leases have slack for a
+                    # missed tick; the next one runs on a fresh connection.
+                    log.warning("heartbeat tick failed: %s", type(error).__name__)
                     connections[self.using].close()
                 self._wake.wait(self._sleep_for())
                 self._wake.clear()
@@ -104,40 +118,27 @@ class Heartbeater:
 
     def _sleep_for(self) -> float:
         with self._lock:
-            dues = [due for _, due in self._slices.values()]
+            dues = [due for _, due in self._held.values()]
             wait = max(0.01, min(dues) - time.monotonic()) if dues else 1.0
             self._sleeping_until = time.monotonic() + wait
         return wait
 
-    def _beat_due(self) -> None:
+    def beat_due(self) -> None:
+        """Extend every lease whose beat is due, in one statement."""
         now = time.monotonic()
         with self._lock:
-            due = [(key, ctx) for key, (ctx, at) in self._slices.items() if at <= now]
-        for key, context in due:
-            interval = context.heartbeat_interval
-            if context.overran():
-                if not context.lease_lost:
-                    log.warning("[%s %s] slice overran twice its budget: its lease is left to expire",
-                                context.kind, context.id)
-                    context.mark_lease_lost()
-            elif not context.in_fence:
-                self._beat(context, lock_timeout_ms=max(50, conf.ms(interval) // 4))
-            with self._lock:
-                if key in self._slices:
-                    self._slices[key] = (context, time.monotonic() + interval)
-
-    def _beat(self, context: Slice | HeldLease, *, lock_timeout_ms: int) -> None:
-        faults.point("before_heartbeat")
-        try:
-            cancel = store.heartbeat(context.lease, lock_timeout_ms=lock_timeout_ms, using=self.using)
-        except (DatabaseError, InterfaceError) as error:
-            # A lock timeout (the slot's fence won the race) or a dropped connection: try
-            # again next tick on a fresh connection. The lease has slack for a missed beat.
-            log.info("heartbeat for job %s skipped: %s", context.id, type(error).__name__)
-            connections[self.using].close()
+            due = [holder for holder, at in self._held.values() if at <= now]
+        if not due:
             return
-        if cancel is None:
-            log.warning("[%s %s] lease lost: another claim owns the job now", context.kind, context.id)
-            context.mark_lease_lost()
-        elif cancel:
-            context.observe_cancel()
+        faults.point("before_heartbeat")
+        answers = store.heartbeat_leases([holder.lease for holder in due], using=self.using)
+        for holder in due:
+            answer = answers.get(holder.lease.job_id)
+            if answer == store.LOST:
+                log.warning("[%s %s] lease lost: another claim owns the job now", holder.kind, holder.id)
+                holder.mark_lease_lost()
+            elif answer == store.CANCEL_REQUESTED:
+                holder.observe_cancel()
+            with self._lock:
+                if id(holder) in self._held:
+                    self._held[id(holder)] = (holder, time.monotonic() + holder.heartbeat_interval)

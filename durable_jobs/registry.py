@@ -43,6 +43,7 @@ class Handler:
     func: Callable[[Slice], Any]
     queue: str | None = None
     slice_budget: float | None = None
+    time_limit: float | None = None
     lease_ttl: float | None = None
     heartbeat_interval: float | None = None
     max_consecutive_failures: int | None = None
@@ -56,6 +57,11 @@ class Handler:
         """Return this handler's policy value, or the DURABLE_JOBS default."""
         own = getattr(self, name.lower())
         return own if own is not None else getattr(conf.get(), name)
+
+    def time_limit_seconds(self) -> float:
+        """The hard bound on one slice: the kind's own, DURABLE_JOBS' TIME_LIMIT, or twice the budget."""
+        own = self.time_limit if self.time_limit is not None else conf.get().TIME_LIMIT
+        return own if own is not None else 2 * self.setting("SLICE_BUDGET")
 
     def retry_delay(self, failures: int, rng: random.Random | None = None) -> float:
         """Seconds before the next attempt: capped exponential, jitter on the upper half.
@@ -85,7 +91,7 @@ _handlers: dict[str, Handler] = {}
 def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
     """Register the decorated function as the handler of ``kind``.
 
-    ``policy`` takes the ``Handler`` fields: queue, slice_budget, lease_ttl,
+    ``policy`` takes the ``Handler`` fields: queue, slice_budget, time_limit, lease_ttl,
     heartbeat_interval, max_consecutive_failures, retry_backoff_base, retry_backoff_max,
     max_mirror_attempts, classify, mirror.
     """
@@ -111,13 +117,18 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
         lease = entry.setting("LEASE_TTL")
         if entry.setting("HEARTBEAT_INTERVAL") >= lease:
             raise ConfigurationError(f"handler {kind!r}: heartbeat_interval must be below lease_ttl")
+        if entry.time_limit_seconds() <= entry.setting("SLICE_BUDGET"):
+            raise ConfigurationError(
+                f"handler {kind!r}: time_limit ({entry.time_limit_seconds()}s) must exceed slice_budget "
+                f"({entry.setting('SLICE_BUDGET')}s), or should_yield() never gets the chance to end a slice"
+            )
         _handlers[kind] = entry
         return func
 
     return register
 
 
-_DURATIONS = ("slice_budget", "lease_ttl", "heartbeat_interval", "retry_backoff_base", "retry_backoff_max")
+_DURATIONS = ("slice_budget", "time_limit", "lease_ttl", "heartbeat_interval", "retry_backoff_base", "retry_backoff_max")
 _COUNTS = ("max_consecutive_failures", "max_mirror_attempts")
 
 

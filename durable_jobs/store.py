@@ -530,6 +530,73 @@ def heartbeat(
 
 SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
 
+
+def with_lock_timeout(lock_timeout_ms: int, write, *, using: str = DEFAULT_DB_ALIAS):
+    """Run ``write()`` in a transaction whose row-lock waits give up after ``lock_timeout_ms``.
+
+    For writers that must never queue behind a slice's own fenced transaction or a slow
+    mirror: a timeout raises ``OperationalError`` and the caller tries again later.
+    """
+    with transaction.atomic(using=using):
+        _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
+        return write()
+
+
+# Every lease a worker holds, extended by one statement per tick. A row locked by its own
+# slice's fenced transaction (or a mirror, or an operator's statement) is skipped rather
+# than waited for: the fence extends the lease itself at commit, and waiting here would
+# delay every other lease behind one slow row (a tick's beats once added up past a lease
+# TTL this way). The final SELECT tells the caller, per lease, which of three things
+# happened: extended (the cancel flag), busy (locked, still ours in the committed
+# snapshot: try next tick), or lost (another claim owns the row now).
+HEARTBEAT_LEASES = f"""
+WITH leases AS (
+    SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS l(id uuid, owner text, epoch bigint, ttl_ms bigint)
+), free AS MATERIALIZED (
+    SELECT j.id FROM {TABLE} AS j JOIN leases AS l ON j.id = l.id
+     WHERE j.status = 'running' AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
+     FOR UPDATE OF j SKIP LOCKED
+), beaten AS (
+    UPDATE {TABLE} AS j
+       SET lease_expires_at = clock_timestamp() + l.ttl_ms * interval '1 millisecond',
+           heartbeat_at = clock_timestamp()
+      FROM leases AS l, free AS f
+     WHERE j.id = l.id AND j.id = f.id
+       AND j.status = 'running' AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
+    RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel
+)
+SELECT l.id, b.cancel,
+       b.id IS NULL AND EXISTS (
+           SELECT 1 FROM {TABLE} AS j
+            WHERE j.id = l.id AND j.status = 'running' AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
+       ) AS busy
+  FROM leases AS l LEFT JOIN beaten AS b ON b.id = l.id
+"""
+
+#: What ``heartbeat_leases`` learned about one lease.
+BEATEN, CANCEL_REQUESTED, BUSY, LOST = "beaten", "cancel_requested", "busy", "lost"
+
+
+def heartbeat_leases(leases: Sequence[Lease], *, using: str = DEFAULT_DB_ALIAS) -> dict[Any, str]:
+    """Extend many leases in one statement; return each job id's answer.
+
+    ``BEATEN`` or ``CANCEL_REQUESTED``: extended (invariant 12: a HOT update).
+    ``BUSY``: the row is locked by a transaction (its own slice's fence, a mirror):
+    skipped, never waited for (invariant 5). ``LOST``: another claim owns the job.
+    """
+    if not leases:
+        return {}
+    rows = json.dumps([{"id": str(lease.job_id), "owner": lease.owner, "epoch": lease.epoch,
+                        "ttl_ms": lease.ttl_ms} for lease in leases])
+    answers: dict[Any, str] = {}
+    with _execute(using, HEARTBEAT_LEASES, {"leases": rows}) as cursor:
+        for job_id, cancel, busy in cursor:
+            if cancel is not None:
+                answers[job_id] = CANCEL_REQUESTED if cancel else BEATEN
+            else:
+                answers[job_id] = BUSY if busy else LOST
+    return answers
+
 # A worker stopped (SIGSTOP, a debugger, swap) inside a fenced transaction holds the
 # job's row lock, and SKIP LOCKED reconcilers would skip the job forever. PostgreSQL
 # ends such a session after this timeout, releasing the lock; the worker's late COMMIT
@@ -934,9 +1001,10 @@ _REDRIVE_CORE = """status = 'pending', lease_owner = NULL, lease_epoch = lease_e
 # (invariant 3): past the budget the orphan is parked instead of re-driven.
 _POISON = "%(max_redrives)s::int IS NOT NULL AND redrives_since_commit + 1 > %(max_redrives)s::int"
 
-TAKE_ORPHAN = f"""
-UPDATE {TABLE}
-   SET lease_owner = NULL, lease_epoch = lease_epoch + 1, lease_expires_at = clock_timestamp(),
+# The crash charge, shared by the reconciler's orphan take and the worker's own report of
+# an abrupt interruption: a new delivery (redrives + 1, epoch + 1 fences off whatever is
+# left of the old holder), counted against the poison budget, parked past it.
+_REDRIVE_OR_PARK_POISON = f"""lease_owner = NULL, lease_epoch = lease_epoch + 1, lease_expires_at = clock_timestamp(),
        redrives = redrives + 1, updated_at = now(),
        redrives_since_commit = redrives_since_commit + 1,
        next_run_at = CASE WHEN {_POISON} THEN NULL ELSE clock_timestamp() + {_ms("backoff_ms")} END,
@@ -948,8 +1016,12 @@ UPDATE {TABLE}
        error_class = CASE WHEN {_POISON} THEN coalesce(error_class, 'terminal') ELSE error_class END,
        error_message = CASE WHEN {_POISON}
            THEN 're-driven ' || (redrives_since_commit + 1) || ' times without committing any work (budget '
-                || %(max_redrives)s::int || ')'
-           ELSE error_message END
+                || %(max_redrives)s::int || ')' || coalesce('; last: ' || %(reason)s::text, '')
+           ELSE coalesce(%(reason)s::text, error_message) END"""
+
+TAKE_ORPHAN = f"""
+UPDATE {TABLE}
+   SET {_REDRIVE_OR_PARK_POISON}
  WHERE id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
    AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
    AND cancel_requested_at IS NULL
@@ -970,7 +1042,32 @@ def take_orphan(
     the same statement parks the job ``poison`` (``status == 'failed'`` in the reply).
     """
     return _one(using, TAKE_ORPHAN, {"id": job_id, "grace_ms": grace_ms, "backoff_ms": backoff_ms,
-                                     "max_redrives": max_redrives})
+                                     "max_redrives": max_redrives, "reason": None})
+
+
+# An interruption the worker saw itself (its connection cut mid-slice, the server
+# restarted, the child process running the handler died) is a crash it lived to report:
+# charged exactly as the orphan take would charge it (DESIGN §2, "interruption"), only
+# sooner, and fenced on the lease like every holder's write.
+CHARGE_INTERRUPTION = f"""
+UPDATE {TABLE}
+   SET {_REDRIVE_OR_PARK_POISON}
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING {COLUMNS}
+"""
+
+
+def charge_interruption(
+    lease: Lease, *, reason: str, backoff_ms: int, max_redrives: int | None, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
+    """Hand back a slice that an abrupt interruption ended, charged to the poison budget.
+
+    Invariant 14a: never ``consecutive_failures`` (the work did not fail), never free (a
+    handler that kills its process each time must end parked ``poison``). Returns the row
+    (``status == 'failed'`` when parked), or None if the lease is gone.
+    """
+    return _one(using, CHARGE_INTERRUPTION, {**_lease(lease), "reason": reason, "backoff_ms": backoff_ms,
+                                             "max_redrives": max_redrives})
 
 
 REDRIVE_PENDING = f"""

@@ -1,4 +1,5 @@
-"""The worker process: slots that claim and run slices, a heartbeat, a wake-up listener.
+"""The worker process: slots that claim and run slices, a heartbeat, a wake-up listener,
+and (unless told not to) the reconciler, run by one leader across the fleet.
 
 Each slot is a thread with its own database connection. A slot claims one due job
 (``store.dequeue``), runs its slice, and goes again; when nothing is due it sleeps
@@ -6,14 +7,23 @@ until the poll interval passes or a NOTIFY from a committed start wakes it. Poll
 alone is correct (a transaction-mode pooler drops LISTEN); the notification only
 makes it prompt.
 
+Handlers run in a child process per slot (``EXECUTION = "process"``, see ``runner``)
+or on the slot thread (``"thread"``). A thread cannot be stopped from outside, so in
+thread execution the main thread supervises the slots: a slice past its time limit,
+or deaf to a cancel past its grace, is charged and abandoned, and a fresh thread takes
+the slot over so the worker keeps its capacity; past ``MAX_ABANDONED_THREADS`` the
+worker exits non-zero for its supervisor to restart it.
+
 Stopping is two-phase: the first SIGTERM/SIGINT stops claiming and asks running slices
-to yield (they are recorded as interrupted, which spends no budget); a second signal,
-or the grace period running out, exits at once and leaves the leases to expire.
+to yield (recorded as interrupted, which spends no budget); a second signal, or the
+grace period running out, ends the slices still running (killing their processes in
+process execution), hands their leases and every unstarted claim back uncharged, and
+exits.
 """
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import logging
 import os
 import re
@@ -28,8 +38,10 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connectio
 from django.db.backends.signals import connection_created
 
 from durable_jobs import conf, faults, store, validation
-from durable_jobs.executor import SliceReport, complete_deferred, run_slice
+from durable_jobs.context import Slice
+from durable_jobs.executor import DeferredCompletion, SliceReport, complete_deferred, run_slice, time_limit_failure
 from durable_jobs.heartbeat import Heartbeater, HeldLease
+from durable_jobs.runner import ChildRunner
 from durable_jobs.states import Lease
 
 log = logging.getLogger("durable_jobs.worker")
@@ -81,6 +93,23 @@ def worker_identity() -> str:
     return f"{host}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+@dataclasses.dataclass(eq=False)
+class SlotState:
+    """One slot thread and what it holds now, shared with the supervising main thread."""
+
+    number: int
+    generation: int
+    owner: str
+    thread: threading.Thread | None = None
+    current: Slice | None = None  # the slice running now
+    waiting: list[HeldLease] = dataclasses.field(default_factory=list)  # claims not started yet
+    finished: list[HeldLease] = dataclasses.field(default_factory=list)  # deferred, not yet completed
+    completions: list[DeferredCompletion] = dataclasses.field(default_factory=list)
+    abandoned: bool = False
+    batch: int = 1
+    last_slice: float = 0.0  # how long this slot's latest slice took (seconds)
+
+
 class Worker:
     def __init__(
         self,
@@ -88,7 +117,8 @@ class Worker:
         queues: Sequence[str] | None = None,
         concurrency: int = 1,
         burst: bool = False,
-        reconcile: bool = False,
+        reconcile: bool = True,
+        execution: str | None = None,
         using: str = DEFAULT_DB_ALIAS,
     ) -> None:
         settings = conf.get()
@@ -96,17 +126,21 @@ class Worker:
         self.concurrency = concurrency
         self.burst = burst
         self.reconcile = reconcile
+        self.execution = execution or settings.EXECUTION
+        if self.execution not in conf.EXECUTION_MODES:
+            raise ValueError(f"execution must be one of {conf.EXECUTION_MODES}, got {self.execution!r}")
         self.using = using
         self.identity = worker_identity()
         self.stopping = threading.Event()  # phase one: stop claiming, slices yield
         self.hard_stop = threading.Event()  # phase two: leave now
-        # Recent slice reports (bounded: a worker runs for weeks) and a running total.
-        self.recent: collections.deque[SliceReport] = collections.deque(maxlen=1000)
         self._slices_per_slot = [0] * concurrency
         self._wakes = [threading.Event() for _ in range(concurrency)]
         self._idle = [False] * concurrency
         self._idle_lock = threading.Lock()
         self._heartbeater = Heartbeater(using=using)
+        self._slots: list[SlotState] = []
+        self._unpaid: list[tuple[Slice, str]] = []  # abandoned slices whose charge has not landed yet
+        self.abandoned_threads = 0
         self._previous_handlers: dict[int, object] = {}
         self._failed = False
 
@@ -134,90 +168,238 @@ class Worker:
         """Run until stopped (or idle, in burst mode); return the process exit code."""
         settings = conf.get()
         connection_created.connect(tag_connection, dispatch_uid="durable_jobs.tag_connection")
-        log.info("worker %s starting: queues=%s concurrency=%d", self.identity, ",".join(self.queues), self.concurrency)
+        log.info("worker %s starting: queues=%s concurrency=%d execution=%s reconcile=%s", self.identity,
+                 ",".join(self.queues), self.concurrency, self.execution, "on" if self.reconcile else "off")
         self._heartbeater.start()
-        threads = [threading.Thread(target=self._slot, args=(n,), name=f"durable-slot-{n}", daemon=True)
-                   for n in range(self.concurrency)]
         if settings.NOTIFY_CHANNEL and not self.burst:
             threading.Thread(target=self._listen, args=(settings.NOTIFY_CHANNEL,), name="durable-listener",
                              daemon=True).start()
         if self.reconcile:
             threading.Thread(target=self._reconcile_loop, name="durable-reconciler", daemon=True).start()
-        for thread in threads:
-            thread.start()
+        for number in range(self.concurrency):
+            self._start_slot(number, generation=0)
+        # Process execution kills a child at the grace itself; give those kills time to land.
+        grace = settings.SHUTDOWN_GRACE + (5.0 if self.execution == "process" else 0.0)
         deadline = None
-        while any(t.is_alive() for t in threads):
-            if not self.stopping.is_set() and not all(t.is_alive() for t in threads):
-                # A slot died of something no handler should be able to cause. Exit non-zero
-                # so a supervisor restarts the worker rather than trusting a crippled one.
-                log.error("worker %s: a slot thread died; stopping", self.identity)
-                self.stopping.set()
-                self._failed = True
-            if not self._heartbeater.alive and not self.stopping.is_set():
-                log.error("worker %s: the heartbeat thread died; stopping so leases are not lost silently",
-                          self.identity)
-                self.stopping.set()
-                self._failed = True
-            if self.hard_stop.is_set():
-                log.warning("worker %s stopping at once; running leases will expire", self.identity)
-                return 1
-            if self.stopping.is_set() and deadline is None:
-                deadline = time.monotonic() + settings.SHUTDOWN_GRACE
-            if deadline is not None and time.monotonic() > deadline:
-                log.warning("worker %s: slices did not yield within %.0fs", self.identity, settings.SHUTDOWN_GRACE)
-                return 1
-            for thread in threads:
-                thread.join(timeout=0.1)
-        self.stopping.set()
-        self._heartbeater.stop()
-        log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
-        return 1 if self._failed else 0
+        try:
+            while any(slot.thread.is_alive() for slot in self._live_slots()):
+                if not self.stopping.is_set():
+                    self._check_health()
+                if self.execution == "thread":
+                    self._supervise()
+                if self.hard_stop.is_set():
+                    log.warning("worker %s stopping at once", self.identity)
+                    return 1
+                if self.stopping.is_set() and deadline is None:
+                    deadline = time.monotonic() + grace
+                if deadline is not None and time.monotonic() > deadline:
+                    log.warning("worker %s: slices did not yield within %.0fs", self.identity,
+                                settings.SHUTDOWN_GRACE)
+                    return 1
+                self._live_slots()[0].thread.join(timeout=0.1)
+            if self.execution == "thread":
+                self._supervise()  # charges still owed for abandoned slices
+            return 1 if self._failed else 0
+        finally:
+            self.stopping.set()
+            self._hand_back_everything()
+            self._heartbeater.stop()
+            log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
 
     @property
     def slices_run(self) -> int:
         return sum(self._slices_per_slot)
 
-    def _slot(self, number: int) -> None:
-        owner = f"{self.identity}/{number}"
-        wake = self._wakes[number]
+    def _live_slots(self) -> list[SlotState]:
+        return [slot for slot in self._slots if not slot.abandoned]
+
+    def _start_slot(self, number: int, *, generation: int) -> SlotState:
+        owner = f"{self.identity}/{number}" + (f".{generation}" if generation else "")
+        slot = SlotState(number=number, generation=generation, owner=owner)
+        name = f"durable-slot-{number}" + (f".{generation}" if generation else "")
+        slot.thread = threading.Thread(target=self._slot, args=(slot,), name=name, daemon=True)
+        self._slots.append(slot)
+        slot.thread.start()
+        return slot
+
+    def _check_health(self) -> None:
+        if not all(slot.thread.is_alive() for slot in self._live_slots()):
+            # A slot died of something no handler should be able to cause. Exit non-zero
+            # so a supervisor restarts the worker rather than trusting a crippled one.
+            log.error("worker %s: a slot thread died; stopping", self.identity)
+            self._fail()
+        if not self._heartbeater.alive:
+            log.error("worker %s: the heartbeat thread died; stopping so leases are not lost silently",
+                      self.identity)
+            self._fail()
+
+    def _fail(self) -> None:
+        self._failed = True
+        self.stopping.set()
+        for wake in self._wakes:
+            wake.set()
+
+    # --- thread execution: the supervisor ---
+    def _supervise(self) -> None:
+        """End thread slices past their time limit or deaf to a cancel; replace their slots."""
+        settings = conf.get()
+        now = time.monotonic()
+        for slot in self._live_slots():
+            context = slot.current
+            if context is None or context.abandoned:
+                continue
+            if context.past_time_limit(now):
+                self._abandon(slot, context, "time_limit")
+            elif context.cancel_observed and now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE:
+                self._abandon(slot, context, "cancel")
+        self._unpaid = [(context, why) for context, why in self._unpaid if not self._charge(context, why)]
+
+    def _abandon(self, slot: SlotState, context: Slice, why: str) -> None:
+        """Give up on a slot's thread: charge its slice, hand its claims back, start a new thread."""
+        context.abandon()
+        slot.abandoned = True
+        self._heartbeater.untrack(context)
+        self.abandoned_threads += 1
+        limit = conf.get().MAX_ABANDONED_THREADS
+        log.error("[%s %s] %s: abandoning thread %s (%d of %d abandoned threads allowed)", context.kind,
+                  context.id, "slice ran past its time limit" if why == "time_limit" else
+                  "handler ignored the cancel request past CANCEL_GRACE", slot.thread.name,
+                  self.abandoned_threads, limit)
+        if not self._charge(context, why):
+            self._unpaid.append((context, why))
+        self._hand_back(slot)
+        if self.abandoned_threads > limit:
+            log.error("worker %s: more than %d handler threads are stuck; exiting for a restart (use "
+                      "EXECUTION = 'process' to have stuck handlers killed instead)", self.identity, limit)
+            self._fail()
+        elif not self.stopping.is_set():
+            self._start_slot(slot.number, generation=slot.generation + 1)
+
+    def _charge(self, context: Slice, why: str) -> bool:
+        """Write what an abandoned slice owes; False when its row is busy (try next tick)."""
+        lock_ms = max(50, conf.ms(context.heartbeat_interval) // 4)
+        if why == "time_limit":
+            failure = time_limit_failure(context)
+            handler = context.handler
+
+            def write():
+                # A verdict is left for the next claim to record (with the kind's mirror):
+                # user code never runs on the supervisor.
+                return store.fail_slice(
+                    context.lease, error_class=failure.error_class, code=failure.code, message=failure.message,
+                    max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
+                    backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
+                    backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")), using=self.using)
+        else:
+            def write():
+                # Released with the cancel request standing: the reconciler ends it (with
+                # its mirror) on its next pass.
+                return store.release_lease(context.lease, delay_ms=0, using=self.using)
+        try:
+            store.with_lock_timeout(lock_ms, write, using=self.using)
+        except (DatabaseError, InterfaceError) as error:
+            log.info("[%s %s] charge for %s deferred: %s", context.kind, context.id, why, type(error).__name__)
+            keep_connection_healthy(self.using)
+            return False
+        return True
+
+    # --- shutdown ---
+    def _hand_back(self, slot: SlotState) -> None:
+        """Complete a slot's finished batch and release its unstarted claims, uncharged."""
+        completions, slot.completions = slot.completions, []
+        waiting, slot.waiting = slot.waiting, []
+        finished, slot.finished = slot.finished, []
+        try:
+            if completions:
+                complete_deferred(completions, using=self.using)
+            for entry in waiting:
+                if not entry.lease_lost:
+                    store.with_lock_timeout(200, lambda e=entry: store.release_lease(e.lease, delay_ms=0,
+                                                                                    using=self.using),
+                                            using=self.using)
+        except (DatabaseError, InterfaceError) as error:
+            log.warning("slot %s: could not hand its claims back (%s); their leases will expire", slot.owner,
+                        type(error).__name__)
+            keep_connection_healthy(self.using)
+        finally:
+            for entry in (*waiting, *finished):
+                self._heartbeater.untrack(entry)
+
+    def _hand_back_everything(self) -> None:
+        """At exit: hand back every lease still held, so nothing waits out an expiry.
+
+        A slice still running is recorded as interrupted (invariant 6: a shutdown spends
+        no budget); a claim never started is released. Busy rows (a fence still open)
+        are left to their lease.
+        """
+        for slot in self._slots:
+            if not slot.abandoned and (slot.waiting or slot.completions):
+                self._hand_back(slot)
+        for holder in self._heartbeater.held():
+            self._heartbeater.untrack(holder)
+            if holder.lease_lost:
+                continue
+            if isinstance(holder, Slice):
+                holder.abandon()
+
+                def write(h=holder):
+                    return store.yield_slice(h.lease, interrupted=True, using=self.using)
+            else:
+                def write(h=holder):
+                    return store.release_lease(h.lease, delay_ms=0, using=self.using)
+            try:
+                if store.with_lock_timeout(200, write, using=self.using) is not None:
+                    log.info("[%s %s] handed back at shutdown", holder.kind, holder.id)
+            except (DatabaseError, InterfaceError) as error:
+                log.warning("[%s %s] not handed back (%s); its lease will expire", holder.kind, holder.id,
+                            type(error).__name__)
+                keep_connection_healthy(self.using)
+
+    # --- a slot ---
+    def _slot(self, slot: SlotState) -> None:
+        wake = self._wakes[slot.number]
         settings = conf.get()
         ttl_ms = conf.ms(settings.LEASE_TTL)
+        runner = ChildRunner(role=f"durable-child-{slot.number}", stopping=self.stopping) \
+            if self.execution == "process" else None
         failures = 0
-        batch = 1
         try:
-            while not self.stopping.is_set():
+            while not self.stopping.is_set() and not slot.abandoned:
                 try:
                     keep_connection_healthy(self.using)
-                    claimed = store.dequeue(self.queues, owner, ttl_ms, limit=batch, using=self.using)
+                    if runner is not None:
+                        runner.ensure_started()  # before claiming: a claim should not wait for a boot
+                    claimed = store.dequeue(self.queues, slot.owner, ttl_ms, limit=slot.batch, using=self.using)
                     failures = 0
-                except (DatabaseError, InterfaceError) as error:
+                except Exception as error:  # noqa: BLE001 - the database or a child that will not start
                     failures += 1
                     delay = min(5.0, 0.1 * 2 ** failures)
-                    log.warning("slot %s: database unavailable (%s); retrying in %.1fs", owner,
+                    log.warning("slot %s: cannot claim (%s); retrying in %.1fs", slot.owner,
                                 validation.printable(f"{type(error).__name__}: {error}", limit=300), delay)
                     connections[self.using].close()
                     self.stopping.wait(delay)
                     continue
                 if claimed:
-                    self._set_idle(number, False)
+                    self._set_idle(slot.number, False)
                     try:
-                        quick = self._run_claimed(number, claimed, ttl_ms)
+                        quick = self._run_claimed(slot, claimed, ttl_ms, runner)
                     except (DatabaseError, InterfaceError) as error:
                         # Between slices (a lease extension or hand-back): the claims left
                         # keep their leases, which expire and are re-driven.
-                        log.warning("slot %s: database error between slices (%s)", owner, type(error).__name__)
+                        log.warning("slot %s: database error between slices (%s)", slot.owner, type(error).__name__)
                         connections[self.using].close()
                         quick = False
                     except Exception:  # noqa: BLE001 - a slot must outlive any one batch
-                        log.exception("slot %s: unexpected error between slices", owner)
+                        log.exception("slot %s: unexpected error between slices", slot.owner)
                         quick = False
-                    # Claim several at a time only while slices are quick: the claims wait
-                    # their turn holding leases, and a deep queue of no-op-like jobs should
-                    # not pay one claim transaction per job.
-                    full = len(claimed) == batch
-                    batch = min(settings.MAX_PREFETCH, batch * 2) if quick and full else 1 if not quick else batch
+                    # Claim several at a time only while this slot's slices are quick: the
+                    # claims wait their turn holding leases, and a deep queue of no-op-like
+                    # jobs should not pay one claim transaction per job.
+                    full = len(claimed) == slot.batch
+                    slot.batch = (min(settings.MAX_PREFETCH, slot.batch * 2) if quick and full
+                                  else 1 if not quick else slot.batch)
                     continue
-                if self.burst and self._set_idle(number, True):
+                if self.burst and self._set_idle(slot.number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over
                     for other in self._wakes:
                         other.set()  # the sleeping slots need not wait out their poll
@@ -225,54 +407,58 @@ class Worker:
                 wake.wait(settings.POLL_INTERVAL)
                 wake.clear()
         finally:
-            connections[self.using].close()
+            if runner is not None:
+                runner.close()
+            if not slot.abandoned:
+                connections[self.using].close()
 
-    def _run_claimed(self, number: int, claimed: list, ttl_ms: int) -> bool:
+    def _run_claimed(self, slot: SlotState, claimed: list, ttl_ms: int, runner: ChildRunner | None) -> bool:
         """Run a slot's claims in order; return True when every slice was quick.
 
-        A claim that waited long for its turn has its lease extended before it runs; one
-        left unstarted at shutdown is handed back at once (released, no budget spent).
+        The claims' leases are kept alive while they wait their turn and, once finished,
+        until their batched completion commits: a slow slice in the batch must not let
+        its neighbours' leases expire. Kinds without a mirror are completed together
+        after the batch (one statement, each row on its own epoch fence). A claim left
+        unstarted (shutdown, or a slow slice) is handed back at once, uncharged.
         """
-        if len(claimed) == 1:
-            self._record(number, run_slice(claimed[0], stopping=self.stopping, heartbeater=self._heartbeater,
-                                           using=self.using))
-            return self.recent[-1].duration < QUICK_SLICE
-        # The batch's leases are kept alive while they wait their turn and, once finished,
-        # until their batched completion commits: a slow slice in the batch must not let
-        # its neighbours' leases expire. Kinds without a mirror are completed together
-        # after the batch (one statement, each row on its own epoch fence).
         interval = conf.get().HEARTBEAT_INTERVAL
-        held = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed]
-        for entry in held:
+        batched = len(claimed) > 1
+        slot.waiting = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
+        for entry in slot.waiting:
             self._heartbeater.track(entry)
-        completions: list = []
         quick = True
         try:
-            for index, job in enumerate(claimed):
-                if self.stopping.is_set() or not quick:
-                    # Shutting down, or a slice was slow: hand the unstarted claims back at
-                    # once (no budget spent) for another slot to take.
-                    for entry in held[index:]:
-                        if not entry.lease_lost:
-                            store.release_lease(entry.lease, delay_ms=0, using=self.using)
+            for job in claimed:
+                if slot.abandoned:
                     return False
-                if held[index].lease_lost:
-                    continue  # taken over while it waited: not ours to run
+                if self.stopping.is_set() or not quick:
+                    self._hand_back(slot)
+                    return False
+                entry = slot.waiting.pop(0) if batched else None
+                if entry is not None:
+                    self._heartbeater.untrack(entry)
+                    if entry.lease_lost:
+                        continue  # taken over while it waited: not ours to run
                 report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
-                                   completions=completions, using=self.using)
-                self._record(number, report)
+                                   completions=slot.completions if batched else None,
+                                   runner=runner.run if runner is not None else None,
+                                   using=self.using, on_start=lambda context: setattr(slot, "current", context))
+                slot.current = None
+                if entry is not None and report.outcome == "deferred":
+                    slot.finished.append(entry)
+                    self._heartbeater.track(entry)
+                self._record(slot, report)
                 quick = report.duration < QUICK_SLICE
         finally:
-            if completions:
-                faults.point("before_batched_completion")
-                complete_deferred(completions, using=self.using)
-            for entry in held:
-                self._heartbeater.untrack(entry)
+            if not slot.abandoned:  # an abandoned slot's claims were handed back by the supervisor
+                if slot.completions:
+                    faults.point("before_batched_completion")
+                self._hand_back(slot)
         return quick
 
-    def _record(self, number: int, report: SliceReport) -> None:
-        self.recent.append(report)  # deque.append is thread-safe
-        self._slices_per_slot[number] += 1  # each slot writes only its own cell
+    def _record(self, slot: SlotState, report: SliceReport) -> None:
+        slot.last_slice = report.duration
+        self._slices_per_slot[slot.number] += 1  # one live thread per slot number writes its cell
 
     def _set_idle(self, number: int, idle: bool) -> bool:
         with self._idle_lock:
@@ -280,10 +466,18 @@ class Worker:
             return all(self._idle)
 
     def _listen(self, channel: str) -> None:
-        """Wake every idle slot when a start commits; reconnect with backoff when cut."""
+        """Wake the slots when a start commits; reconnect with backoff when cut.
+
+        The backoff is reset only after a connection has stayed up for a while: a LISTEN
+        that succeeds on a connection that dies at once (a pooler, a server restarting)
+        must not turn into a reconnect loop. After every (re)connect the slots are woken
+        for one dequeue pass each, since notifications sent while no LISTEN was in place
+        are lost.
+        """
         failures = 0
         while not self.stopping.is_set():
             raw = None
+            connected_at = None
             try:
                 connection = connections[self.using]
                 params = connection.get_connection_params()
@@ -291,16 +485,19 @@ class Worker:
                 raw = connection.get_new_connection(params)
                 raw.autocommit = True
                 store.listen(raw, channel)
-                failures = 0
+                connected_at = time.monotonic()
+                self._wake_all()
                 while not self.stopping.is_set():
                     for _ in raw.notifies(timeout=1.0, stop_after=1):
-                        for wake in self._wakes:
-                            wake.set()
+                        self._wake_all()
+                    if failures and time.monotonic() - connected_at > LISTENER_HEALTHY:
+                        failures = 0
             except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
                 failures += 1
-                log.info("listener reconnecting after %s",
+                delay = min(30.0, 0.2 * 2 ** failures)
+                log.info("listener reconnecting in %.1fs after %s", delay,
                          validation.printable(f"{type(error).__name__}: {error}", limit=300))
-                self.stopping.wait(min(5.0, 0.2 * 2 ** failures))
+                self.stopping.wait(delay)
             finally:
                 if raw is not None:
                     try:
@@ -308,8 +505,16 @@ class Worker:
                     except Exception:  # noqa: BLE001
                         pass
 
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
     def _reconcile_loop(self) -> None:
         from durable_jobs.reconciler import Reconciler
 
         reconciler = Reconciler(using=self.using)
         reconciler.run(stop=self.stopping)
+
+
+#: A listener connection up this long (seconds) has proved itself: its backoff resets.
+LISTENER_HEALTHY = 30.0

@@ -30,9 +30,10 @@ DURABLE_JOBS = {
 for _name, _default in list(DURABLE_JOBS.items()) + [
     ("MAX_CONSECUTIVE_FAILURES", None), ("MAX_MIRROR_ATTEMPTS", None),
     ("MAX_REDRIVES_WITHOUT_COMMIT", None), ("RECONCILE_INTERVAL", None), ("FENCED_IDLE_TIMEOUT", None),
-    ("MAX_PREFETCH", None),
+    ("MAX_PREFETCH", None), ("TIME_LIMIT", None), ("CANCEL_GRACE", None), ("MAX_ABANDONED_THREADS", None),
+    ("EXECUTION", None),
 ]:
     _raw = os.environ.get(f"DURABLE_JOBS_{_name}")
     if _raw is not None:
-        DURABLE_JOBS[_name] = int(_raw) if _name.startswith("MAX_") else float(_raw)
+        DURABLE_JOBS[_name] = _raw if _name == "EXECUTION" else int(_raw) if _name.startswith("MAX_") else float(_raw)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

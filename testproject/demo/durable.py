@@ -98,3 +98,47 @@ def suicide(job: durable.Slice):
 def noop(job: durable.Slice):
     """Do nothing: for measuring the machinery itself."""
     return durable.DONE
+
+
+def sleeping_mirror(job, outcome: str) -> None:
+    """A mirror that holds the job's row (the terminal transaction) for ``input.mirror_seconds``."""
+    time.sleep(float(job.input.get("mirror_seconds", 0)))
+
+
+@durable.handler("demo.slow_mirror", mirror=sleeping_mirror)
+def slow_mirror(job: durable.Slice):
+    """Finish at once; the slowness is all in the mirror, with the row locked."""
+    return durable.DONE
+
+
+@durable.handler("demo.long_fence")
+def long_fence(job: durable.Slice):
+    """One fenced unit that spends ``input.seconds`` on the server (``pg_sleep``), then writes.
+
+    Nothing is committed before the unit ends, so a connection cut inside it shows how
+    the slice's end is charged. From the ``input.short_after``-th re-drive on it is quick.
+    """
+    from django.db import connection
+
+    seconds = float(job.input.get("seconds", 1))
+    if job.job.redrives >= int(job.input.get("short_after", 10**6)):
+        seconds = 0.1
+    with job.fenced():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(%s)", [seconds])
+        Effect.objects.create(job_id=job.id, item=0, epoch=job.lease.epoch)
+    return durable.Done({"written": 1})
+
+
+@durable.handler("demo.nested_fence")
+def nested_fence(job: durable.Slice):
+    """A fenced write inside the handler's own ``atomic()``, which then stays open
+    ``input.hold`` seconds: the row stays locked past the fence until the outer commit."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        with job.fenced():
+            Effect.objects.create(job_id=job.id, item=0, epoch=job.lease.epoch)
+        time.sleep(float(job.input.get("hold", 0)))
+    time.sleep(float(job.input.get("after", 0)))
+    return durable.DONE

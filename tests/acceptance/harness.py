@@ -44,7 +44,23 @@ class Process:
         return self.popen.pid
 
     def signal(self, signum: int) -> None:
+        """Signal the worker; SIGSTOP and SIGCONT reach its handler processes too.
+
+        A stall that freezes a worker (a VM pause, swap, a debugger) freezes the children
+        running its handlers with it; stopping the parent alone would leave them writing
+        under a lease nobody renews, which is a different (and also fenced) scenario.
+        """
+        if signum in (signal.SIGSTOP, signal.SIGCONT):
+            for pid in descendants(self.pid):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
         self.popen.send_signal(signum)
+
+    def children(self) -> list[int]:
+        """The worker's handler processes (process execution), by pid."""
+        return descendants(self.pid)
 
     def wait(self, timeout: float = 30) -> int:
         return self.popen.wait(timeout=timeout)
@@ -61,6 +77,27 @@ class Process:
             self.popen.kill()
             self.popen.wait(timeout=10)
         self._log.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (read from /proc), nearest first."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: the ppid follows the last ')'.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for parent in frontier for child in parents.get(parent, [])]
+        found.extend(children)
+        frontier = children
+    return found
 
 
 def worker(db_url: str, *args: str, app_name: str = "durable-test-worker", env: dict[str, str] | None = None) -> Process:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from django.db.models import Count
@@ -168,17 +169,25 @@ def test_sigterm_yields_interrupted_and_the_next_worker_finishes(processes):
     effects_exactly_once(job, 30)
 
 
-def test_second_signal_exits_at_once(processes):
+def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processes):
+    """Issue 9: a worker stopped at once used to leave its lease to expire, and the re-drive
+    was charged to the poison budget. Now the slice is handed back as an interruption."""
     job = durable.start("demo.sleep", input={"seconds": 60, "stubborn": True})
     worker = processes.worker()
     wait_until(lambda: status_of(job) == "running", message="the slice to start")
+    wait_until(worker.children, message="the handler's process")
+    children = worker.children()
     worker.signal(signal.SIGTERM)
     time.sleep(0.5)
     assert worker.popen.poll() is None, "a stubborn slice keeps the first signal waiting (grace is 10 s)"
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=8) == 1
     assert "stopping at once" in worker.output()
-    assert reload(job).status == "running", "the lease is left to expire; the reconciler re-drives it"
+    after = reload(job)
+    assert (after.status, after.lease_owner, after.interruptions) == ("pending", None, 1), "handed back at once"
+    assert (after.redrives, after.redrives_since_commit, after.consecutive_failures) == (0, 0, 0), "nothing spent"
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), timeout=10,
+               message="the handler's process to end with its worker")
 
 
 def test_terminated_slot_connections_are_survived(processes):
@@ -210,14 +219,21 @@ def test_a_long_computation_keeps_its_lease_through_the_background_heartbeat(pro
     assert final.redrives == 0 and final.lease_epoch == 1, "never taken for an orphan"
 
 
-def test_a_stuck_slice_loses_its_lease_and_a_poison_job_is_parked(processes):
+def test_a_handler_that_never_returns_is_killed_at_its_time_limit_and_fails_with_advice(processes):
+    """Issue 9: a stuck handler used to keep its slot and loop through re-drives. Process
+    execution kills it at the time limit (twice the budget), charges a time_limit failure
+    with backoff, and the job ends failed with a message saying what to change; the slot
+    keeps serving other jobs all along."""
     job = durable.start("demo.sleep", input={"seconds": 120, "stubborn": True})
-    healthy = durable.start("demo.flaky", input={"failures": 0}, run_after=4)
-    processes.worker("--concurrency", "3", "--reconcile", env={
-        "DURABLE_JOBS_SLICE_BUDGET": "0.5", "DURABLE_JOBS_RECONCILE_INTERVAL": "0.3",
-        "DURABLE_JOBS_MAX_REDRIVES_WITHOUT_COMMIT": "1",
+    healthy = durable.start("demo.flaky", input={"failures": 0}, run_after=2)
+    worker = processes.worker("--concurrency", "1", env={
+        "DURABLE_JOBS_SLICE_BUDGET": "0.5", "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "3",
     })
-    wait_until(lambda: status_of(job) == "failed", timeout=60, message="the stuck job to be parked")
+    wait_until(lambda: status_of(job) == "failed", timeout=60, message="the stuck job to fail")
     final = reload(job)
-    assert final.error_code == "poison" and final.parked_at is not None and final.redrives == 2
-    wait_until(lambda: status_of(healthy) == "completed", message="other jobs to keep flowing")
+    assert (final.error_code, final.consecutive_failures, final.redrives) == ("retry_exhausted", 3, 0)
+    assert "time limit of 1s" in final.error_message and "raise time_limit" in final.error_message
+    assert final.parked_at is None, "a verdict, not a park: the handler's own behaviour"
+    wait_until(lambda: status_of(healthy) == "completed", message="other jobs to keep flowing on the one slot")
+    assert worker.output().count("outcome=retrying") == 2
+    assert worker.popen.poll() is None, "the worker itself never wedged"

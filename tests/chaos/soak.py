@@ -1,6 +1,11 @@
 """A randomized soak: several workers, two reconcilers, a mixed workload, faults every few
 seconds and a PostgreSQL crash-restart, then the invariant checker over the recorded history.
 
+The workers alternate between process and thread execution; the workload mixes short and
+multi-slice jobs with handlers that overrun their time limit, never return, and hold slow
+mirrors. A worker that exits (thread execution gives up past MAX_ABANDONED_THREADS) is
+started again, as its supervisor would.
+
     python -m tests.chaos.soak --seed 7 --seconds 45        # the short run CI makes
     python -m tests.chaos.soak --seed 7 --seconds 600       # a long one
 
@@ -82,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     history.install()
 
     def spawn(kind: str, n: int) -> Process:
-        args = ["durable_worker", "-v", "1", "--concurrency", "2"] if kind == "worker" else \
-            ["durable_worker", "-v", "1", "--reconcile", "--queues", "nowhere"]
+        if kind == "worker":
+            args = ["durable_worker", "-v", "1", "--concurrency", "2",
+                    "--execution", "thread" if n % 2 else "process"]
+        else:
+            args = ["durable_reconciler", "-v", "1"]
         return Process(args, db_url=url, app_name=f"durable-soak-{kind}-{n}")
 
     fleet = {f"worker-{n}": spawn("worker", n) for n in range(WORKERS)}
@@ -95,9 +103,15 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(count):
             roll = rng.random()
             try:
-                if roll < 0.6:
+                if roll < 0.5:
                     job = durable.start("demo.import", input={"rows": rng.randint(3, 12), "batch": rng.randint(1, 3),
                                                               "delay": rng.choice([0.0, 0.05, 0.2])})
+                elif roll < 0.6:
+                    job = durable.start("demo.slow_mirror", input={"mirror_seconds": rng.uniform(0.5, 3.0)})
+                elif roll < 0.63:  # each unit outlasts the 1 s time limit: ends retry_exhausted
+                    job = durable.start("demo.import", input={"rows": 2, "batch": 1, "delay": 1.5})
+                elif roll < 0.65:  # never returns: killed or abandoned at every try
+                    job = durable.start("demo.sleep", input={"seconds": 3600, "stubborn": True})
                 elif roll < 0.8:
                     job = durable.start("demo.flaky", input={"failures": rng.randint(0, 3)})
                 elif roll < 0.9:
@@ -116,8 +130,16 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     next_fault = began + rng.uniform(1, 3)
     stopped: dict[str, float] = {}
+    def restart_exited() -> None:
+        for name, process in list(fleet.items()):
+            if name not in stopped and process.popen.poll() is not None:
+                faults.append(f"{time.monotonic() - began:5.1f}s {name} exited ({process.popen.returncode}); restarted")
+                log(faults[-1])
+                fleet[name] = spawn(name.split("-")[0], int(name.split("-")[1]) + 10 * len(faults))
+
     while (elapsed := time.monotonic() - began) < args.seconds:
         start_some(rng.randint(1, 4))
+        restart_exited()
         for name, until in list(stopped.items()):
             if time.monotonic() >= until:
                 fleet[name].signal(signal.SIGCONT)
@@ -160,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             live = -1
         if live == 0 or time.monotonic() > deadline:
             break
+        restart_exited()
         time.sleep(0.5)
     for process in fleet.values():
         process.signal(signal.SIGTERM)

@@ -34,12 +34,34 @@ def finish_with_rescuer(processes, jobs, *, timeout: float = 60) -> None:
                                    "terminal_inside", "terminal_after", "before_heartbeat"])
 def test_sigkill_at_a_named_point_loses_nothing_and_duplicates_nothing(recorded, processes, point):
     jobs = start_imports(3, rows=6, delay=0.2)  # long enough for heartbeats to come due
-    victim = processes.worker(app_name="durable-victim", env={"DURABLE_JOBS_FAULTS": f"{point}=kill@2"})
+    # Thread execution: the domain points run in the handler's process, which is the
+    # worker itself only there (process execution: see the test below).
+    victim = processes.worker(app_name="durable-victim", env={"DURABLE_JOBS_FAULTS": f"{point}=kill@2",
+                                                              "DURABLE_JOBS_EXECUTION": "thread"})
     victim.wait(timeout=60)
     assert victim.popen.returncode == -signal.SIGKILL, victim.output()
     assert f"FAULT {point} kill" in victim.output()
     finish_with_rescuer(processes, jobs)
     assert all(job.status == "completed" for job in Job.objects.filter(id__in=[j.id for j in jobs]))
+    assert_invariants(recorded, processes)
+
+
+@pytest.mark.parametrize("point", ["domain_before_commit", "domain_after_commit"])
+def test_process_execution__a_handler_process_killed_inside_or_after_its_fence(recorded, processes, point):
+    """Process execution: SIGKILL lands in the child running the handler, mid-fence or just
+    after its commit. The worker lives on, charges the interruption to the re-drive budget,
+    and the job resumes from its checkpoint: nothing lost, nothing written twice."""
+    jobs = start_imports(3, rows=6, delay=0.2)
+    worker = processes.worker("--concurrency", "2", "--reconcile", app_name="durable-victim",
+                              env={**RESCUE, "DURABLE_JOBS_FAULTS": f"{point}=kill@2"})
+    ids = [job.id for job in jobs]
+    wait_until(lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
+               timeout=60, message="every job to finish")
+    assert f"FAULT {point} kill" in worker.output()
+    assert "died (signal 9)" in worker.output()
+    assert worker.popen.poll() is None, "only the handler's process died"
+    assert all(job.status == "completed" for job in Job.objects.filter(id__in=ids))
+    assert sum(job.redrives for job in Job.objects.filter(id__in=ids)) >= 1, "the crash was charged"
     assert_invariants(recorded, processes)
 
 

@@ -8,7 +8,7 @@ from django.db.models import Count
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.models import Job
-from durable_jobs.worker import Worker
+from durable_jobs.worker import SlotState, Worker
 from tests.factories import reload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,7 +29,8 @@ def test_claims_left_unstarted_at_shutdown_are_handed_back_without_spending_budg
     worker = Worker(concurrency=1)
     claimed = store.dequeue(["default"], "slot", 60_000, limit=3)
     worker.stopping.set()
-    assert worker._run_claimed(0, claimed, 60_000) is False
+    slot = SlotState(number=0, generation=0, owner="slot")
+    assert worker._run_claimed(slot, claimed, 60_000, None) is False
     for job in claimed:
         after = reload(job)
         assert (after.status, after.lease_owner, after.redrives, after.consecutive_failures) == ("running", None, 0, 0)

@@ -41,10 +41,14 @@ class Command(BaseCommand):
                             help="exit once no job is due (for scripts and tests)")
         parser.add_argument("--reconcile", action="store_true",
                             help="also run the reconciler loop inside this worker")
+        parser.add_argument("--execution", choices=("process", "thread"), default=None,
+                            help="run handlers in a child process per slot, killable at the time limit "
+                                 "(default), or on the slot threads (default: DURABLE_JOBS EXECUTION)")
         parser.add_argument("--metrics-port", type=positive_int, default=None,
                             help="serve Prometheus counters on 127.0.0.1:PORT (needs durable-jobs[prometheus])")
 
-    def handle(self, *args, queues, concurrency, burst, reconcile, metrics_port, verbosity, **options) -> None:
+    def handle(self, *args, queues, concurrency, burst, reconcile, execution, metrics_port, verbosity,
+               **options) -> None:
         logging.getLogger("durable_jobs").setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
         if metrics_port is not None:
             try:
@@ -52,7 +56,8 @@ class Command(BaseCommand):
             except ImportError:
                 raise CommandError("--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]") from None
             prometheus.serve(metrics_port)
-        worker = Worker(queues=queues, concurrency=concurrency, burst=burst, reconcile=reconcile)
+        worker = Worker(queues=queues, concurrency=concurrency, burst=burst, reconcile=reconcile,
+                        execution=execution)
         worker.install_signal_handlers()
         try:
             code = worker.run()

@@ -1,0 +1,148 @@
+"""The child process of process execution: runs handlers, one slice at a time, for one slot.
+
+Started by ``durable_jobs.runner.ChildRunner`` as ``python -m durable_jobs.child CMD_FD RESULT_FD``
+in a session (process group) of its own, with the worker's settings module in its
+environment. It reads one JSON line per message from CMD_FD and writes one per answer
+to RESULT_FD; the handler's own stdout and stderr stay the worker's.
+
+Messages in: ``run`` (a job id and the lease the worker claimed it under), and, about
+the slice running now, ``cancel``, ``lease_lost`` and ``stop`` (the worker is shutting
+down). Answers out: ``ready`` once Django is set up, then one ``Ran`` per ``run``.
+
+The child holds no lease of its own: the worker keeps the lease alive, records the
+outcome, and kills this process group at the time limit, on a cancel or a shutdown past
+its grace. What the child writes goes through ``fenced()`` on its own connection, under
+the same owner and epoch fence as any holder's write, so a child that outlives its lease
+lands nothing. When the worker dies the command pipe reaches end of file and the child
+exits at once: it never runs on unsupervised.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger("durable_jobs.child")
+
+
+class Mailbox:
+    """Messages from the worker: ``run`` requests queued, slice flags applied as they arrive."""
+
+    def __init__(self, stream) -> None:
+        self.runs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._current = None  # (job id, Slice) of the slice running now
+        self._early: dict[str, set[str]] = {}  # flags for a slice not started yet
+        self._stream = stream
+
+    def read_forever(self) -> None:
+        for line in self._stream:
+            message = json.loads(line)
+            op = message["op"]
+            if op == "run":
+                self.runs.put(message)
+            elif op == "stop":
+                self.stopping.set()
+            else:
+                self._flag(message["job_id"], op)
+        # End of file: the worker is gone (or asked us to leave). Nobody supervises the
+        # handler any more, so do not let it run on.
+        os._exit(0)
+
+    def _flag(self, job_id: str, op: str) -> None:
+        with self._lock:
+            current = self._current
+            if current is not None and current[0] == job_id:
+                _apply(current[1], op)
+            else:
+                self._early.setdefault(job_id, set()).add(op)
+
+    def begin(self, job_id: str, context) -> None:
+        with self._lock:
+            self._current = (job_id, context)
+            for op in self._early.pop(job_id, ()):
+                _apply(context, op)
+
+    def end(self) -> None:
+        with self._lock:
+            self._current = None
+
+
+def _apply(context, op: str) -> None:
+    if op == "cancel":
+        context.observe_cancel()
+    elif op == "lease_lost":
+        context.mark_lease_lost()
+
+
+def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, Any]:
+    """Run the slice ``message`` names and return its ``Ran`` as a dict."""
+    from durable_jobs import executor, registry, store
+    from durable_jobs.context import Slice
+    from durable_jobs.states import Lease
+    from durable_jobs.worker import keep_connection_healthy
+
+    keep_connection_healthy(using)
+    lease = Lease(job_id=message["job_id"], owner=message["owner"], epoch=message["epoch"], ttl_ms=message["ttl_ms"])
+    job = store.get_job_unscoped(lease.job_id, using=using)
+    if job is None or job.status != "running" or job.lease_owner != lease.owner or job.lease_epoch != lease.epoch:
+        return executor.Ran(end="lease_lost").as_dict()
+    handler = registry.get(job.kind) or executor._unregistered(job.kind)
+    context = Slice(job, handler, lease, stopping=mailbox.stopping, using=using)
+    mailbox.begin(message["job_id"], context)
+    try:
+        return executor.invoke(context, using=using).as_dict()
+    finally:
+        mailbox.end()
+
+
+def main(argv: list[str]) -> None:
+    command_fd, result_fd = int(argv[1]), int(argv[2])
+    import django
+
+    django.setup()
+    from django.db import InterfaceError, OperationalError, connections
+
+    level = os.environ.get("DURABLE_JOBS_LOG_LEVEL")
+    if level:
+        logging.getLogger("durable_jobs").setLevel(level.upper())
+
+    results = os.fdopen(result_fd, "w", buffering=1)
+    commands = os.fdopen(command_fd, "r")
+    # First word from the worker: the database as it reaches it.
+    database = json.loads(commands.readline() or "null")
+    if not database or database.get("op") != "database":
+        sys.exit("durable_jobs.child: expected the worker's database first")
+    using = database["alias"]
+    connections[using].settings_dict.update(database["settings"])
+    mailbox = Mailbox(commands)
+    threading.Thread(target=mailbox.read_forever, name="durable-child-mailbox", daemon=True).start()
+
+    def answer(payload: dict[str, Any]) -> None:
+        results.write(json.dumps(payload, separators=(",", ":")) + "\n")
+        results.flush()
+
+    answer({"op": "ready", "pid": os.getpid()})
+    while True:
+        message = mailbox.runs.get()
+        try:
+            ran = run_one(message, mailbox, using)
+        except (OperationalError, InterfaceError) as error:
+            # Loading the job failed on a dead connection: infrastructure, not the work.
+            connections[using].close()
+            ran = {"end": "interrupted", "message": f"interrupted: database connection lost ({type(error).__name__})"}
+        except Exception as error:  # noqa: BLE001 - report it; the worker records a failed slice
+            log.exception("child: slice bookkeeping failed")
+            ran = {"end": "failed", "error_class": "transient", "code": "child_error",
+                   "message": f"{type(error).__name__}: {error}"[:2000]}
+        answer({"op": "ran", **ran})
+
+
+if __name__ == "__main__":
+    main(sys.argv)

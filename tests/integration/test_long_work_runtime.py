@@ -1,0 +1,182 @@
+"""The runtime pieces behind long work (issue 9 and review items 4, 6): the one-statement
+heartbeat, the interruption charge, fenced writes as committed units, connection-loss
+classification, time-limit policy and the worker's per-slot prefetch state."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from django.db import connection
+
+import durable_jobs as durable
+from durable_jobs import conf, registry, store, testing
+from durable_jobs.exceptions import ConfigurationError
+from durable_jobs.executor import is_connection_loss
+from tests.factories import reload, running
+from tests.integration.support import lease_of, other_connection_fixture  # noqa: F401
+
+
+# ---------------------------------------------------------------------------------------
+# heartbeat_leases: one statement, never waiting behind a locked row (invariants 5, 12)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_heartbeat_leases__skips_a_locked_row_and_beats_the_others(other_connection):
+    """Invariant 5: one row locked by its own fence (another connection here) must not
+    delay the others' beats; it is reported busy, not lost."""
+    locked, free, cancelled = running(), running(), running(cancel_requested_at=-1)
+    taken = running()
+    stale = lease_of(taken, epoch=taken.lease_epoch - 1)  # someone claimed it since
+    before = reload(free).lease_expires_at
+
+    other_connection.execute("BEGIN")
+    other_connection.execute("SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [locked.id])
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
+        answers = store.heartbeat_leases([lease_of(locked), lease_of(free), lease_of(cancelled), stale])
+    finally:
+        other_connection.execute("ROLLBACK")
+        with connection.cursor() as cursor:
+            cursor.execute("RESET lock_timeout")
+    assert answers == {locked.id: store.BUSY, free.id: store.BEATEN, cancelled.id: store.CANCEL_REQUESTED,
+                       taken.id: store.LOST}
+    assert reload(free).lease_expires_at > before
+    assert reload(locked).lease_expires_at == locked.lease_expires_at, "the busy row was not touched"
+
+
+@pytest.mark.django_db
+def test_heartbeat_leases__refuses_a_lease_released_by_its_holder():
+    """Invariant 4: a released lease (a failed slice) is no longer the holder's to extend."""
+    job = running()
+    lease = lease_of(job)
+    store.release_lease(lease, delay_ms=0)
+    assert store.heartbeat_leases([lease]) == {job.id: store.LOST}
+    assert reload(job).lease_owner is None
+
+
+# ---------------------------------------------------------------------------------------
+# charge_interruption: a crash the worker lived to report (invariant 14a)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_charge_interruption__redrives_on_the_poison_budget_not_the_failure_count():
+    job = running(consecutive_failures=1, redrives_since_commit=0)
+    row = store.charge_interruption(lease_of(job), reason="interrupted: connection lost", backoff_ms=0,
+                                    max_redrives=3)
+    assert (row.status, row.lease_owner, row.lease_epoch) == ("pending", None, job.lease_epoch + 1)
+    assert (row.redrives, row.redrives_since_commit, row.consecutive_failures) == (1, 1, 1)
+    assert row.error_message == "interrupted: connection lost"
+
+
+@pytest.mark.django_db
+def test_charge_interruption__parks_poison_past_the_budget():
+    job = running(redrives_since_commit=2)
+    row = store.charge_interruption(lease_of(job), reason="interrupted: the process died", backoff_ms=0,
+                                    max_redrives=2)
+    assert (row.status, row.error_code) == ("failed", "poison")
+    assert row.parked_at is not None and "the process died" in row.error_message
+
+
+@pytest.mark.django_db
+def test_charge_interruption__is_fenced_on_owner_and_epoch():
+    job = running()
+    assert store.charge_interruption(lease_of(job, owner="someone-else"), reason="x", backoff_ms=0,
+                                     max_redrives=5) is None
+    assert store.charge_interruption(lease_of(job, epoch=job.lease_epoch - 1), reason="x", backoff_ms=0,
+                                     max_redrives=5) is None
+    assert reload(job).status == "running" and reload(job).redrives == 0
+
+
+# ---------------------------------------------------------------------------------------
+# fenced(): a committed unit (review item 4, invariant 7)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_fenced_write_is_a_committed_unit_that_forgives_failures(kinds, settings):
+    """Invariant 7. Every try makes one fenced write, then fails. A fenced write resets
+    the failure count, so with a budget of two the job is never exhausted, and
+    ``last_committed_at`` records the unit. (It was: three writes landed, then
+    ``retry_exhausted`` with ``last_committed_at`` still null.)"""
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "MAX_CONSECUTIVE_FAILURES": 2}
+    writes = []
+
+    def handler(job):
+        with job.fenced():
+            writes.append(job.attempt)
+        if len(writes) < 4:
+            raise durable.TransientError("fails after its write")
+        return durable.DONE
+
+    kinds.add("tests.fenced_then_fails", handler)
+    job = durable.start("tests.fenced_then_fails")
+    outcomes = [report.outcome for report in testing.run_jobs(fast_forward=True)]
+    assert outcomes == ["retrying", "retrying", "retrying", "completed"]
+    final = reload(job)
+    assert final.status == "completed" and final.last_committed_at is not None
+    assert writes == [1, 2, 2, 2], "each try saw only the failure since its last unit"
+
+
+# ---------------------------------------------------------------------------------------
+# Connection loss is an interruption; a statement's own error is not (issue 9 item 5)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_is_connection_loss__a_terminated_backend_is_a_loss(other_connection):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    cut = threading.Timer(0.3, lambda: other_connection.execute("SELECT pg_terminate_backend(%s)", [pid]))
+    cut.start()
+    with pytest.raises(Exception) as raised:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(10)")
+    cut.join()
+    connection.close()
+    assert is_connection_loss(raised.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_is_connection_loss__deadlocks_timeouts_and_constraint_errors_are_the_work_s_own():
+    for sql in ("SET LOCAL statement_timeout = '10ms'; SELECT pg_sleep(1)",
+                "SELECT 1/0",
+                "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END $$",
+                "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END $$"):
+        with pytest.raises(Exception) as raised:
+            with connection.cursor() as cursor:
+                cursor.execute("BEGIN")
+                cursor.execute(sql)
+        connection.close()
+        assert not is_connection_loss(raised.value), sql
+    assert is_connection_loss(psycopg.OperationalError("server closed the connection unexpectedly"))
+
+
+# ---------------------------------------------------------------------------------------
+# Policy: the time limit and the execution mode
+# ---------------------------------------------------------------------------------------
+
+
+def test_time_limit__defaults_to_twice_the_budget_and_a_kind_may_set_its_own(kinds):
+    assert kinds.add("tests.tl_default", slice_budget=4).time_limit_seconds() == 8
+    assert kinds.add("tests.tl_own", slice_budget=4, time_limit=30).time_limit_seconds() == 30
+
+
+def test_time_limit__must_exceed_the_budget(kinds):
+    with pytest.raises(ConfigurationError, match="time_limit .* must exceed slice_budget"):
+        registry.handler("tests.tl_bad", slice_budget=10, time_limit=5)(lambda job: "done")
+    assert registry.get("tests.tl_bad") is None
+
+
+def test_settings__execution_is_process_or_thread():
+    assert conf.load({}).EXECUTION == "process"
+    assert conf.load({"EXECUTION": "thread"}).EXECUTION == "thread"
+    with pytest.raises(ConfigurationError, match="EXECUTION.*'process', 'thread'.*'fork'"):
+        conf.load({"EXECUTION": "fork"})
+    with pytest.raises(ConfigurationError, match="TIME_LIMIT"):
+        conf.load({"TIME_LIMIT": -1})
