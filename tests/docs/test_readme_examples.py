@@ -73,6 +73,12 @@ def stand_ins() -> dict:
 
 FIXTURES = {"db": None}  # what an example's own test function may ask for
 
+#: What a completed job of each kind the examples start must hold: (result, checkpoint).
+#: A kind missing here fails the test: say what its example is expected to produce.
+EXPECTED = {
+    "reports.rebuild": ({"rows": len(SOURCE_ROWS)}, {"cursor": SOURCE_ROWS[-1], "rows": len(SOURCE_ROWS)}),
+}
+
 
 def run_examples(examples: list[Example], namespace: dict) -> None:
     """Run each example in ``namespace``; settings fragments alone; call the tests they define."""
@@ -128,12 +134,18 @@ def test_examples__run_and_every_job_they_start_ends_as_asked(document, register
 
     testing.run_jobs(fast_forward=True)
     Reconciler().run_pass()  # ends the pending jobs an example asked to cancel
-    for job in Job.objects.exclude(id__in=existing):
+    started = list(Job.objects.exclude(id__in=existing))
+    if any("durable.start" in example.code for example in examples):
+        assert started, f"{_ids(document)}: its examples start jobs, yet none was found"
+    for job in started:
         expected = "cancelled" if job.cancel_requested_at else "completed"
         assert job.status == expected, (
             f"{_ids(document)}: a {job.kind} job ended {job.status} "
             f"({job.error_code}: {job.error_message}), expected {expected}"
         )
+        if job.status == "completed":
+            assert job.kind in EXPECTED, f"{_ids(document)}: add what a {job.kind} job should produce to EXPECTED"
+            assert (job.result, job.checkpoint) == EXPECTED[job.kind], _ids(document)
 
 
 def readme_example(containing: str) -> Example:
