@@ -51,6 +51,7 @@ class Settings:
     MAX_CONSECUTIVE_FAILURES: int = 5
     #: Retry backoff: base * 2**(failures-1), capped, with full jitter on the top half.
     RETRY_BACKOFF_BASE: float = 2.0
+    #: Longest retry backoff; must be at least RETRY_BACKOFF_BASE.
     RETRY_BACKOFF_MAX: float = 300.0
     #: Failed mirror attempts before a job is parked mirror_failed.
     MAX_MIRROR_ATTEMPTS: int = 5
