@@ -88,7 +88,7 @@ class Worker:
         queues: Sequence[str] | None = None,
         concurrency: int = 1,
         burst: bool = False,
-        reconcile: bool = False,
+        reconcile: bool = True,
         using: str = DEFAULT_DB_ALIAS,
     ) -> None:
         settings = conf.get()
@@ -309,7 +309,8 @@ class Worker:
                         pass
 
     def _reconcile_loop(self) -> None:
-        from durable_jobs.reconciler import Reconciler
+        # Every worker takes part; only the holder of the leader row runs passes, and it
+        # resigns when this worker starts stopping (invariant 14).
+        from durable_jobs.reconciler import run_as_leader
 
-        reconciler = Reconciler(using=self.using)
-        reconciler.run(stop=self.stopping)
+        run_as_leader(self.stopping, self.identity, using=self.using)

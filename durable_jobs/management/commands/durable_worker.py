@@ -39,8 +39,12 @@ class Command(BaseCommand):
                             help="slots: threads, one database connection each (default 1)")
         parser.add_argument("--burst", "--once", action="store_true", dest="burst",
                             help="exit once no job is due (for scripts and tests)")
-        parser.add_argument("--reconcile", action="store_true",
-                            help="also run the reconciler loop inside this worker")
+        parser.add_argument("--no-reconcile", action="store_false", dest="reconcile",
+                            help="do not take part in recovery (by default every worker runs the reconciler "
+                                 "loop, one leader at a time across the fleet)")
+        parser.add_argument("--reconcile", action="store_true", dest="reconcile",
+                            help="the default; kept so existing command lines keep working")
+        parser.set_defaults(reconcile=True)
         parser.add_argument("--metrics-port", type=positive_int, default=None,
                             help="serve Prometheus counters on 127.0.0.1:PORT (needs durable-jobs[prometheus])")
 
