@@ -34,7 +34,14 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
 
 from durable_jobs.exceptions import JobBusy, LockKeyHeld
-from durable_jobs.models import IDEMPOTENCY_INDEX, LEADER_TABLE, LOCK_KEY_INDEX, NO_ORGANIZATION, TABLE, Job
+from durable_jobs.models import (
+    IDEMPOTENCY_INDEX,
+    LEADER_TABLE,
+    LOCK_KEY_INDEX,
+    NO_ORGANIZATION,
+    TABLE,
+    Job,
+)
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
 
 _FIELDS = tuple(Job._meta.concrete_fields)

@@ -194,8 +194,9 @@ def test_take_orphan_decides_the_poison_verdict_in_its_own_update(kinds):
 
 
 def _parked(reason, **fields):
-    defaults = dict(status="failed", lease_owner=None, lease_epoch=4, lease_expires_at=-60, next_run_at=None,
-                    pending_since=None, finished_at=-30, parked_at=-30, error_code=reason, error_class="terminal")
+    defaults = {"status": "failed", "lease_owner": None, "lease_epoch": 4, "lease_expires_at": -60,
+                "next_run_at": None, "pending_since": None, "finished_at": -30, "parked_at": -30,
+                "error_code": reason, "error_class": "terminal"}
     defaults.update(fields)
     return JobFactory(**defaults)
 

@@ -209,9 +209,9 @@ def test_park__refused_for_a_finished_job(status):
 
 def _parked(reason, **fields):
     """A job parked by the reconciler or the executor, whose domain row was never told."""
-    defaults = dict(status="failed", lease_owner=None, lease_epoch=4, lease_expires_at=-60, next_run_at=None,
-                    pending_since=None, finished_at=-30, parked_at=-30, error_code=reason, error_class="terminal",
-                    error_message=f"parked: {reason}")
+    defaults = {"status": "failed", "lease_owner": None, "lease_epoch": 4, "lease_expires_at": -60,
+                "next_run_at": None, "pending_since": None, "finished_at": -30, "parked_at": -30,
+                "error_code": reason, "error_class": "terminal", "error_message": f"parked: {reason}"}
     defaults.update(fields)
     return JobFactory(**defaults)
 
