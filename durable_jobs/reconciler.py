@@ -187,7 +187,6 @@ class Reconciler:
             return
         self._mirror(row, "failed")
         report.parked_told += 1
-        metrics.emit("parked_told", kind=job.kind)
 
     def _count_park_mirror_failure(self, job: Job, error: Exception, report: PassReport) -> None:
         report.mirror_failures += 1

@@ -357,3 +357,13 @@ def wait_for(predicate, timeout=10.0):
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("args, reconcile", [([], True), (["--reconcile"], True), (["--no-reconcile"], False)])
+def test_durable_worker__reconciles_unless_told_not_to(args, reconcile):
+    """Issue 9 item 4: `manage.py durable_worker` alone recovers crashed workers' jobs;
+    `--reconcile` stays accepted for existing command lines."""
+    from durable_jobs.management.commands.durable_worker import Command
+
+    options = Command().create_parser("manage.py", "durable_worker").parse_args(args)
+    assert options.reconcile is reconcile
