@@ -299,7 +299,7 @@ def test_a_mirror_failure_count_survives_a_pass_that_dies(kinds, other_connectio
             raise RuntimeError("the mirror refused")
         # The next candidate's mirror loses the connection: the pass dies here.
         pid = backend.connection.info.backend_pid
-        other_connection.execute("SELECT pg_terminate_backend(%s)", [pid])
+        other_connection.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # waits until it is gone
         with backend.cursor() as cursor:
             cursor.execute("SELECT 1")
 
