@@ -21,6 +21,7 @@ from durable_jobs.exceptions import (
     DurableJobsError,
     IdempotencyConflict,
     InvalidInput,
+    JobBusy,
     JobError,
     JobNotFound,
     LeaseLost,
@@ -53,7 +54,7 @@ _LAZY = {
 __all__ = [
     "DONE", "YIELD", "Done", "Outcome", "Scope", "Status", "handler",
     "CancelRequested", "ConfigurationError", "DurableJobsError", "IdempotencyConflict",
-    "InvalidInput", "JobError", "JobNotFound", "LeaseLost", "LockKeyHeld", "TerminalError",
+    "InvalidInput", "JobBusy", "JobError", "JobNotFound", "LeaseLost", "LockKeyHeld", "TerminalError",
     "TransientError", "UnknownKind", "UnrecoverableError", "WrongState",
     *_LAZY,
 ]

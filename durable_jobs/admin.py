@@ -12,7 +12,7 @@ from django.contrib import admin, messages
 from django.utils.html import format_html
 
 from durable_jobs import service
-from durable_jobs.exceptions import DurableJobsError
+from durable_jobs.exceptions import DurableJobsError, JobBusy
 from durable_jobs.models import Job
 from durable_jobs.states import Scope
 
@@ -36,6 +36,10 @@ def _pretty(value) -> str:
     if value is None:
         return "-"
     return format_html("<pre style='margin:0'>{}</pre>", json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+
+
+def _first_few(reasons: list[str]) -> str:
+    return "; ".join(reasons[:5]) + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else "")
 
 
 @admin.register(Job)
@@ -126,19 +130,25 @@ class JobAdmin(admin.ModelAdmin):
 
     # --- actions: service functions, a count of what changed and what was refused ---
     def _apply(self, request, queryset, verb: str, action) -> None:
-        done, refused = 0, []
+        done, refused, busy = 0, [], []
         for job in queryset:
             scope = Scope(tenant=job.tenant_id, organization=job.organization_id)
             try:
                 action(job, scope)
                 done += 1
+            except JobBusy as error:
+                # A worker's transaction holds the row: the action waited a bounded time
+                # and gave up, so the page answers instead of hanging.
+                busy.append(str(error))
             except DurableJobsError as error:
                 refused.append(str(error))
         if done:
             self.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
         if refused:
-            shown = "; ".join(refused[:5]) + (f"; and {len(refused) - 5} more" if len(refused) > 5 else "")
-            self.message_user(request, f"Refused {len(refused)}: {shown}", messages.WARNING)
+            self.message_user(request, f"Refused {len(refused)}: {_first_few(refused)}", messages.WARNING)
+        if busy:
+            self.message_user(request, f"Busy, not changed, try again: {len(busy)}: {_first_few(busy)}",
+                              messages.WARNING)
 
     @admin.action(description="Request cancellation", permissions=["cancel"])
     def cancel_jobs(self, request, queryset):

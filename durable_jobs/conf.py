@@ -72,6 +72,9 @@ class Settings:
     #: A fenced transaction left idle this long (its worker stopped or stuck while holding
     #: the job row) is ended by PostgreSQL, releasing the row so the job can be re-driven.
     FENCED_IDLE_TIMEOUT: float = 300.0
+    #: How long cancel() and redrive() wait for a job row that a worker's transaction
+    #: holds (a fenced() write, a mirror) before raising JobBusy: operators never hang.
+    OPERATOR_LOCK_WAIT: float = 2.0
     #: Reconciler pass cadence.
     RECONCILE_INTERVAL: float = 5.0
     #: Largest serialized input/checkpoint/meta/result accepted, in bytes.

@@ -73,6 +73,23 @@ class WrongState(DurableJobsError):
         super().__init__(f"cannot {operation} job {job_id} in status {status!r}{suffix}")
 
 
+class JobBusy(DurableJobsError):
+    """An operator action gave up waiting for the job's row, which another transaction holds.
+
+    Usually a worker's ``fenced()`` domain write (it locks the job row until it commits).
+    Nothing was changed; trying again once that transaction ends succeeds.
+    """
+
+    def __init__(self, job_id: object, operation: str, *, waited: float) -> None:
+        self.job_id = job_id
+        self.operation = operation
+        self.waited = waited
+        super().__init__(
+            f"cannot {operation} job {job_id} right now: a worker holds it in a transaction "
+            f"(waited {waited:g}s); nothing was changed, try again"
+        )
+
+
 class LeaseLost(DurableJobsError):
     """This slice no longer holds the job's lease; nothing it writes from now on can land."""
 

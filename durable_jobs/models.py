@@ -16,6 +16,7 @@ from django.db.models.functions import Coalesce
 from durable_jobs.states import LIVE_STATUSES, ErrorClass, Status
 
 TABLE = "durable_jobs_job"
+LEADER_TABLE = "durable_jobs_leader"
 LOCK_KEY_INDEX = "durable_jobs_lock_key_live"
 IDEMPOTENCY_INDEX = "durable_jobs_idempotency"
 # A null organization ("tenant-wide") is folded to this value in the lock-key index, so
@@ -113,6 +114,9 @@ class Job(models.Model):
     error_code = models.CharField(max_length=100, null=True, blank=True)
     error_message = models.TextField(null=True, blank=True)
     domain_mirrored_at = models.DateTimeField(null=True, blank=True)
+    #: Failed attempts to tell a parked job's subject (its mirror called with "failed"),
+    #: bounded by the kind's MAX_MIRROR_ATTEMPTS; an operator redrive resets it.
+    park_mirror_attempts = models.IntegerField(db_default=0)
 
     # progress
     processed_count = models.BigIntegerField(db_default=0)
@@ -196,6 +200,13 @@ class Job(models.Model):
                 condition=Q(finished_at__isnull=False, parked_at__isnull=True),
                 name="durable_jobs_finished",
             ),
+            # Parked jobs whose subject has not been told yet (the reconciler calls their
+            # mirror with "failed"): only those rows, however many finished rows there are.
+            models.Index(
+                F("parked_at"),
+                condition=Q(status=Status.FAILED.value, parked_at__isnull=False, domain_mirrored_at__isnull=True),
+                name="durable_jobs_parked_untold",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -222,3 +233,24 @@ class Job(models.Model):
         if not self.total_count:
             return None
         return max(0.0, min(1.0, self.processed_count / self.total_count))
+
+
+class Leader(models.Model):
+    """A leased leadership: who runs the reconciler loop among many workers, until when.
+
+    A row, not an advisory lock: a pooler in transaction mode (PgBouncer) hands session
+    locks to whichever client borrows the server connection next. Written only by
+    ``store.acquire_leadership`` / ``store.resign_leadership``; times are the database's.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)
+    owner = models.CharField(max_length=200, null=True, blank=True)
+    epoch = models.BigIntegerField(db_default=0)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = LEADER_TABLE
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.owner} (epoch {self.epoch})"

@@ -264,13 +264,15 @@ def cancel(
     """Ask for a job to be cancelled and return it (invariant 8).
 
     Cancellation is a request: a running slice sees it at its next heartbeat and ends
-    itself; a pending job is ended by the reconciler. A finished job raises ``WrongState``.
+    itself; a pending job is ended by the reconciler. A finished job raises ``WrongState``;
+    a row held by a worker's transaction longer than ``OPERATOR_LOCK_WAIT`` raises
+    ``JobBusy`` (nothing changed, the caller's transaction stays usable).
     """
     scope = scope_of(scope)
     parsed = _job_id(job_id)
     if by is not None:
         by = validation.key("by", by, max_length=200)
-    job = store.request_cancel(parsed, scope, by=by, using=using)
+    job = store.request_cancel(parsed, scope, by=by, lock_timeout_ms=conf.ms(conf.get().OPERATOR_LOCK_WAIT), using=using)
     if job is None:
         existing = get(parsed, scope=scope, using=using)
         raise WrongState(existing.id, existing.status, "cancel", "it has already finished")
@@ -284,11 +286,13 @@ def redrive(
 
     ``completed`` and ``cancelled`` are final. An ``unrecoverable`` failure needs
     ``force=True``. A running job is taken only once its lease has expired past the
-    orphan grace (its worker is gone).
+    orphan grace (its worker is gone). A row held by a worker's transaction longer than
+    ``OPERATOR_LOCK_WAIT`` raises ``JobBusy`` (nothing changed).
     """
     scope = scope_of(scope)
     parsed = _job_id(job_id)
-    job = store.operator_redrive(parsed, scope, force=bool(force), grace_ms=conf.ms(conf.get().ORPHAN_GRACE), using=using)
+    job = store.operator_redrive(parsed, scope, force=bool(force), grace_ms=conf.ms(conf.get().ORPHAN_GRACE),
+                                 lock_timeout_ms=conf.ms(conf.get().OPERATOR_LOCK_WAIT), using=using)
     if job is not None:
         return job
     existing = get(parsed, scope=scope, using=using)

@@ -31,10 +31,17 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
 
-from durable_jobs.exceptions import LockKeyHeld
-from durable_jobs.models import IDEMPOTENCY_INDEX, LOCK_KEY_INDEX, NO_ORGANIZATION, TABLE, Job
+from durable_jobs.exceptions import JobBusy, LockKeyHeld
+from durable_jobs.models import (
+    IDEMPOTENCY_INDEX,
+    LEADER_TABLE,
+    LOCK_KEY_INDEX,
+    NO_ORGANIZATION,
+    TABLE,
+    Job,
+)
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
 
 _FIELDS = tuple(Job._meta.concrete_fields)
@@ -944,9 +951,78 @@ def bump_pending_mirror_attempts(
                 {"id": job_id, "max_attempts": max_attempts, "message": message})
 
 
+# Telling a parked job's subject: the reconciler calls the kind's mirror with "failed" for
+# a job parked (poison, mirror_failed) while its domain row still says "running". The stamp
+# runs in the mirror's transaction, like the terminal CAS it stands in for, so "mirrored"
+# commits exactly when the mirror did. Fenced on the parked state and the epoch the
+# candidate was selected at: an operator redrive in between (epoch + 1, stamp cleared)
+# makes it a no-op.
+_PARKED_UNTOLD = "status = 'failed' AND parked_at IS NOT NULL AND domain_mirrored_at IS NULL"
+
+STAMP_PARKED_MIRRORED = f"""
+UPDATE {TABLE} SET domain_mirrored_at = now(), updated_at = now()
+ WHERE id = %(id)s AND {_PARKED_UNTOLD} AND lease_epoch = %(epoch)s
+RETURNING {COLUMNS}
+"""
+
+
+def stamp_parked_mirrored(job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Record that a parked job's subject was told; run it beside the mirror, in one transaction.
+
+    Returns the row the mirror gets (``parked_at`` set, ``error_code`` the park reason), or
+    None when the job is no longer parked-and-untold at ``epoch``.
+    """
+    return _one(using, STAMP_PARKED_MIRRORED, {"id": job_id, "epoch": epoch})
+
+
+# Its own autocommit statement, after the mirror's transaction rolled back (invariant 11):
+# a count written inside that transaction would roll back with it, and a mirror that
+# always fails would be called for ever. The caller stops once the count reaches the
+# kind's MAX_MIRROR_ATTEMPTS (the candidate selection leaves such rows out).
+BUMP_PARK_MIRROR_ATTEMPTS = f"""
+UPDATE {TABLE} SET park_mirror_attempts = park_mirror_attempts + 1, updated_at = now()
+ WHERE id = %(id)s AND {_PARKED_UNTOLD} AND lease_epoch = %(epoch)s
+RETURNING park_mirror_attempts
+"""
+
+
+def bump_park_mirror_attempts(job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS) -> int | None:
+    """Count a failed attempt to tell a parked job's subject; return the new count (None: moved on)."""
+    return _scalar(using, BUMP_PARK_MIRROR_ATTEMPTS, {"id": job_id, "epoch": epoch})
+
+
 # ---------------------------------------------------------------------------------------
 # Cancellation
 # ---------------------------------------------------------------------------------------
+
+SHOW_LOCK_TIMEOUT = "SELECT current_setting('lock_timeout')"
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+def _waiting_at_most(lock_timeout_ms: int | None, job_id: object, operation: str, run, *, using: str):
+    """Run an operator's statement in a savepoint, waiting at most ``lock_timeout_ms`` for row locks.
+
+    Invariant 5 lets a worker's ``fenced()`` hold the job row for as long as its domain
+    transaction lasts; an operator must not hang behind it. The timeout is set for this
+    statement only: these run in the caller's transaction, so the caller's own setting is
+    put back afterwards (and a timeout rolls back only the savepoint, which also undoes the
+    SET LOCAL), leaving their transaction usable. Raises ``JobBusy`` on the timeout.
+    """
+    if lock_timeout_ms is None:
+        with transaction.atomic(using=using):
+            return run()
+    try:
+        with transaction.atomic(using=using):
+            previous = _scalar(using, SHOW_LOCK_TIMEOUT, {})
+            _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
+            result = run()
+            _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": previous})
+            return result
+    except OperationalError as error:
+        if getattr(error.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            raise
+        raise JobBusy(job_id, operation, waited=lock_timeout_ms / 1000) from error
+
 
 REQUEST_CANCEL = f"""
 UPDATE {TABLE}
@@ -958,14 +1034,20 @@ RETURNING {COLUMNS}
 """
 
 
-def request_cancel(job_id: object, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+def request_cancel(
+    job_id: object, scope: Scope, *, by: str | None, lock_timeout_ms: int | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Job | None:
     """Record the wish to cancel (invariant 8); None unless the job is live in ``scope``.
 
     Never writes ``status``: a running slice sees the flag at its next heartbeat and ends
     itself through ``cancel``; a pending job is ended by the reconciler's ``cancel_pending``.
-    The first request's time and author are kept.
+    The first request's time and author are kept. With ``lock_timeout_ms``, raises
+    ``JobBusy`` rather than wait longer behind a transaction holding the row.
     """
-    return _one(using, REQUEST_CANCEL, {"id": job_id, **_scope(scope), "by": by})
+    params = {"id": job_id, **_scope(scope), "by": by}
+    return _waiting_at_most(lock_timeout_ms, job_id, "cancel", lambda: _one(using, REQUEST_CANCEL, params),
+                            using=using)
 
 
 # The `pending` status is the fence: there is no lease to check.
@@ -1117,7 +1199,7 @@ OPERATOR_REDRIVE = f"""
 UPDATE {TABLE}
    SET {_REDRIVE_CORE},
        redrives_since_commit = 0, consecutive_failures = 0, mirror_attempts = 0,
-       parked_at = NULL, error_code = NULL, error_class = NULL, finished_at = NULL,
+       park_mirror_attempts = 0, parked_at = NULL, error_code = NULL, error_class = NULL, finished_at = NULL,
        domain_mirrored_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
        next_run_at = clock_timestamp()
  WHERE id = %(id)s AND {SCOPE}
@@ -1132,18 +1214,21 @@ RETURNING {COLUMNS}
 
 
 def operator_redrive(
-    job_id: object, scope: Scope, *, force: bool, grace_ms: int, using: str = DEFAULT_DB_ALIAS
+    job_id: object, scope: Scope, *, force: bool, grace_ms: int, lock_timeout_ms: int | None = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Re-issue a failed job (or take an expired lease by hand); None when refused.
 
     Raises ``LockKeyHeld`` when the failed job's lock key has since been taken by a live
     job: making this one live again would be a second live job on the key. The UPDATE runs
-    in a savepoint, so the refusal leaves the caller's transaction usable.
+    in a savepoint, so the refusal leaves the caller's transaction usable. With
+    ``lock_timeout_ms``, raises ``JobBusy`` rather than wait longer behind a transaction
+    holding the row.
     """
     params = {"id": job_id, **_scope(scope), "force": force, "grace_ms": grace_ms}
     try:
-        with transaction.atomic(using=using):
-            return _one(using, OPERATOR_REDRIVE, params)
+        return _waiting_at_most(lock_timeout_ms, job_id, "redrive", lambda: _one(using, OPERATOR_REDRIVE, params),
+                                using=using)
     except IntegrityError as error:
         if getattr(getattr(error.__cause__, "diag", None), "constraint_name", None) != LOCK_KEY_INDEX:
             raise
@@ -1169,12 +1254,63 @@ def record_enqueue(job_id: object, queue_job_id: str, queue: str, *, using: str 
 
 
 # ---------------------------------------------------------------------------------------
+# Reconciler leadership: one leased row per leadership name, so that every worker can run
+# the reconciler loop and only one at a time does. A row rather than an advisory lock: a
+# pooler in transaction mode hands a session lock to whoever borrows the server
+# connection next. Leadership is an economy, not a fence for job rows: passes are safe
+# side by side (invariant 14), so a leader that stalls past its lease and wakes up next
+# to its successor does no harm. The epoch counts takeovers, like a job's lease epoch.
+# ---------------------------------------------------------------------------------------
+
+# One statement for both taking and renewing: the row is taken when it is free (resigned
+# or expired, on the database clock) and renewed when this owner still holds it; any
+# other holder's live lease refuses it (no row returned).
+ACQUIRE_LEADERSHIP = f"""
+INSERT INTO {LEADER_TABLE} AS l (name, owner, epoch, expires_at)
+VALUES (%(name)s, %(owner)s, 1, clock_timestamp() + {_ms("ttl_ms")})
+ON CONFLICT (name) DO UPDATE
+   SET owner = excluded.owner,
+       epoch = CASE WHEN l.owner = excluded.owner THEN l.epoch ELSE l.epoch + 1 END,
+       expires_at = excluded.expires_at
+ WHERE l.owner = excluded.owner OR l.owner IS NULL OR l.expires_at < clock_timestamp()
+RETURNING epoch
+"""
+
+
+def acquire_leadership(name: str, owner: str, *, ttl_ms: int, using: str = DEFAULT_DB_ALIAS) -> int | None:
+    """Take or renew leadership ``name`` for ``ttl_ms``; return its epoch, or None when another owner holds it.
+
+    A takeover (from an expired or resigned holder) bumps the epoch; a renewal keeps it.
+    """
+    return _scalar(using, ACQUIRE_LEADERSHIP, {"name": name, "owner": owner, "ttl_ms": ttl_ms})
+
+
+# Keeps the row and its epoch (so the next holder's epoch is still one more), frees it
+# at once: on a graceful stop, leadership moves without waiting out the lease.
+RESIGN_LEADERSHIP = f"""
+UPDATE {LEADER_TABLE} SET owner = NULL, expires_at = clock_timestamp()
+ WHERE name = %(name)s AND owner = %(owner)s
+RETURNING epoch
+"""
+
+
+def resign_leadership(name: str, owner: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Give leadership ``name`` up if ``owner`` holds it; False when it did not."""
+    return _scalar(using, RESIGN_LEADERSHIP, {"name": name, "owner": owner}) is not None
+
+
+# ---------------------------------------------------------------------------------------
 # Reconciler candidates. FOR UPDATE SKIP LOCKED lets reconcilers run side by side, each
 # taking a disjoint share instead of blocking or acting twice (invariant 14). The tenant
 # filter lets a fleet shard the loop. Call these inside a transaction.
 # ---------------------------------------------------------------------------------------
 
 _TENANT_FILTER = "(%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)"
+# The same predicate picks a batch (no id) or re-takes one candidate (its id) in the short
+# transaction that acts on it, so that user mirror code only ever runs with that one row
+# locked. Parameters are bound client-side, so the planner sees a constant NULL and drops
+# the clause from the batch query.
+_ONE_OR_ALL = "(%(job_id)s::uuid IS NULL OR id = %(job_id)s::uuid)"
 
 # Only jobs no worker is running: a live slice ends itself at its next heartbeat, and
 # locking it here would only hold up its heartbeat and fill the batch, starving the rest.
@@ -1183,7 +1319,7 @@ SELECT {COLUMNS} FROM {TABLE}
  WHERE cancel_requested_at IS NOT NULL AND status IN {_LIVE}
    AND (status = 'pending' OR lease_owner IS NULL
         OR lease_expires_at < clock_timestamp() - {_ms("grace_ms")})
-   AND {_TENANT_FILTER}
+   AND {_TENANT_FILTER} AND {_ONE_OR_ALL}
  ORDER BY cancel_requested_at
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED
@@ -1191,26 +1327,64 @@ SELECT {COLUMNS} FROM {TABLE}
 
 
 def select_cancelling(
-    *, grace_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
+    *, grace_ms: int, limit: int, tenant: str | None = None, job_id: object = None, using: str = DEFAULT_DB_ALIAS
 ) -> list[Job]:
-    """Lock and return live jobs whose cancellation was requested and that no worker is running."""
-    return _all(using, SELECT_CANCELLING, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant})
+    """Lock and return live jobs whose cancellation was requested and that no worker is running.
+
+    With ``job_id``, only that job (if it still qualifies and nobody holds its row).
+    """
+    return _all(using, SELECT_CANCELLING, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant,
+                                           "job_id": job_id})
 
 
 SELECT_ORPHANS = f"""
 SELECT {COLUMNS} FROM {TABLE}
  WHERE status = 'running' AND lease_owner IS NOT NULL
    AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
-   AND {_TENANT_FILTER}
+   AND {_TENANT_FILTER} AND {_ONE_OR_ALL}
  ORDER BY lease_expires_at
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED
 """
 
 
-def select_orphans(*, grace_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> list[Job]:
-    """Lock and return running jobs whose lease expired past the grace (orphans and dead verdicts)."""
-    return _all(using, SELECT_ORPHANS, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant})
+def select_orphans(
+    *, grace_ms: int, limit: int, tenant: str | None = None, job_id: object = None, using: str = DEFAULT_DB_ALIAS
+) -> list[Job]:
+    """Lock and return running jobs whose lease expired past the grace (orphans and dead verdicts).
+
+    With ``job_id``, only that job (if it still qualifies and nobody holds its row).
+    """
+    return _all(using, SELECT_ORPHANS, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant, "job_id": job_id})
+
+
+# Parked jobs whose subject has not been told, of the kinds this process knows (a kind
+# it does not know waits for a reconciler that does: stamping it unmirrored would lie),
+# each under its own kind's bound on attempts. Reads durable_jobs_parked_untold.
+SELECT_PARKED_UNTOLD = f"""
+SELECT {COLUMNS} FROM {TABLE} AS j
+ WHERE {_PARKED_UNTOLD}
+   AND park_mirror_attempts < (SELECT b.most FROM unnest(%(kinds)s::text[], %(bounds)s::int[]) AS b(kind, most)
+                                WHERE b.kind = j.kind)
+   AND {_TENANT_FILTER} AND {_ONE_OR_ALL}
+ ORDER BY parked_at
+ LIMIT %(limit)s
+ FOR UPDATE SKIP LOCKED
+"""
+
+
+def select_parked_untold(
+    bounds: dict[str, int], *, limit: int, tenant: str | None = None, job_id: object = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[Job]:
+    """Lock and return parked jobs whose domain rows were never told, of the kinds in ``bounds``.
+
+    ``bounds`` maps each kind to its MAX_MIRROR_ATTEMPTS: a job whose attempts reached it
+    is left alone. With ``job_id``, only that job.
+    """
+    kinds = sorted(bounds)
+    return _all(using, SELECT_PARKED_UNTOLD, {"kinds": kinds, "bounds": [bounds[k] for k in kinds], "limit": limit,
+                                              "tenant": tenant, "job_id": job_id})
 
 
 SELECT_STALE_PENDING = f"""

@@ -174,8 +174,10 @@ class Worker:
         if settings.NOTIFY_CHANNEL and not self.burst:
             threading.Thread(target=self._listen, args=(settings.NOTIFY_CHANNEL,), name="durable-listener",
                              daemon=True).start()
+        reconciler = None
         if self.reconcile:
-            threading.Thread(target=self._reconcile_loop, name="durable-reconciler", daemon=True).start()
+            reconciler = threading.Thread(target=self._reconcile_loop, name="durable-reconciler", daemon=True)
+            reconciler.start()
         for number in range(self.concurrency):
             self._start_slot(number, generation=0)
         # Process execution kills a child at the grace itself; give those kills time to land.
@@ -204,6 +206,8 @@ class Worker:
             self.stopping.set()
             self._hand_back_everything()
             self._heartbeater.stop()
+            if reconciler is not None:
+                reconciler.join(timeout=2)  # let a leader resign, so leadership moves at once
             log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
 
     @property
@@ -510,10 +514,11 @@ class Worker:
             wake.set()
 
     def _reconcile_loop(self) -> None:
-        from durable_jobs.reconciler import Reconciler
+        # Every worker takes part; only the holder of the leader row runs passes, and it
+        # resigns when this worker starts stopping (invariant 14).
+        from durable_jobs.reconciler import run_as_leader
 
-        reconciler = Reconciler(using=self.using)
-        reconciler.run(stop=self.stopping)
+        run_as_leader(self.stopping, self.identity, using=self.using)
 
 
 #: A listener connection up this long (seconds) has proved itself: its backoff resets.

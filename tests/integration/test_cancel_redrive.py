@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
+
 import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection, transaction
 
 import durable_jobs as durable
-from durable_jobs import store
-from durable_jobs.exceptions import WrongState
+from durable_jobs import service, store
+from durable_jobs.exceptions import JobBusy, WrongState
+from tests.acceptance.harness import ROOT
+from tests.conftest import database_url
 from tests.factories import JobFactory, reload, running
-from tests.integration.support import db_now, lease_of
+from tests.integration.support import db_now, lease_of, other_connection_fixture  # noqa: F401  (fixture)
 
 KIND = "tests.ops"
 
@@ -164,3 +173,111 @@ def test_redrive__refused_with_lock_key_held_when_a_live_job_took_the_key(kinds)
         assert caught.value.holder_id == holder.id
         durable.start("tests.keyed")  # the transaction is still usable
     assert reload(failed).status == "failed"
+
+
+# ---------------------------------------------------------------------------------------
+# Operators never hang (issue 9 item 7): a worker's fenced() transaction holds the job row
+# FOR UPDATE for as long as its domain write lasts; cancel and redrive wait a bounded time.
+# ---------------------------------------------------------------------------------------
+
+WAIT = 0.2
+
+
+@pytest.fixture
+def short_wait(settings):
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "OPERATOR_LOCK_WAIT": WAIT}
+
+
+@pytest.fixture
+def held(other_connection):
+    """Hold a job row the way a worker's fenced() does: SELECT ... FOR UPDATE in an open transaction."""
+
+    @contextlib.contextmanager
+    def hold(job):
+        with other_connection.transaction():
+            rows = other_connection.execute("SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE",
+                                            [job.id]).fetchall()
+            assert len(rows) == 1
+            yield
+
+    return hold
+
+
+def _lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return cursor.fetchone()[0]
+
+
+def _set_local_lock_timeout(value: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SET LOCAL lock_timeout = '{value}'")
+
+
+OPERATIONS = {
+    "cancel": (lambda: running(kind=KIND), lambda job: durable.cancel(job.id, by="alice"),
+               lambda row: row.cancel_requested_at is None),
+    "redrive": (lambda: _finished("failed", error_code="poison", parked_at=-1),
+                lambda job: durable.redrive(job.id), lambda row: row.status == "failed"),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_operator_action__behind_a_held_row_raises_job_busy_and_leaves_the_caller_s_transaction_usable(
+    kind, short_wait, held, operation
+):
+    """Issue 9 item 7: a bounded wait and a clear answer; nothing changed, the caller's transaction
+    goes on, and their own lock_timeout is theirs again."""
+    build, act, unchanged = OPERATIONS[operation]
+    job = build()
+    with held(job), transaction.atomic():
+        _set_local_lock_timeout("7s")
+        other = durable.start(kind)
+        with pytest.raises(JobBusy) as caught:
+            act(job)
+        assert _lock_timeout() == "7s", "the caller's setting is restored"
+        assert durable.get(other.id).status == "pending", "the caller's transaction is usable"
+    error = caught.value
+    assert (error.job_id, error.operation) == (job.id, operation)
+    assert str(job.id) in str(error) and "a worker holds it in a transaction" in str(error)
+    assert "try again" in str(error)
+    assert unchanged(reload(job)), "nothing was changed"
+    assert reload(other) is not None, "the caller's own work committed"
+    with transaction.atomic():  # once the worker's transaction ends, the same call succeeds
+        _set_local_lock_timeout("7s")
+        act(job)
+        assert _lock_timeout() == "7s", "the bound was for the operator's statement only"
+    assert not unchanged(reload(job))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cli_cancel__behind_a_held_row_exits_1_with_the_reason(kind, held):
+    """Issue 9 item 7: the command line answers instead of hanging."""
+    job = running(kind=KIND)
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "testproject.settings_test"}
+    with held(job):
+        done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", "cancel", str(job.id)],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "a worker holds it in a transaction" in done.stderr and str(job.id) in done.stderr
+    assert reload(job).cancel_requested_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(30)
+def test_admin_cancel__behind_a_held_row_shows_a_busy_message(kind, short_wait, held, client):
+    """Issue 9 item 7: the admin page answers with a message instead of hanging."""
+    user = User.objects.create_user("op", password="pw", is_staff=True)
+    for codename in ("view_job", "cancel_job"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    busy, free = running(kind=KIND), running(kind=KIND)
+    with held(busy):
+        response = client.post("/admin/durable_jobs/job/",
+                               {"action": "cancel_jobs", "_selected_action": [str(busy.id), str(free.id)]},
+                               follow=True)
+    text = response.content.decode()
+    assert "Cancellation requested for 1 job(s)." in text
+    assert "Busy, not changed, try again: 1" in text and "a worker holds it in a transaction" in text
+    assert reload(busy).cancel_requested_at is None and reload(free).cancel_requested_at is not None

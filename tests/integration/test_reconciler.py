@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import threading
+import time
 
+import psycopg
 import pytest
 from django.db import connections
 from django.test import override_settings
 
 from durable_jobs import conf, store
-from durable_jobs.reconciler import Reconciler
+from durable_jobs.reconciler import Reconciler, run_as_leader
 from durable_jobs.states import Lease
 from tests.factories import JobFactory, reload, running
+from tests.integration.support import other_connection_fixture  # noqa: F401  (fixture override)
 
 pytestmark = pytest.mark.django_db
 
@@ -183,3 +186,184 @@ def test_take_orphan_decides_the_poison_verdict_in_its_own_update(kinds):
     assert parked.parked_at is not None and parked.next_run_at is None and parked.lease_epoch == 2
     below = running(lease_expires_at=-60, redrives_since_commit=1)
     assert store.take_orphan(below.id, grace_ms=0, backoff_ms=0, max_redrives=2).status == "pending"
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 9 item 6: a parked job tells its subject
+# ---------------------------------------------------------------------------------------
+
+
+def _parked(reason, **fields):
+    defaults = {"status": "failed", "lease_owner": None, "lease_epoch": 4, "lease_expires_at": -60,
+                "next_run_at": None, "pending_since": None, "finished_at": -30, "parked_at": -30,
+                "error_code": reason, "error_class": "terminal"}
+    defaults.update(fields)
+    return JobFactory(**defaults)
+
+
+@pytest.fixture
+def told(kinds):
+    """A kind whose mirror records what it was told: (job id, outcome, error code, parked?)."""
+    seen: list[tuple] = []
+    kinds.add("tests.told", mirror=lambda job, outcome: seen.append(
+        (job.id, outcome, job.error_code, job.parked_at is not None)))
+    return seen
+
+
+class TestTellParkedStep:
+    @pytest.mark.parametrize("reason", ["poison", "mirror_failed"])
+    def test_a_parked_job_reaches_its_subject_as_failed_with_its_reason(self, told, reason):
+        job = _parked(reason, kind="tests.told")
+        report = Reconciler().run_pass()
+        assert told == [(job.id, "failed", reason, True)]
+        assert report.parked_told == 1
+        after = reload(job)
+        assert after.domain_mirrored_at is not None and after.status == "failed" and after.error_code == reason
+        Reconciler().run_pass()
+        assert len(told) == 1, "told once"
+
+    def test_a_job_parked_as_poison_in_a_pass_is_told_in_that_pass(self, told):
+        job = running(kind="tests.told", lease_expires_at=-60, redrives_since_commit=5)
+        with settings_with(MAX_REDRIVES_WITHOUT_COMMIT=5):
+            report = Reconciler().run_pass()
+        assert report.parked == 1
+        assert told == [(job.id, "failed", "poison", True)]
+
+    def test_a_mirror_that_always_fails_is_tried_a_bounded_number_of_times(self, kinds, caplog):
+        calls = []
+
+        def mirror(job, outcome):
+            calls.append(outcome)
+            raise RuntimeError("the domain table is gone")
+
+        kinds.add("tests.broken", mirror=mirror, max_mirror_attempts=3)
+        job = _parked("mirror_failed", kind="tests.broken")
+        with caplog.at_level("WARNING", logger="durable_jobs.reconciler"):
+            for _ in range(5):
+                Reconciler().run_pass()
+        assert calls == ["failed"] * 3
+        after = reload(job)
+        assert (after.park_mirror_attempts, after.domain_mirrored_at, after.status) == (3, None, "failed")
+        assert sum("giving up" in record.getMessage() for record in caplog.records) == 1
+
+    def test_a_kind_without_a_mirror_is_stamped_and_an_unknown_kind_is_left_for_one_that_knows_it(self, kinds):
+        kinds.add("tests.plain")
+        plain = _parked("poison", kind="tests.plain")
+        unknown = _parked("poison", kind="tests.nobody_knows")
+        Reconciler().run_pass()
+        assert reload(plain).domain_mirrored_at is not None
+        assert reload(unknown).domain_mirrored_at is None
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 9 item 8: user mirror code runs with only its own row locked; counts survive
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mirror_runs_with_only_its_own_job_row_locked(kinds, other_connection):
+    """Invariants 11 and 14: while a mirror runs, the pass holds no other candidate's row."""
+    seen = []
+
+    def mirror(job, outcome):
+        others = [j.id for j in jobs if j.id != job.id]
+        with other_connection.transaction():
+            other_connection.execute("SET LOCAL lock_timeout = '1s'")
+            try:
+                locked = other_connection.execute(
+                    "SELECT id FROM durable_jobs_job WHERE id = ANY(%s) FOR UPDATE NOWAIT", [others]).fetchall()
+                seen.append(("others free", len(locked)))
+            except psycopg.errors.LockNotAvailable:
+                seen.append(("others locked", 0))
+        with other_connection.transaction():
+            try:
+                other_connection.execute("SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE NOWAIT", [job.id])
+                seen.append(("own free", 1))
+            except psycopg.errors.LockNotAvailable:
+                seen.append(("own locked", 1))
+
+    kinds.add("tests.watching", mirror=mirror)
+    jobs = [JobFactory(kind="tests.watching", cancel_requested_at=-10 + n) for n in range(3)]
+    report = Reconciler().run_pass()
+    assert report.cancelled == 3
+    assert seen == [("others free", 2), ("own locked", 1)] * 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_mirror_failure_count_survives_a_pass_that_dies(kinds, other_connection):
+    """Invariant 11: the count is its own autocommit statement, not part of the pass."""
+    backend = connections["default"]
+
+    def mirror(job, outcome):
+        if job.id == failing.id:
+            raise RuntimeError("the mirror refused")
+        # The next candidate's mirror loses the connection: the pass dies here.
+        pid = backend.connection.info.backend_pid
+        other_connection.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # waits until it is gone
+        with backend.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
+    kinds.add("tests.fragile", mirror=mirror, max_mirror_attempts=5)
+    failing = JobFactory(kind="tests.fragile", cancel_requested_at=-20)
+    cut = JobFactory(kind="tests.fragile", cancel_requested_at=-10)
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the cut connection raises
+        Reconciler().run_pass()
+    backend.close()
+    counted = other_connection.execute("SELECT status, mirror_attempts FROM durable_jobs_job WHERE id = %s",
+                                       [failing.id]).fetchone()
+    assert counted == ("pending", 1), "the failed attempt stays counted"
+    stranded = other_connection.execute(
+        "SELECT id FROM durable_jobs_job WHERE id = ANY(%s) FOR UPDATE NOWAIT", [[failing.id, cut.id]]).fetchall()
+    assert len(stranded) == 2, "nothing is left locked"
+    assert reload(cut).status == "pending" and reload(cut).mirror_attempts == 0
+
+
+# ---------------------------------------------------------------------------------------
+# Issue 9 item 4: one leader at a time runs passes
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_as_leader__runs_no_pass_while_another_worker_leads_and_takes_over_when_it_resigns(kinds):
+    """Invariant 14: every worker runs the loop, only the leader reconciles; leadership moves."""
+    kinds.add("tests.noop")
+    store.acquire_leadership("reconciler", "host:1:alive", ttl_ms=600_000)
+    orphan = running(lease_expires_at=-60)
+    stop = threading.Event()
+    with settings_with(RECONCILE_INTERVAL=0.05):
+        thread = threading.Thread(target=run_as_leader, args=(stop, "host:2:second"))
+        thread.start()
+        try:
+            stop.wait(0.5)  # about ten intervals
+            assert reload(orphan).status == "running", "the second worker ran no pass"
+            assert store.resign_leadership("reconciler", "host:1:alive")
+            wait_for(lambda: reload(orphan).status == "pending")
+            assert _leader() == ("host:2:second", 2)
+        finally:
+            stop.set()
+            thread.join(10)
+    assert not thread.is_alive()
+    assert _leader() == (None, 2), "a stopping leader resigns"
+
+
+def _leader():
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT owner, epoch FROM durable_jobs_leader WHERE name = 'reconciler'")
+        return cursor.fetchone()
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("args, reconcile", [([], True), (["--reconcile"], True), (["--no-reconcile"], False)])
+def test_durable_worker__reconciles_unless_told_not_to(args, reconcile):
+    """Issue 9 item 4: `manage.py durable_worker` alone recovers crashed workers' jobs;
+    `--reconcile` stays accepted for existing command lines."""
+    from durable_jobs.management.commands.durable_worker import Command
+
+    options = Command().create_parser("manage.py", "durable_worker").parse_args(args)
+    assert options.reconcile is reconcile

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.utils import timezone
 
 from durable_jobs import store
 from durable_jobs.states import Scope
@@ -201,6 +202,95 @@ def test_park__refused_for_a_finished_job(status):
 
 
 # ---------------------------------------------------------------------------------------
+# Telling a parked job's subject: stamp_parked_mirrored, bump_park_mirror_attempts,
+# select_parked_untold (issue 9 item 6)
+# ---------------------------------------------------------------------------------------
+
+
+def _parked(reason, **fields):
+    """A job parked by the reconciler or the executor, whose domain row was never told."""
+    defaults = {"status": "failed", "lease_owner": None, "lease_epoch": 4, "lease_expires_at": -60,
+                "next_run_at": None, "pending_since": None, "finished_at": -30, "parked_at": -30,
+                "error_code": reason, "error_class": "terminal", "error_message": f"parked: {reason}"}
+    defaults.update(fields)
+    return JobFactory(**defaults)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("reason", ["poison", "mirror_failed"])
+def test_stamp_parked_mirrored__stamps_the_parked_job_and_returns_the_row_for_its_mirror(reason):
+    """Invariant 4: fenced on the parked state and the epoch; the row keeps its park reason."""
+    job = _parked(reason)
+    stamped = store.stamp_parked_mirrored(job.id, epoch=4)
+
+    assert stamped is not None and stamped.domain_mirrored_at is not None
+    assert (stamped.status, stamped.error_code) == ("failed", reason) and stamped.parked_at is not None
+    assert store.stamp_parked_mirrored(job.id, epoch=4) is None, "told once"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "build, epoch",
+    [
+        (lambda: _parked("poison"), 3),
+        (lambda: _parked("poison", domain_mirrored_at=timezone.now()), 4),
+        (lambda: JobFactory(status="failed", lease_epoch=4, finished_at=-5, error_code="terminal"), 4),
+        (lambda: running(lease_epoch=4), 4),
+        (lambda: _parked("poison", status="completed"), 4),
+    ],
+    ids=["older-epoch", "already-told", "failed-not-parked", "running", "completed"],
+)
+def test_stamp_parked_mirrored__does_not_apply(build, epoch):
+    """Invariant 4: only a parked, untold job at the epoch the reconciler saw."""
+    job = build()
+    before = snapshot(job)
+    assert store.stamp_parked_mirrored(job.id, epoch=epoch) is None
+    assert store.bump_park_mirror_attempts(job.id, epoch=epoch) is None
+    assert snapshot(job) == before
+
+
+@pytest.mark.django_db
+def test_bump_park_mirror_attempts__counts_on_the_row_and_changes_nothing_else():
+    """Invariant 11: a failed attempt to tell the subject is counted by a statement of its own."""
+    job = _parked("mirror_failed", mirror_attempts=5)
+    assert store.bump_park_mirror_attempts(job.id, epoch=4) == 1
+    assert store.bump_park_mirror_attempts(job.id, epoch=4) == 2
+    after = reload(job)
+    assert (after.status, after.error_code, after.mirror_attempts, after.domain_mirrored_at) == (
+        "failed", "mirror_failed", 5, None)
+
+
+@pytest.mark.django_db
+def test_select_parked_untold__returns_parked_untold_jobs_of_known_kinds_under_their_bound():
+    """Issue 9 item 6: a kind this process does not know waits for a reconciler that does; a job
+    whose attempts reached its kind's bound is left alone."""
+    poison = _parked("poison", kind="tests.a")
+    mirror_failed = _parked("mirror_failed", kind="tests.b", park_mirror_attempts=1)
+    _parked("poison", kind="tests.a", park_mirror_attempts=2)  # bound of tests.a reached
+    _parked("poison", kind="tests.b", domain_mirrored_at=timezone.now())  # already told
+    _parked("poison", kind="tests.unknown")
+    _parked("poison", kind="tests.a", tenant_id="other")
+    JobFactory(kind="tests.a", status="failed", finished_at=-5, error_code="terminal")  # not parked
+
+    found = store.select_parked_untold({"tests.a": 2, "tests.b": 5}, limit=10, tenant="default")
+
+    assert {job.id for job in found} == {poison.id, mirror_failed.id}
+    only = store.select_parked_untold({"tests.a": 2, "tests.b": 5}, limit=10, job_id=poison.id)
+    assert [job.id for job in only] == [poison.id]
+
+
+@pytest.mark.django_db
+def test_select_parked_untold__reads_its_partial_index():
+    """DESIGN §3: the candidate query is proportional to its candidates, not to the table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("EXPLAIN " + store.SELECT_PARKED_UNTOLD,
+                       {"kinds": ["tests.a"], "bounds": [3], "limit": 10, "tenant": None, "job_id": None})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "durable_jobs_parked_untold" in plan, plan
+
+
+# ---------------------------------------------------------------------------------------
 # request_cancel and cancel_pending (invariant 8)
 # ---------------------------------------------------------------------------------------
 
@@ -331,6 +421,14 @@ def test_operator_redrive__reissues_a_failed_job_with_fresh_budgets():
     assert redriven.cancel_requested_at is None and redriven.cancelled_by is None
     assert redriven.checkpoint == {"cursor": 7}  # the work done so far is kept
     assert redriven.next_run_at <= db_now()
+
+
+@pytest.mark.django_db
+def test_operator_redrive__resets_the_count_of_attempts_to_tell_a_parked_subject():
+    """Invariant 13: a redriven job that parks again gets its full budget to tell its subject."""
+    job = _parked("poison", park_mirror_attempts=5)
+    redriven = store.operator_redrive(job.id, DEFAULT_SCOPE, force=False, grace_ms=GRACE_MS)
+    assert (redriven.status, redriven.park_mirror_attempts, redriven.domain_mirrored_at) == ("pending", 0, None)
 
 
 @pytest.mark.django_db
@@ -516,19 +614,25 @@ SELECTIONS = {
         lambda: JobFactory(cancel_requested_at=-5),
         store.SELECT_CANCELLING,
         lambda limit: store.select_cancelling(grace_ms=GRACE_MS, limit=limit),
-        {"grace_ms": GRACE_MS},
+        {"grace_ms": GRACE_MS, "job_id": None},
     ),
     "select_orphans": (
         lambda: running(lease_expires_at=-60),
         store.SELECT_ORPHANS,
         lambda limit: store.select_orphans(grace_ms=GRACE_MS, limit=limit),
-        {"grace_ms": GRACE_MS},
+        {"grace_ms": GRACE_MS, "job_id": None},
     ),
     "select_stale_pending": (
         lambda: JobFactory(pending_since=-300, next_run_at=-300),
         store.SELECT_STALE_PENDING,
         lambda limit: store.select_stale_pending(pending_ttl_ms=60_000, limit=limit),
         {"pending_ttl_ms": 60_000},
+    ),
+    "select_parked_untold": (
+        lambda: _parked("poison"),
+        store.SELECT_PARKED_UNTOLD,
+        lambda limit: store.select_parked_untold({"tests.noop": 3}, limit=limit),
+        {"kinds": ["tests.noop"], "bounds": [3], "job_id": None},
     ),
 }
 
@@ -560,3 +664,73 @@ def test_record_enqueue__refused_for_a_job_under_a_live_claim():
     job = running()
     assert store.record_enqueue(job.id, "msg-1", "bulk") is False
     assert reload(job).queue_name == "default"
+
+
+# ---------------------------------------------------------------------------------------
+# Reconciler leadership: acquire_leadership, resign_leadership (invariant 14)
+# ---------------------------------------------------------------------------------------
+
+LEADER = "reconciler"
+
+
+def _expire_leader(name=LEADER):
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE durable_jobs_leader SET expires_at = clock_timestamp() - interval '1 second' "
+                       "WHERE name = %s", [name])
+
+
+def _leader_row(name=LEADER):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT owner, epoch, expires_at - clock_timestamp() FROM durable_jobs_leader WHERE name = %s",
+                       [name])
+        return cursor.fetchone()
+
+
+@pytest.mark.django_db
+def test_acquire_leadership__takes_a_free_name_and_renews_it_for_the_same_owner():
+    """Invariant 14: the first worker leads; renewing keeps the epoch and moves the expiry on
+    from the database clock."""
+    assert store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000) == 1
+    assert store.acquire_leadership(LEADER, "host:1:a", ttl_ms=90_000) == 1
+    owner, epoch, left = _leader_row()
+    assert (owner, epoch) == ("host:1:a", 1)
+    assert timedelta(seconds=85) < left <= timedelta(seconds=90)
+
+
+@pytest.mark.django_db
+def test_acquire_leadership__refused_while_another_owner_s_lease_is_live():
+    """Invariant 14: one leader at a time."""
+    store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000)
+    assert store.acquire_leadership(LEADER, "host:2:b", ttl_ms=60_000) is None
+    assert _leader_row()[:2] == ("host:1:a", 1)
+
+
+@pytest.mark.django_db
+def test_acquire_leadership__takes_over_only_after_expiry_with_the_epoch_bumped():
+    """Invariant 14: leadership leaves a dead leader once its lease expires; the takeover is a
+    new epoch, and the old leader's renewal is then refused."""
+    store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000)
+    _expire_leader()
+    assert store.acquire_leadership(LEADER, "host:2:b", ttl_ms=60_000) == 2
+    assert store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000) is None, "the old leader lost it"
+    assert _leader_row()[:2] == ("host:2:b", 2)
+
+
+@pytest.mark.django_db
+def test_resign_leadership__frees_the_name_at_once_for_the_next_epoch():
+    """Invariant 14: a graceful stop moves leadership without waiting out the lease."""
+    store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000)
+    assert store.resign_leadership(LEADER, "host:2:b") is False, "only the holder resigns"
+    assert store.acquire_leadership(LEADER, "host:2:b", ttl_ms=60_000) is None
+    assert store.resign_leadership(LEADER, "host:1:a") is True
+    assert store.acquire_leadership(LEADER, "host:2:b", ttl_ms=60_000) == 2
+    assert store.resign_leadership(LEADER, "host:1:a") is False, "a resigned leader cannot resign its successor"
+    assert store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000) is None
+
+
+@pytest.mark.django_db
+def test_acquire_leadership__one_leadership_per_name():
+    """A fleet sharded by tenant has one leader per shard."""
+    assert store.acquire_leadership("reconciler:tenant:a", "host:1:a", ttl_ms=60_000) == 1
+    assert store.acquire_leadership("reconciler:tenant:b", "host:2:b", ttl_ms=60_000) == 1
+    assert store.acquire_leadership("reconciler:tenant:a", "host:2:b", ttl_ms=60_000) is None

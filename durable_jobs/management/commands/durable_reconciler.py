@@ -20,7 +20,8 @@ def tenant_id(text: str) -> str:
 
 
 class Command(BaseCommand):
-    help = "Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds (safe to run many)."
+    help = ("Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, with no leader election "
+            "(safe to run many). Every durable_worker already reconciles unless started with --no-reconcile.")
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--once", action="store_true", help="run one pass and exit")

@@ -36,11 +36,16 @@ class Command(BaseCommand):
         parser.add_argument("--queues", type=queue_list, default=None,
                             help="comma-separated queues to take work from (default: DURABLE_JOBS DEFAULT_QUEUE)")
         parser.add_argument("--concurrency", type=positive_int, default=1,
-                            help="slots: threads, one database connection each (default 1)")
+                            help="slots: each a thread with its own database connection and, in process "
+                                 "execution, its own handler process (default 1)")
         parser.add_argument("--burst", "--once", action="store_true", dest="burst",
                             help="exit once no job is due (for scripts and tests)")
-        parser.add_argument("--reconcile", action="store_true",
-                            help="also run the reconciler loop inside this worker")
+        parser.add_argument("--no-reconcile", action="store_false", dest="reconcile",
+                            help="do not take part in recovery (by default every worker runs the reconciler "
+                                 "loop, one leader at a time across the fleet)")
+        parser.add_argument("--reconcile", action="store_true", dest="reconcile",
+                            help="the default; kept so existing command lines keep working")
+        parser.set_defaults(reconcile=True)
         parser.add_argument("--execution", choices=("process", "thread"), default=None,
                             help="run handlers in a child process per slot, killable at the time limit "
                                  "(default), or on the slot threads (default: DURABLE_JOBS EXECUTION)")
