@@ -39,7 +39,7 @@ from django.db.backends.signals import connection_created
 
 from durable_jobs import conf, faults, store, validation
 from durable_jobs.context import Slice
-from durable_jobs.executor import DeferredCompletion, SliceReport, complete_deferred, run_slice, time_limit_failure
+from durable_jobs.executor import DeferredCompletion, complete_deferred, run_slice, time_limit_failure
 from durable_jobs.heartbeat import Heartbeater, HeldLease
 from durable_jobs.runner import ChildRunner
 from durable_jobs.states import Lease
@@ -106,8 +106,7 @@ class SlotState:
     finished: list[HeldLease] = dataclasses.field(default_factory=list)  # deferred, not yet completed
     completions: list[DeferredCompletion] = dataclasses.field(default_factory=list)
     abandoned: bool = False
-    batch: int = 1
-    last_slice: float = 0.0  # how long this slot's latest slice took (seconds)
+    batch: int = 1  # how many jobs it claims at once: grows while its own slices are quick
 
 
 class Worker:
@@ -198,7 +197,7 @@ class Worker:
                     log.warning("worker %s: slices did not yield within %.0fs", self.identity,
                                 settings.SHUTDOWN_GRACE)
                     return 1
-                self._live_slots()[0].thread.join(timeout=0.1)
+                next(slot for slot in self._live_slots() if slot.thread.is_alive()).thread.join(timeout=0.1)
             if self.execution == "thread":
                 self._supervise()  # charges still owed for abandoned slices
             return 1 if self._failed else 0
@@ -451,7 +450,7 @@ class Worker:
                 if entry is not None and report.outcome == "deferred":
                     slot.finished.append(entry)
                     self._heartbeater.track(entry)
-                self._record(slot, report)
+                self._slices_per_slot[slot.number] += 1  # one live thread per slot number writes its cell
                 quick = report.duration < QUICK_SLICE
         finally:
             if not slot.abandoned:  # an abandoned slot's claims were handed back by the supervisor
@@ -459,10 +458,6 @@ class Worker:
                     faults.point("before_batched_completion")
                 self._hand_back(slot)
         return quick
-
-    def _record(self, slot: SlotState, report: SliceReport) -> None:
-        slot.last_slice = report.duration
-        self._slices_per_slot[slot.number] += 1  # one live thread per slot number writes its cell
 
     def _set_idle(self, number: int, idle: bool) -> bool:
         with self._idle_lock:

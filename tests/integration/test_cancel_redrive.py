@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission, User
 from django.db import connection, transaction
 
 import durable_jobs as durable
-from durable_jobs import service, store
+from durable_jobs import store
 from durable_jobs.exceptions import JobBusy, WrongState
 from tests.acceptance.harness import ROOT
 from tests.conftest import database_url
