@@ -76,6 +76,8 @@ class ChildRunner:
             "PGAPPNAME": f"{app}/{self.role}"[:63],
             # The worker may have been started with --pythonpath or from another folder.
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            # The handler's log lines at the worker's level (-v).
+            "DURABLE_JOBS_LOG_LEVEL": logging.getLevelName(logging.getLogger("durable_jobs").getEffectiveLevel()),
         }
         try:
             self._proc = subprocess.Popen(
