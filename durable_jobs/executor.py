@@ -34,7 +34,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, Operation
 
 from durable_jobs import conf, faults, metrics, registry, signals, store, validation
 from durable_jobs.context import Slice
-from durable_jobs.exceptions import CancelRequested, LeaseLost, TransientError
+from durable_jobs.exceptions import CancelRequested, InvalidJobData, LeaseLost, TransientError
 from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
 
 if TYPE_CHECKING:
@@ -171,7 +171,10 @@ class _InvalidOutcome(Exception):
 
 def _fail(context: Slice, handler: Handler, error: BaseException, using: str) -> str:
     lease = context.lease
-    error_class = error.error_class if isinstance(error, _InvalidOutcome) else handler.error_class_of(error)
+    # A handler's own bug (a bad outcome, unstorable checkpoint or progress) is terminal
+    # whatever its classifier says: retrying the same call cannot help.
+    error_class = error.error_class if isinstance(error, (_InvalidOutcome, InvalidJobData)) \
+        else handler.error_class_of(error)
     code = _error_code(error)
     message = _describe(error)
     reply = _guarded(using, lambda: store.fail_slice(
