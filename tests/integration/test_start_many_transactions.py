@@ -64,7 +64,8 @@ def _in_thread(target) -> threading.Thread:
 def _release_once_someone_waits_on_a_lock(release: threading.Event) -> threading.Thread:
     """Set ``release`` as soon as a session of the test database waits on a row lock:
     our insert is then blocked on the other transaction's uncommitted key, so the race is
-    really run at the unique index (not decided by a lookup that happened to see it)."""
+    really run at the unique index (not decided by a lookup that happened to see it).
+    The thread's ``saw_a_wait`` says whether it did."""
 
     def watch() -> None:
         with connect_to_test_database(autocommit=True) as watcher:
@@ -75,11 +76,13 @@ def _release_once_someone_waits_on_a_lock(release: threading.Event) -> threading
                     "WHERE datname = current_database() AND wait_event_type = 'Lock'"
                 ).fetchone()[0]
                 if waiting:
+                    thread.saw_a_wait = True
                     break
                 time.sleep(0.01)
         release.set()
 
     thread = threading.Thread(target=watch, daemon=True)
+    thread.saw_a_wait = False
     thread.start()
     return thread
 
@@ -184,6 +187,7 @@ def test_start_many__racing_a_start_on_an_idempotency_key_returns_the_first_job(
         thread.join(5)
         watcher.join(5)
 
+    assert watcher.saw_a_wait, "the batch's insert should have waited at the unique index"
     assert ids[0] == winner["job"].id
     assert len(set(ids)) == 3
     assert _count(other_connection) == 3 and Report.objects.count() == 1
@@ -206,6 +210,7 @@ def test_start_many__racing_a_start_on_a_lock_key_names_the_holder_and_writes_no
         thread.join(5)
         watcher.join(5)
 
+    assert watcher.saw_a_wait
     assert caught.value.holder_id == winner["job"].id
     assert _count(other_connection) == 1 and Report.objects.count() == 1
 
@@ -224,6 +229,7 @@ def test_start_many__a_retry_racing_its_original_with_a_lock_key_returns_the_fir
         thread.join(5)
         watcher.join(5)
 
+    assert watcher.saw_a_wait
     assert ids == [winner["job"].id]
     assert _count(other_connection) == 1
 
