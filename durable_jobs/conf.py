@@ -19,6 +19,9 @@ from durable_jobs.exceptions import ConfigurationError
 
 EXECUTION_MODES = ("process", "thread")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
+#: The most MAX_RUN_AFTER may be: 100 years, well inside what Python's datetime and
+#: PostgreSQL's timestamptz can hold, so the bound itself never overflows.
+MAX_RUN_AFTER_CEILING = 100 * 365 * 24 * 3600.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,6 +84,12 @@ class Settings:
     MAX_PAYLOAD_BYTES: int = 1_000_000
     #: Deepest nesting accepted in a JSON payload.
     MAX_PAYLOAD_DEPTH: int = 64
+    #: Largest start_many batch accepted, in bytes serialised (inputs and metas in UTF-8,
+    #: plus each job's other fields); a bigger batch is refused with BatchTooLarge before
+    #: anything is written. A batch of one job is never refused for its size.
+    MAX_BATCH_BYTES: int = 64_000_000
+    #: Furthest ahead start()/start_many() may schedule a job (run_after).
+    MAX_RUN_AFTER: float = 366 * 24 * 3600.0
     #: Refuse start() of a kind no handler is registered for.
     REQUIRE_REGISTERED_KINDS: bool = True
     #: Finished (not parked) jobs older than this are deleted by the reconciler, in
@@ -119,6 +128,11 @@ class Settings:
             raise ConfigurationError(
                 f"DURABLE_JOBS['HEARTBEAT_INTERVAL'] ({self.HEARTBEAT_INTERVAL}s) must be below "
                 f"LEASE_TTL ({self.LEASE_TTL}s), or every lease expires between two heartbeats"
+            )
+        if self.MAX_RUN_AFTER > MAX_RUN_AFTER_CEILING:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['MAX_RUN_AFTER'] must be at most {MAX_RUN_AFTER_CEILING:.0f} seconds "
+                "(100 years); further than that is a mistake, not a schedule"
             )
         if self.RETRY_BACKOFF_MAX < self.RETRY_BACKOFF_BASE:
             raise ConfigurationError("DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE")

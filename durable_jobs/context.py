@@ -192,8 +192,10 @@ class Slice:
         fenced transaction of its own.
         """
         settings = conf.get()
-        validation.payload("checkpoint", state, max_bytes=settings.MAX_PAYLOAD_BYTES,
-                           max_depth=settings.MAX_PAYLOAD_DEPTH)
+        # Checked before anything is written; a bad value raises InvalidCheckpoint or
+        # InvalidProgress, which fail the job at once (a bug, not worth five retries).
+        validation.checkpoint(state, max_bytes=settings.MAX_PAYLOAD_BYTES, max_depth=settings.MAX_PAYLOAD_DEPTH)
+        processed, total = validation.progress(processed, total, unset=_UNSET)
         with self.fenced():
             if not store.write_checkpoint(self.lease, state, processed=processed, total=total, using=self.using):
                 self._lease_lost = True
@@ -213,6 +215,7 @@ class Slice:
         """
         if self._lease_lost:
             raise LeaseLost(self.id, self.lease.epoch)
+        processed, total = validation.progress(processed, total, unset=_UNSET)  # InvalidProgress
         cancel = store.heartbeat(self.lease, processed=processed, total=total, using=self.using)
         if cancel is None:
             self._lease_lost = True

@@ -22,7 +22,38 @@ class InvalidInput(DurableJobsError, ValueError):
 
     def __init__(self, field: str, message: str) -> None:
         self.field = field
+        #: The message without the field's name, to restate it under another error.
+        self.detail = message
         super().__init__(f"{field}: {message}")
+
+
+class BatchTooLarge(InvalidInput):
+    """A ``start_many`` batch is bigger, serialised, than ``MAX_BATCH_BYTES``.
+
+    Refused before anything is written (and before the whole batch is even held in
+    memory): one statement carrying it could exceed what PostgreSQL accepts in a message,
+    killing the connection and the caller's transaction with it.
+    """
+
+    def __init__(self, size: int, limit: int, count: int) -> None:
+        self.size = size
+        self.limit = limit
+        self.count = count
+        super().__init__(
+            "jobs",
+            f"the batch reached {size} bytes serialised at its first {count} jobs; the limit is "
+            f"{limit} (DURABLE_JOBS['MAX_BATCH_BYTES']). Split it: several start_many calls in "
+            "one transaction.atomic() still land together or not at all",
+        )
+
+
+class RunAfterOutOfRange(InvalidInput):
+    """``run_after`` is too far in the past (a mistaken default such as ``datetime.min``
+    would put the job at the head of its queue) or further ahead than ``MAX_RUN_AFTER``."""
+
+    def __init__(self, value: object, message: str) -> None:
+        self.value = value
+        super().__init__("run_after", message)
 
 
 class UnknownKind(InvalidInput):
@@ -127,6 +158,34 @@ class TransientError(JobError):
 
 class TerminalError(JobError):
     error_class = "terminal"
+
+
+class InvalidJobData(InvalidInput, TerminalError):
+    """Data a job would store is unusable (a checkpoint that is not JSON, a negative count).
+
+    Bad input everywhere (a ``ValueError``); raised inside a slice it is a bug in the
+    handler, not a passing fault, so the job fails at once as ``terminal`` (the message
+    names what was wrong) instead of retrying the same call until its budget runs out.
+    """
+
+    error_code = "invalid_job_data"
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(field, message)
+        self.code = self.error_code  # JobError's __init__ (reached through super) cleared it
+
+
+class InvalidCheckpoint(InvalidJobData):
+    """``save_checkpoint`` was given a state that cannot be stored as jsonb."""
+
+    error_code = "invalid_checkpoint"
+
+
+class InvalidProgress(InvalidJobData):
+    """``processed``/``total`` (or ``start``'s ``total_count``) is not a count: a
+    non-negative integer that fits PostgreSQL's bigint."""
+
+    error_code = "invalid_progress"
 
 
 class UnrecoverableError(JobError):

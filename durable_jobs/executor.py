@@ -1,18 +1,23 @@
 """Run one claimed slice and record its outcome: the single place outcomes are normalised.
 
-Whatever a handler returns or raises maps to exactly one transition:
+Whatever a handler returns or raises maps to exactly one end (``Ran``, by ``invoke``,
+wherever the handler ran) and each end to exactly one transition (``record``):
 
-=============================  ==============================================
-handler                        transition (store statement)
-=============================  ==============================================
-``DONE`` / ``Done(result)``    complete + mirror, one transaction
-``YIELD``                      yield_slice (seq + 1); interrupted on shutdown
-``YIELD`` after a cancel       cancel + mirror, one transaction
-raises ``CancelRequested``     cancel + mirror
-raises ``LeaseLost``           nothing: someone else owns the job now
-raises anything else           fail_slice; on a verdict, fail_terminal + mirror
-returns anything else          as a terminal error (``invalid_outcome``)
-=============================  ==============================================
+=====================================  ==================================================
+handler, or what the worker saw         transition (store statement)
+=====================================  ==================================================
+``DONE`` / ``Done(result)``             complete + mirror, one transaction
+``YIELD``                               yield_slice (seq + 1); interrupted on shutdown
+``YIELD`` after a cancel                cancel + mirror, one transaction
+raises ``CancelRequested``              cancel + mirror
+raises ``LeaseLost``                    release (if still ours): someone else owns it
+raises a lost-connection error          charge_interruption: the re-drive budget
+raises bad job data (``InvalidInput``)  fail_slice as terminal, whatever the classifier
+raises anything else                    fail_slice; on a verdict, fail_terminal + mirror
+returns anything else                   fail_slice as terminal (``invalid_outcome``)
+ran past its time limit                 fail_slice (``time_limit``, transient)
+its handler process died                charge_interruption: the re-drive budget
+=====================================  ==================================================
 
 The bookkeeping write has a fallback: a database error there is logged, the
 connection replaced and the write tried once more. If that fails too the job is left
@@ -173,9 +178,10 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
             return Ran(end="interrupted", message=f"interrupted: database connection lost ({_describe(error)})"[:2000])
         _leave_broken_transaction(using)
         if isinstance(error, InvalidInput):
-            # A payload the store can never hold (a checkpoint that is not JSON, a start
-            # with bad arguments) is a programming error: a retry fails the same way.
-            return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code="invalid_input",
+            # Data the store can never hold (a checkpoint that is not JSON, a negative
+            # count, a start with bad arguments) is the handler's bug, whatever its
+            # classifier says: the same call fails the same way every time.
+            return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code=_error_code(error),
                        message=_describe(error))
         return Ran(end="failed", error_class=handler.error_class_of(error), code=_error_code(error),
                    message=_describe(error))

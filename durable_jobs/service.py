@@ -9,21 +9,26 @@ about tenants.
 from __future__ import annotations
 
 import inspect
-import math
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, models
+from django.db import DEFAULT_DB_ALIAS, models, transaction
 
 from durable_jobs import conf, metrics, registry, signals, store, validation
-from durable_jobs.exceptions import IdempotencyConflict, InvalidInput, JobNotFound, UnknownKind, WrongState
+from durable_jobs.exceptions import (
+    BatchTooLarge,
+    IdempotencyConflict,
+    InvalidInput,
+    JobNotFound,
+    UnknownKind,
+    WrongState,
+)
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES, Scope, Status
 
 MAX_PRIORITY = 100
-MAX_RUN_AFTER_SECONDS = 10 * 365 * 24 * 3600
 
 
 def scope_of(scope: Scope | str | tuple[str, str | None] | None) -> Scope:
@@ -56,30 +61,31 @@ def _subject(subject: Any) -> tuple[str | None, str | None]:
     raise InvalidInput("subject", "must be a saved model instance or a (type, id) pair")
 
 
-def _schedule(run_after: datetime | timedelta | float | int | None) -> tuple[datetime | None, int]:
+def _schedule(run_after: datetime | timedelta | float | None) -> tuple[datetime | None, int]:
     """Return ``(absolute instant, delay ms)`` for the insert.
 
     A ``timedelta`` or number of seconds is a duration added to the database's clock. An
     aware ``datetime`` is the caller's chosen instant, stored as given: it is data, not a
-    reading of this process's clock.
+    reading of this process's clock (its bounds are checked against the database's clock
+    by ``_bound_instants`` once the connection is known).
     """
-    if run_after is None:
+    checked = validation.run_after(run_after, max_ahead=conf.get().MAX_RUN_AFTER)
+    if checked is None:
         return None, 0
-    if isinstance(run_after, datetime):
-        if run_after.tzinfo is None or run_after.utcoffset() is None:
-            raise InvalidInput("run_after", "must be an aware datetime (carry its zone), a timedelta or seconds")
-        if run_after.year > datetime.now(run_after.tzinfo).year + 10:
-            # A sanity bound on the caller's instant (not a scheduling decision: the
-            # instant itself goes to the database as given).
-            raise InvalidInput("run_after", "is more than ten years ahead")
-        return run_after, 0
-    if isinstance(run_after, timedelta):
-        run_after = max(0.0, run_after.total_seconds())  # a moment already past means now
-    if isinstance(run_after, (int, float)) and not isinstance(run_after, bool) and math.isfinite(run_after):
-        if not 0 <= run_after <= MAX_RUN_AFTER_SECONDS:
-            raise InvalidInput("run_after", f"must be between 0 and {MAX_RUN_AFTER_SECONDS} seconds (ten years)")
-        return None, conf.ms(run_after)
-    raise InvalidInput("run_after", "must be an aware datetime, a timedelta or a non-negative number of seconds")
+    if isinstance(checked, datetime):
+        return checked, 0
+    return None, conf.ms(checked)
+
+
+def _bound_instants(prepared: list[dict[str, Any]], using: str) -> None:
+    """Refuse ``run_after`` instants too far past or ahead, by the database's clock
+    (invariant 2), with one read for a whole batch and none when no instant was given."""
+    instants = [fields["run_at"] for fields in prepared if fields["run_at"] is not None]
+    if not instants:
+        return
+    now = store.database_now(using=using)
+    for instant in instants:
+        validation.run_after_instant(instant, now, max_ahead=conf.get().MAX_RUN_AFTER)
 
 
 def _prepare(
@@ -124,7 +130,7 @@ def _prepare(
         "created_by": None if created_by is None else validation.key("created_by", created_by, max_length=200),
         "queue": validation.name("queue", queue),
         "priority": validation.integer("priority", priority, low=-MAX_PRIORITY, high=MAX_PRIORITY),
-        "total_count": None if total_count is None else validation.integer("total_count", total_count, low=0, high=2**62),
+        "total_count": None if total_count is None else validation.count("total_count", total_count),
         "run_at": run_at,
         "delay_ms": delay_ms,
         "wait_for": None,
@@ -163,6 +169,7 @@ def start(
         kind, input=input, subject=subject, lock_key=lock_key, idempotency_key=idempotency_key, meta=meta,
         queue=queue, priority=priority, run_after=run_after, total_count=total_count, created_by=created_by,
     )
+    _bound_instants([fields], using)
     result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
     job = result.job
     if not result.created and (job.kind != kind or job.organization_id != scope.organization):
@@ -185,13 +192,18 @@ def start_many(
     """Start many jobs in one statement, in the caller's transaction; return their ids in order.
 
     Each item holds ``start()``'s keyword arguments (``kind`` required), validated the same
-    way before anything is written. All or nothing: a held lock key (or one used twice in
-    the batch) raises ``LockKeyHeld`` and inserts none; an idempotency key already used
-    returns the existing job in its place.
+    way before anything is written. All or nothing, with or without an outer
+    ``transaction.atomic()``: a held lock key (or one used twice in the batch) raises
+    ``LockKeyHeld``, an idempotency key naming another kind or organization's job raises
+    ``IdempotencyConflict``, and either leaves no row and wakes nobody, while the caller's
+    transaction stays usable. An idempotency key already used, even by a start racing
+    this one, returns the existing job in its place. A batch bigger than
+    ``MAX_BATCH_BYTES`` serialised raises ``BatchTooLarge`` before anything is written.
     """
     settings = conf.get()
     scope = scope_of(scope)
     prepared = []
+    size = 0
     for position, spec in enumerate(jobs):
         spec = dict(spec)
         if "kind" not in spec:
@@ -199,14 +211,25 @@ def start_many(
         unknown = set(spec) - _START_ARGUMENTS
         if unknown:
             raise InvalidInput(f"jobs[{position}]", f"unknown arguments {sorted(unknown)}")
-        prepared.append(_prepare(spec.pop("kind"), **spec))
+        fields = _prepare(spec.pop("kind"), **spec)
+        # Counted as the batch is read, so an oversized one is refused while holding no
+        # more than the limit in memory. One job alone is never refused: start() takes it.
+        size += _serialised_bytes(fields)
+        if size > settings.MAX_BATCH_BYTES and position > 0:
+            raise BatchTooLarge(size, settings.MAX_BATCH_BYTES, position + 1)
+        prepared.append(fields)
     if not prepared:
         return []
-    results = store.insert_jobs(prepared, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
-    for fields, result in zip(prepared, results, strict=True):
-        if not result.created and (result.kind != fields["kind"] or result.organization_id != scope.organization):
-            same_org = result.organization_id == scope.organization
-            raise IdempotencyConflict(fields["idempotency_key"] or "", result.id if same_org else None)
+    _bound_instants(prepared, using)
+    # A transaction of its own (a savepoint inside the caller's): a refusal found only
+    # after the insert, such as a key that names another organization's job, rolls the
+    # whole batch back together with its NOTIFYs, and the caller's transaction carries on.
+    with transaction.atomic(using=using):
+        results = store.insert_jobs(prepared, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
+        for fields, result in zip(prepared, results, strict=True):
+            if not result.created and (result.kind != fields["kind"] or result.organization_id != scope.organization):
+                same_org = result.organization_id == scope.organization
+                raise IdempotencyConflict(fields["idempotency_key"] or "", result.id if same_org else None)
     created: dict[str, int] = {}
     for result in results:
         if result.created:
@@ -214,6 +237,24 @@ def start_many(
     for kind, count in created.items():
         metrics.emit("jobs_started", count, kind=kind)
     return [result.id for result in results]
+
+
+#: What one job adds to a batch's serialised size besides its payloads and keys (its id,
+#: the field names, numbers and an instant): an over-estimate, so the bound errs safe.
+_ROW_OVERHEAD_BYTES = 400
+_KEY_FIELDS = ("kind", "queue", "idempotency_key", "lock_key", "subject_type", "subject_id", "created_by")
+
+
+def _serialised_bytes(fields: dict[str, Any]) -> int:
+    """Bytes one prepared job adds to the batch ``store.insert_jobs`` sends as one parameter."""
+    size = _ROW_OVERHEAD_BYTES
+    for name in ("input", "meta"):  # already validated JSON text, embedded as it is
+        if fields[name] is not None:
+            size += len(fields[name].encode())
+    for name in _KEY_FIELDS:  # at most 4 bytes a character in UTF-8, escapes included
+        if fields[name] is not None:
+            size += 4 * len(fields[name])
+    return size
 
 
 # What one item of start_many may hold: exactly _prepare's arguments, so the two never drift.

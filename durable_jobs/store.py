@@ -269,43 +269,30 @@ def insert_jobs(
     The same guarantees as ``insert_job``, batch-wide: idempotency keys already used
     answer with their job; a lock key held by a live job, or used twice in the batch,
     raises ``LockKeyHeld`` before anything is inserted; the unique indexes settle races,
-    inside a savepoint so the caller's transaction stays usable.
+    inside a savepoint so the caller's transaction stays usable. A start racing this one
+    on a key makes our insert wait for it and then fail at the index: the insert is then
+    planned again from a fresh look, which sees the winner (its transaction has ended),
+    so a batch losing an idempotency race answers with the winner's job exactly as
+    ``insert_job`` does, and one losing a lock-key race names the holder.
     """
-    params = _scope(scope)
     with transaction.atomic(using=using):
-        keys = [row["idempotency_key"] for row in rows if row["idempotency_key"] is not None]
-        existing: dict[str, BulkInsertResult] = {}
-        if keys:
-            with _execute(using, FIND_BY_IDEMPOTENCY_KEYS, {"tenant": scope.tenant, "keys": keys}) as cursor:
-                existing = {key: BulkInsertResult(job_id, False, kind, org) for key, job_id, kind, org in cursor}
-        # A key's first occurrence is inserted; a repeat later in the batch answers with it.
-        to_insert, first_of_key = [], set()
-        for row in rows:
-            key = row["idempotency_key"]
-            if key is not None and (key in existing or key in first_of_key):
-                continue
-            if key is not None:
-                first_of_key.add(key)
-            to_insert.append(row)
-        lock_keys = [row["lock_key"] for row in to_insert if row["lock_key"] is not None]
-        if len(lock_keys) != len(set(lock_keys)):
-            twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
-            raise LockKeyHeld(twice)
-        if lock_keys:
-            holders = _all(using, FIND_LIVE_BY_LOCK_KEYS, {**params, "lock_keys": lock_keys})
-            if holders:
-                raise LockKeyHeld(holders[0].lock_key, holders[0].id)
-        try:
-            with transaction.atomic(using=using):
-                inserted: set[Any] = set()
-                if to_insert:
-                    with _execute(using, INSERT_JOBS, {**params, "rows": _rows_json(to_insert)}) as cursor:
-                        inserted = {row[0] for row in cursor}
-        except IntegrityError as error:
-            constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
-            if constraint == LOCK_KEY_INDEX:
-                raise LockKeyHeld("(one of the batch's lock keys)") from error
-            raise
+        for attempt in range(1, _RACE_ATTEMPTS + 1):
+            existing, to_insert = _plan_bulk_insert(rows, scope, using)
+            try:
+                with transaction.atomic(using=using):
+                    inserted: set[Any] = set()
+                    if to_insert:
+                        params = {**_scope(scope), "rows": _rows_json(to_insert)}
+                        with _execute(using, INSERT_JOBS, params) as cursor:
+                            inserted = {row[0] for row in cursor}
+                break
+            except IntegrityError as error:
+                constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
+                if constraint in (IDEMPOTENCY_INDEX, LOCK_KEY_INDEX) and attempt < _RACE_ATTEMPTS:
+                    continue  # lost a race: look again (the winner is visible now) and retry
+                if constraint == LOCK_KEY_INDEX:
+                    raise LockKeyHeld("(one of the batch's lock keys)") from error
+                raise
         if notify_channel:
             for queue in sorted({row["queue"] for row in to_insert}):
                 _scalar(using, NOTIFY, {"channel": notify_channel, "queue": queue})
@@ -321,6 +308,45 @@ def insert_jobs(
         else:  # a repeat of a key first used earlier in this batch: answer with that job
             results.append(BulkInsertResult(first[key]["id"], False, first[key]["kind"], scope.organization))
     return results
+
+
+#: Tries of a batch insert that keeps losing races. Each lost race shows one more winner
+#: to the next look, so a few suffice; a caller whose snapshot cannot see winners
+#: (REPEATABLE READ) gets the index's error after them, as from ``insert_job``.
+_RACE_ATTEMPTS = 3
+
+
+def _plan_bulk_insert(
+    rows: list[dict[str, Any]], scope: Scope, using: str
+) -> tuple[dict[str, BulkInsertResult], list[dict[str, Any]]]:
+    """Return the jobs the batch's idempotency keys already name, and the rows to insert.
+
+    Raises ``LockKeyHeld`` when a row to insert carries a lock key held by a live job or
+    by another row of the batch.
+    """
+    keys = [row["idempotency_key"] for row in rows if row["idempotency_key"] is not None]
+    existing: dict[str, BulkInsertResult] = {}
+    if keys:
+        with _execute(using, FIND_BY_IDEMPOTENCY_KEYS, {"tenant": scope.tenant, "keys": keys}) as cursor:
+            existing = {key: BulkInsertResult(job_id, False, kind, org) for key, job_id, kind, org in cursor}
+    # A key's first occurrence is inserted; a repeat later in the batch answers with it.
+    to_insert, first_of_key = [], set()
+    for row in rows:
+        key = row["idempotency_key"]
+        if key is not None and (key in existing or key in first_of_key):
+            continue
+        if key is not None:
+            first_of_key.add(key)
+        to_insert.append(row)
+    lock_keys = [row["lock_key"] for row in to_insert if row["lock_key"] is not None]
+    if len(lock_keys) != len(set(lock_keys)):
+        twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
+        raise LockKeyHeld(twice)
+    if lock_keys:
+        holders = _all(using, FIND_LIVE_BY_LOCK_KEYS, {**_scope(scope), "lock_keys": lock_keys})
+        if holders:
+            raise LockKeyHeld(holders[0].lock_key, holders[0].id)
+    return existing, to_insert
 
 
 _BULK_FIELDS = ("id", "kind", "created_by", "idempotency_key", "lock_key", "subject_type", "subject_id", "queue",

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import re
+from datetime import datetime, timedelta
 from typing import Any
 
-from durable_jobs.exceptions import InvalidInput
+from durable_jobs.exceptions import (
+    InvalidCheckpoint,
+    InvalidInput,
+    InvalidProgress,
+    RunAfterOutOfRange,
+)
 
 NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would let a final newline through
 # Keys may be any printable text (so keys that look like SQL round-trip exactly), but no
@@ -45,6 +52,101 @@ def integer(field: str, value: Any, *, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidInput(field, f"must be an integer from {low} to {high}")
     return value
+
+
+#: PostgreSQL's bigint, the type of processed_count and total_count.
+MAX_COUNT = 2**63 - 1
+
+
+def count(field: str, value: Any) -> int:
+    """A progress count (``processed``, ``total``, ``total_count``): a non-negative integer
+    that fits a bigint. A bool is refused (``True`` is not a count), and so is a float:
+    ``2.5`` processed means a bug upstream, not something to round."""
+    if isinstance(value, bool):
+        raise InvalidProgress(field, "must be an integer count, got a bool")
+    try:
+        number = operator.index(value)  # int, or an integer type such as numpy's
+    except TypeError:
+        shown = printable(repr(value), limit=60)
+        raise InvalidProgress(field, f"must be a non-negative integer, got {type(value).__name__} {shown}") from None
+    if not 0 <= number <= MAX_COUNT:
+        raise InvalidProgress(field, f"must be from 0 to {MAX_COUNT} (PostgreSQL bigint), got {number}")
+    return number
+
+
+def progress(processed: Any, total: Any, *, unset: Any) -> tuple[int | None, Any]:
+    """Check a slice's ``processed``/``total`` before anything is written.
+
+    ``processed=None`` leaves the stored count alone; ``total=None`` records "unknown" and
+    ``total=unset`` leaves it alone. ``processed`` may exceed ``total``: a total is often
+    an estimate made before the work was seen, and refusing it would fail a healthy job
+    over a progress bar.
+    """
+    if processed is not None:
+        processed = count("processed", processed)
+    if total is not None and total is not unset:
+        total = count("total", total)
+    return processed, total
+
+
+def checkpoint(state: Any, *, max_bytes: int, max_depth: int) -> str | None:
+    """Check a checkpoint like any payload, raising ``InvalidCheckpoint`` (a bug in the
+    handler: the slice fails at once instead of retrying the same call)."""
+    try:
+        return payload("checkpoint", state, max_bytes=max_bytes, max_depth=max_depth)
+    except InvalidCheckpoint:
+        raise
+    except InvalidInput as error:
+        raise InvalidCheckpoint(error.field, error.detail) from None
+
+
+#: How far in the past a ``run_after`` instant may lie. A caller's "09:00 today" computed
+#: a little late is due at once; ``datetime.min`` or a year-1 default is a bug, and as the
+#: earliest run time in its queue it would be taken before every job already waiting.
+RUN_AFTER_PAST_TOLERANCE = timedelta(days=1)
+
+
+def run_after(value: Any, *, max_ahead: float) -> datetime | float | None:
+    """Check ``run_after`` as far as it can be without a clock.
+
+    Return an aware ``datetime`` (an instant: check it with ``run_after_instant`` against
+    the database's clock), a number of seconds from 0 to ``max_ahead`` (a duration; a
+    ``timedelta`` already past means now), or None.
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidInput("run_after", "must be an aware datetime (carry its zone), a timedelta or seconds")
+        return value
+    if isinstance(value, timedelta):
+        value = max(0.0, value.total_seconds())  # a moment already past means now
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise InvalidInput("run_after", "must be a finite number of seconds")
+        if value < 0:
+            raise RunAfterOutOfRange(value, f"must not be negative, got {value} seconds")
+        if value > max_ahead:
+            raise RunAfterOutOfRange(value, f"is {value:.0f} seconds ahead; {_ceiling(max_ahead)}")
+        return float(value)
+    raise InvalidInput("run_after", "must be an aware datetime, a timedelta or a non-negative number of seconds")
+
+
+def run_after_instant(value: datetime, now: datetime, *, max_ahead: float) -> datetime:
+    """Bound an aware ``run_after`` instant by ``now``, which must be the database's clock
+    (invariant 2): no more than a day past, no further ahead than ``max_ahead`` seconds."""
+    if value < now - RUN_AFTER_PAST_TOLERANCE:
+        raise RunAfterOutOfRange(
+            value, f"{value.isoformat()} is more than a day in the past; pass a timedelta of 0 to run it now"
+        )
+    if value - now > timedelta(seconds=max_ahead):
+        days = (value - now).days
+        raise RunAfterOutOfRange(value, f"{value.isoformat()} is {days} days ahead; {_ceiling(max_ahead)}")
+    return value
+
+
+def _ceiling(max_ahead: float) -> str:
+    return f"the limit is {max_ahead:.0f} seconds ({max_ahead / 86400:g} days, DURABLE_JOBS['MAX_RUN_AFTER'])"
 
 
 def payload(field: str, value: Any, *, max_bytes: int, max_depth: int) -> str | None:

@@ -217,3 +217,18 @@ def test_system_check__reports_a_nonsense_setting():
     assert "HEARTBEAT_INTERVAL" in errors[0].msg
     with override_settings(DURABLE_JOBS={}):
         assert checks.check_settings() == []
+
+
+def test_load__the_batch_and_schedule_bounds_have_defaults_and_refuse_nonsense():
+    """MAX_BATCH_BYTES (start_many) and MAX_RUN_AFTER (run_after's ceiling, at most 100 years)."""
+    defaults = conf.load({})
+    assert defaults.MAX_BATCH_BYTES == 64_000_000 and defaults.MAX_RUN_AFTER == 366 * 86400.0
+    tuned = conf.load({"MAX_RUN_AFTER": timedelta(days=30), "MAX_BATCH_BYTES": 1_000})
+    assert (tuned.MAX_RUN_AFTER, tuned.MAX_BATCH_BYTES) == (30 * 86400.0, 1_000)
+    assert conf.load({"MAX_RUN_AFTER": timedelta(days=100 * 365)}).MAX_RUN_AFTER == 100 * 365 * 86400.0
+    for bad in (0, -1, "1 year", math.inf, timedelta(days=100 * 365 + 1)):
+        with pytest.raises(ConfigurationError, match="MAX_RUN_AFTER"):
+            conf.load({"MAX_RUN_AFTER": bad})
+    for bad in (0, 1.5, True, "64MB"):
+        with pytest.raises(ConfigurationError, match="MAX_BATCH_BYTES"):
+            conf.load({"MAX_BATCH_BYTES": bad})

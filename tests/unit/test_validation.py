@@ -5,13 +5,19 @@ Invariant 23 (only validated bytes reach a label or a log line) and the jsonb li
 from __future__ import annotations
 
 import json
-
 import math
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from durable_jobs import validation
-from durable_jobs.exceptions import InvalidInput
+from durable_jobs.exceptions import (
+    InvalidCheckpoint,
+    InvalidInput,
+    InvalidJobData,
+    InvalidProgress,
+    RunAfterOutOfRange,
+)
 
 LIMITS = dict(max_bytes=1_000, max_depth=5)
 
@@ -208,3 +214,86 @@ def test_handler_kind__refuses_a_trailing_newline():
     with pytest.raises(ConfigurationError):
         registry.handler("reports.rebuild\n")(lambda job: None)
     assert registry.get("reports.rebuild\n") is None
+
+
+# ---------------------------------------------------------------------------------------
+# counts (processed, total, total_count)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 1, 2**63 - 1])
+def test_count__accepts_non_negative_integers_within_bigint(value):
+    assert validation.count("total", value) == value
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [(-1, "got -1"), (2**63, "bigint"), (2**70, "bigint"), (True, "bool"), (1.0, "float"),
+     ("lots", "str 'lots'"), (None, "NoneType"), ("a\nFORGED", "\\n")],
+    ids=["negative", "bigint-plus-one", "2**70", "bool", "float", "text", "none", "control-characters"],
+)
+def test_count__refuses_anything_else_naming_the_field_and_the_value(value, named):
+    with pytest.raises(InvalidProgress) as caught:
+        validation.count("processed", value)
+    error = caught.value
+    assert error.field == "processed" and named in str(error) and "\n" not in str(error)
+    assert isinstance(error, ValueError) and isinstance(error, InvalidJobData)
+    assert (error.error_class, error.code) == ("terminal", "invalid_progress")
+
+
+def test_progress__none_and_unset_pass_through_and_processed_may_exceed_total():
+    unset = object()
+    assert validation.progress(None, unset, unset=unset) == (None, unset)
+    assert validation.progress(5, None, unset=unset) == (5, None)
+    assert validation.progress(12, 10, unset=unset) == (12, 10), "a total is often an estimate"
+
+
+# ---------------------------------------------------------------------------------------
+# checkpoint
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("state", "named"),
+    [({"s": {1}}, "set"), ({"t": "\x00"}, "NUL"), (_deep(6), "MAX_PAYLOAD_DEPTH"), ("x" * 2_000, "MAX_PAYLOAD_BYTES")],
+    ids=["set", "nul", "too-deep", "too-big"],
+)
+def test_checkpoint__refuses_what_jsonb_cannot_hold_as_a_terminal_invalid_checkpoint(state, named):
+    with pytest.raises(InvalidCheckpoint) as caught:
+        validation.checkpoint(state, **LIMITS)
+    error = caught.value
+    assert str(error).startswith("checkpoint: ") and named in str(error)
+    assert (error.field, error.error_class, error.code) == ("checkpoint", "terminal", "invalid_checkpoint")
+    assert validation.checkpoint({"cursor": 3}, **LIMITS) == '{"cursor":3}'
+
+
+# ---------------------------------------------------------------------------------------
+# run_after
+# ---------------------------------------------------------------------------------------
+
+DAY = 86400.0
+
+
+def test_run_after__durations_become_seconds_within_the_ceiling():
+    assert validation.run_after(None, max_ahead=DAY) is None
+    assert validation.run_after(timedelta(hours=1), max_ahead=DAY) == 3600.0
+    assert validation.run_after(timedelta(minutes=-5), max_ahead=DAY) == 0.0  # past means now
+    assert validation.run_after(DAY, max_ahead=DAY) == DAY
+
+
+@pytest.mark.parametrize("value", [DAY + 1, -1, 1e300], ids=["beyond", "negative", "huge"])
+def test_run_after__a_duration_out_of_range_is_refused(value):
+    with pytest.raises(RunAfterOutOfRange) as caught:
+        validation.run_after(value, max_ahead=DAY)
+    assert caught.value.field == "run_after" and caught.value.value == value
+
+
+def test_run_after_instant__is_bounded_by_the_clock_it_is_given():
+    now = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
+    plus_two = timezone(timedelta(hours=2))
+    for fine in (now - timedelta(hours=23), now + timedelta(days=29), datetime(2026, 6, 1, 14, 0, tzinfo=plus_two)):
+        assert validation.run_after_instant(fine, now, max_ahead=30 * DAY) == fine
+    for bad in (now - timedelta(days=1, seconds=1), now + timedelta(days=30, seconds=1),
+                datetime.min.replace(tzinfo=plus_two), datetime.max.replace(tzinfo=timezone.utc)):
+        with pytest.raises(RunAfterOutOfRange):
+            validation.run_after_instant(bad, now, max_ahead=30 * DAY)
