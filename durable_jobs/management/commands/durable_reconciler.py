@@ -40,10 +40,11 @@ class Command(BaseCommand):
             report = reconciler.run_pass()
             self.stdout.write(str(report))
             return
-        log.info("reconciler starting: %s, a pass every %gs", f"tenant {tenant}" if tenant else "all tenants",
-                 interval)
         stop = threading.Event()
         previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Said once SIGTERM is ours: whoever waits for this line may stop us right away.
+        log.info("reconciler starting: %s, a pass every %gs", f"tenant {tenant}" if tenant else "all tenants",
+                 interval)
         try:
             reconciler.run(stop=stop)
         finally:
