@@ -11,7 +11,16 @@ class DurableJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from durable_jobs import checks  # noqa: F401  (registers the system checks)
+        from durable_jobs import checks, conf  # noqa: F401  (checks: registers the system checks)
+        from durable_jobs.exceptions import ConfigurationError
 
+        try:
+            conf.get()
+        except ConfigurationError:
+            # Registering a handler reads DURABLE_JOBS, so importing the handler modules
+            # now would turn a typo into a traceback from every manage.py command. The
+            # system check durable_jobs.E001 reports it instead, and commands that run
+            # checks (the worker, the reconciler, migrate, check) stop on it.
+            return
         # Handlers live in each app's durable.py, found the way admin.py is.
         autodiscover_modules("durable")

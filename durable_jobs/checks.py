@@ -12,10 +12,15 @@ from durable_jobs.exceptions import ConfigurationError
 @checks.register("durable_jobs")
 def check_settings(app_configs=None, **kwargs):
     errors = []
-    try:
-        conf.load(getattr(settings, "DURABLE_JOBS", None))
-    except ConfigurationError as error:
-        errors.append(checks.Error(str(error), id="durable_jobs.E001"))
+    raw = getattr(settings, "DURABLE_JOBS", None)
+    # Each unknown key on its own line, each with its "did you mean".
+    unknown = conf.unknown_keys(raw) if isinstance(raw, dict) else []
+    errors.extend(checks.Error(message, id="durable_jobs.E001") for message in unknown)
+    if not unknown:
+        try:
+            conf.load(raw)
+        except ConfigurationError as error:
+            errors.append(checks.Error(str(error), id="durable_jobs.E001"))
     engine = settings.DATABASES.get("default", {}).get("ENGINE", "")
     if "postgresql" not in engine:
         errors.append(

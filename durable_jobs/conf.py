@@ -162,12 +162,23 @@ def load(raw: Any) -> Settings:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigurationError(f"DURABLE_JOBS must be a dict, got {type(raw).__name__}")
-    for key in raw:
-        if key not in _FIELD_NAMES:
-            close = difflib.get_close_matches(str(key), _FIELD_NAMES, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ConfigurationError(f"DURABLE_JOBS has an unknown key {key!r}{hint}")
+    unknown = unknown_keys(raw)
+    if unknown:
+        raise ConfigurationError("\n".join(unknown))
     return Settings(**raw)
+
+
+def unknown_keys(raw: dict) -> list[str]:
+    """One message per key of ``raw`` that is no setting, naming the setting it most likely meant."""
+    messages = []
+    for key in raw:
+        if key in _FIELD_NAMES:
+            continue
+        # Setting names are upper case: 'lease_ttl' means LEASE_TTL as surely as 'LEASE_TT' does.
+        close = difflib.get_close_matches(str(key).upper(), _FIELD_NAMES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        messages.append(f"DURABLE_JOBS has an unknown key {key!r}{hint}")
+    return messages
 
 
 _cache: tuple[object, Settings] | None = None

@@ -11,18 +11,26 @@ from django.db.models.functions import Now
 
 from durable_jobs import store
 from durable_jobs.models import Job
+from durable_jobs.states import Scope
 
 WINDOWS = (1, 5, 15)  # minutes, for throughput
 
 
-def collect(*, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+def collect(*, tenant: str | None = None, scope: Scope | None = None,
+            using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
     """Counts by kind and status, the pending backlog's age, expired leases, parked jobs, throughput.
 
-    Every age is measured on the database's clock.
+    ``scope`` counts that scope's jobs only (a None organization is tenant-wide, as
+    everywhere); ``tenant`` counts a whole tenant; neither counts every job. Every age is
+    measured on the database's clock.
     """
     jobs = Job.objects.using(using)
     if tenant is not None:
         jobs = jobs.filter(tenant_id=tenant)
+    if scope is not None:
+        jobs = jobs.filter(tenant_id=scope.tenant)
+        jobs = jobs.filter(organization_id=scope.organization) if scope.organization is not None \
+            else jobs.filter(organization_id__isnull=True)
     now = store.database_now(using=using)
     by_kind: dict[str, dict[str, int]] = {}
     for row in jobs.values("kind", "status").annotate(n=Count("id")).order_by("kind", "status"):

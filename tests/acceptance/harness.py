@@ -3,11 +3,17 @@
 Each process gets the test database's URL, ``testproject.settings_test`` (short leases)
 and ``PGAPPNAME`` set to a name of the test's choosing, so a test can find exactly
 that process's connections in ``pg_stat_activity`` and cut them.
+
+Output goes to a log file in one directory per test run, deleted when the run exits;
+``stop()`` keeps the text in memory so a failed test can still print it. Set
+``DURABLE_JOBS_KEEP_LOGS=1`` to keep the directory (its path is printed at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,12 +24,31 @@ from pathlib import Path
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parents[2]
+_log_dir: Path | None = None
+
+
+def log_dir() -> Path:
+    """This run's directory of process logs, created on first use and removed at exit."""
+    global _log_dir
+    if _log_dir is None:
+        _log_dir = Path(tempfile.mkdtemp(prefix="durable_jobs-logs-"))
+        atexit.register(_remove_log_dir, _log_dir)
+    return _log_dir
+
+
+def _remove_log_dir(path: Path) -> None:
+    if os.environ.get("DURABLE_JOBS_KEEP_LOGS"):
+        print(f"process logs kept in {path}", file=sys.stderr)
+        return
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class Process:
     def __init__(self, args: list[str], *, db_url: str, app_name: str, env: dict[str, str] | None = None) -> None:
         self.app_name = app_name
-        self.log_path = Path(tempfile.mkstemp(prefix=f"{app_name}-", suffix=".log")[1])
+        descriptor, name = tempfile.mkstemp(prefix=f"{app_name}-", suffix=".log", dir=log_dir())
+        self.log_path = Path(name)
+        self._text: str | None = None  # the output, once stop() has deleted the file
         full_env = {
             **os.environ,
             "DATABASE_URL": db_url,
@@ -33,7 +58,7 @@ class Process:
             "PYTHONUNBUFFERED": "1",
             **(env or {}),
         }
-        self._log = open(self.log_path, "w")
+        self._log = os.fdopen(descriptor, "w")  # closed by stop()
         self.popen = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -66,17 +91,26 @@ class Process:
         return self.popen.wait(timeout=timeout)
 
     def output(self) -> str:
+        if self._text is not None:
+            return self._text
         if not self._log.closed:
             self._log.flush()
         return self.log_path.read_text()
 
     def stop(self) -> None:
-        """End the process if it is still running (SIGCONT first, in case it was stopped)."""
+        """End the process if it is still running (SIGCONT first, in case it was stopped).
+
+        The log file is read into memory and deleted: ``output()`` still answers.
+        """
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGCONT)
             self.popen.kill()
             self.popen.wait(timeout=10)
-        self._log.close()
+        if self._text is None:
+            self._text = self.output()
+            self._log.close()
+            if not os.environ.get("DURABLE_JOBS_KEEP_LOGS"):
+                self.log_path.unlink(missing_ok=True)
 
 
 def descendants(pid: int) -> list[int]:

@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             if action == "kill" and name not in stopped:
                 fleet[name].signal(signal.SIGKILL)
                 fleet[name].wait()
+                fleet[name].stop()  # deletes its log file
                 fleet[name] = spawn(name.split("-")[0], int(name.split("-")[1]) + 10 * len(faults))
             elif action == "stop" and name not in stopped:
                 fleet[name].signal(signal.SIGSTOP)

@@ -91,7 +91,7 @@ def test_exit_codes_of_the_command_line(kinds):
         import os
 
         return subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", *args], cwd=ROOT,
-                              env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+                              env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False)
 
     ok = cli("show", str(job.id))
     assert ok.returncode == 0, ok.stderr
@@ -101,3 +101,76 @@ def test_exit_codes_of_the_command_line(kinds):
     assert refused.returncode == 1 and "still live" in refused.stderr
     bad = cli("list", "--status", "bogus")
     assert bad.returncode == 2 and "invalid status value" in bad.stderr
+
+
+def test_json_is_accepted_before_or_after_the_action(kinds):
+    JobFactory(kind="tests.a")
+    for args in (["--json", "stats"], ["stats", "--json"], ["--json", "list"], ["list", "--json"]):
+        data = json.loads(run(*args))
+        assert isinstance(data, dict), args
+    assert json.loads(run("--json", "stats"))["by_kind"] == {"tests.a": {"pending": 1}}
+    assert json.loads(run("--json", "list"))["total"] == 1
+
+
+def test_stats_counts_only_the_scope_it_is_given(kinds):
+    JobFactory(kind="tests.wide")
+    JobFactory(kind="tests.org", organization_id="org-x")
+    JobFactory(kind="tests.other", tenant_id="tenant-b")
+
+    def counted(*args):
+        return set(json.loads(run("stats", "--json", *args))["by_kind"])
+
+    assert counted() == {"tests.wide"}
+    assert counted("--organization", "org-x") == {"tests.org"}
+    assert counted("--tenant", "tenant-b") == {"tests.other"}
+    assert counted("--tenant", "tenant-b", "--organization", "org-x") == set()
+    assert counted("--all-tenants") == {"tests.wide", "tests.org", "tests.other"}
+    assert json.loads(run("stats", "--json", "--organization", "org-x"))["scope"] == {
+        "tenant": "default", "organization": "org-x"}
+    assert run("stats", "--organization", "org-x").startswith("scope: tenant default, organization org-x\n")
+    with pytest.raises(CommandError, match="--all-tenants counts every tenant"):
+        run("stats", "--all-tenants", "--tenant", "tenant-b")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_errors_under_json_are_one_json_object_on_stderr_with_the_exit_status(kinds):
+    job = JobFactory()
+    env = {"DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "testproject.settings_test"}
+
+    def cli(*args):
+        import os
+
+        result = subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", *args], cwd=ROOT,
+                                env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False)
+        assert result.stdout == "", result.stdout
+        return result.returncode, json.loads(result.stderr)
+
+    missing = "00000000-0000-0000-0000-000000000000"
+    assert cli("--json", "show", missing) == (1, {"error": f"no job {missing} in this scope",
+                                                  "code": "job_not_found", "exit_status": 1})
+    status, error = cli("redrive", str(job.id), "--json")
+    assert (status, error["code"], error["exit_status"]) == (1, "wrong_state", 1) and "still live" in error["error"]
+    status, error = cli("--json", "show", "not-a-uuid")
+    assert (status, error["code"], error["exit_status"]) == (2, "invalid_input", 2)
+    status, error = cli("list", "--status", "bogus", "--json")
+    assert (status, error["code"], error["exit_status"]) == (2, "bad_arguments", 2)
+    assert "invalid status value: 'bogus'" in error["error"]
+    status, error = cli("--json", "stats", "--organization", "has space")
+    assert (status, error["code"]) == (2, "bad_arguments") and "--organization" in error["error"]
+    status, error = cli("--json")
+    assert (status, error["code"]) == (2, "bad_arguments") and "action" in error["error"]
+    status, error = cli("--json", "stats", "--all-tenants", "--tenant", "x")
+    assert (status, error["code"]) == (2, "bad_arguments")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_json_stats_from_the_command_line_before_the_action(kinds):
+    JobFactory(kind="tests.a", organization_id="org-x")
+    env = {"DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "testproject.settings_test"}
+    import os
+
+    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", "--json", "stats",
+                             "--organization", "org-x"], cwd=ROOT, env={**os.environ, **env},
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["by_kind"] == {"tests.a": {"pending": 1}}

@@ -63,6 +63,25 @@ def test_load__an_unknown_key_is_refused_with_a_did_you_mean(key, suggestion):
     assert f"did you mean {suggestion!r}" in message
 
 
+@pytest.mark.parametrize(("key", "suggestion"), [("lease_ttl", "LEASE_TTL"), ("Slice_Budget", "SLICE_BUDGET"),
+                                               ("heartbeat_intervall", "HEARTBEAT_INTERVAL")])
+def test_load__a_lower_case_key_gets_the_upper_case_setting_as_its_did_you_mean(key, suggestion):
+    with pytest.raises(ConfigurationError) as caught:
+        conf.load({key: 1})
+    assert f"unknown key {key!r}; did you mean {suggestion!r}?" in str(caught.value)
+
+
+def test_system_check__names_every_unknown_key_in_an_error_of_its_own():
+    with override_settings(DURABLE_JOBS={"LEASE_TT": 5, "lease_ttl": 5, "BANANA": 1}):
+        errors = checks.check_settings()
+    assert [e.id for e in errors] == ["durable_jobs.E001"] * 3
+    assert [e.msg for e in errors] == [
+        "DURABLE_JOBS has an unknown key 'LEASE_TT'; did you mean 'LEASE_TTL'?",
+        "DURABLE_JOBS has an unknown key 'lease_ttl'; did you mean 'LEASE_TTL'?",
+        "DURABLE_JOBS has an unknown key 'BANANA'",
+    ]
+
+
 def test_load__an_unknown_key_without_a_near_match_is_named_without_a_guess():
     with pytest.raises(ConfigurationError) as caught:
         conf.load({"BANANA": 1})

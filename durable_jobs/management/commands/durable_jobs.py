@@ -1,19 +1,23 @@
 """``manage.py durable_jobs list|show|cancel|redrive|stats``: see and steer jobs without SQL.
 
-Human output by default, ``--json`` for scripts. Every action goes through the same
-service functions as code and the admin. Exit status: 0 done, 1 refused or not found
-(with the reason on stderr), 2 bad arguments.
+Human output by default, ``--json`` (before or after the action) for scripts. Every
+action goes through the same service functions as code and the admin. Exit status: 0
+done, 1 refused or not found, 2 bad arguments; the reason goes to stderr, under
+``--json`` as one JSON object ``{"error": ..., "code": ..., "exit_status": ...}``.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 
 from durable_jobs import conf, service, stats
-from durable_jobs.exceptions import DurableJobsError
+from durable_jobs.exceptions import DurableJobsError, InvalidInput
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
 from durable_jobs.validation import NAME
@@ -45,7 +49,7 @@ def progress_bar(job: Job) -> str:
     if not job.total_count:
         return f"{job.processed_count} processed (total unknown)"
     fraction = job.progress or 0.0
-    filled = int(round(BAR * fraction))
+    filled = round(BAR * fraction)
     return f"[{'#' * filled}{'.' * (BAR - filled)}] {job.processed_count}/{job.total_count} ({fraction:.0%})"
 
 
@@ -61,16 +65,68 @@ def as_dict(job: Job) -> dict[str, Any]:
     return out
 
 
+class Refused(CommandError):
+    """A service refusal that keeps a machine-readable code (``job_not_found``, ``wrong_state``...)."""
+
+    def __init__(self, error: DurableJobsError) -> None:
+        # A refused argument (not a job id, a page out of range) is a bad argument: exit 2.
+        super().__init__(str(error), returncode=2 if isinstance(error, InvalidInput) else 1)
+        self.code = re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower()
+
+
+class BadArguments(CommandError):
+    code = "bad_arguments"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, returncode=2)
+
+
 class Command(BaseCommand):
     help = "List, inspect, cancel and re-drive durable jobs; print queue statistics."
+    _json_errors = False  # set from the command line: report errors as JSON too
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self._json_errors = "--json" in argv[2:]
+        super().run_from_argv(argv)
+
+    def execute(self, *args, **options):
+        try:
+            return super().execute(*args, **options)
+        except CommandError as error:
+            if not self._json_errors or options.get("traceback"):
+                raise
+            code = getattr(error, "code", "system_check" if isinstance(error, SystemCheckError) else "error")
+            self._exit_json(str(error), code, error.returncode)
+
+    def _exit_json(self, message: str, code: str, status: int) -> None:
+        error = {"error": message, "code": code, "exit_status": status}
+        self.stderr.write(json.dumps(error), style_func=lambda text: text)
+        sys.exit(status)
+
+    def _json_aware(self, parser: CommandParser) -> None:
+        """Make ``parser`` report bad arguments as JSON (exit 2) when --json was asked for."""
+        plain = parser.error
+
+        def error(message: str) -> None:
+            if self._json_errors and parser.called_from_command_line:
+                self._exit_json(message, "bad_arguments", 2)
+            plain(message)
+
+        parser.error = error  # type: ignore[method-assign]
 
     def add_arguments(self, parser: CommandParser) -> None:
+        # Before the action (``durable_jobs --json stats``) or after it (``stats --json``):
+        # the action's own flag only overrides this one when it is given.
+        parser.add_argument("--json", action="store_true", help="machine-readable output and errors")
+        self._json_aware(parser)
         sub = parser.add_subparsers(dest="action", required=True)
 
         def scoped(p: CommandParser) -> None:
+            self._json_aware(p)
             p.add_argument("--tenant", type=name, default=None, help="tenant id (default: DEFAULT_TENANT)")
             p.add_argument("--organization", type=name, default=None, help="organization id (default: tenant-wide)")
-            p.add_argument("--json", action="store_true", help="machine-readable output")
+            p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                           help="machine-readable output and errors")
 
         p = sub.add_parser("list", help="list jobs, newest first")
         scoped(p)
@@ -91,14 +147,14 @@ class Command(BaseCommand):
                 p.add_argument("--force", action="store_true", help="also re-drive an unrecoverable failure")
 
         p = sub.add_parser("stats", help="counts, backlog age, expired leases, parked jobs, throughput")
-        p.add_argument("--tenant", type=name, default=None, help="only this tenant (default: all)")
-        p.add_argument("--json", action="store_true")
+        scoped(p)
+        p.add_argument("--all-tenants", action="store_true", help="count every tenant's jobs (no --tenant/--organization)")
 
     def handle(self, *args, action: str, **options) -> None:
         try:
             getattr(self, f"do_{action}")(**options)
         except DurableJobsError as error:
-            raise CommandError(str(error)) from None
+            raise Refused(error) from None
 
     def _scope(self, options) -> Scope:
         tenant = options["tenant"] or conf.get().DEFAULT_TENANT
@@ -149,20 +205,29 @@ class Command(BaseCommand):
         self._emit(options, as_dict(job), f"re-driven {job.id}: pending again (redrive #{job.redrives})")
 
     def do_stats(self, **options) -> None:
-        data = stats.collect(tenant=options["tenant"])
+        if options["all_tenants"]:
+            if options["tenant"] or options["organization"]:
+                raise BadArguments("--all-tenants counts every tenant; leave out --tenant and --organization")
+            scope, label = None, "all tenants"
+        else:
+            scope = self._scope(options)
+            label = f"tenant {scope.tenant}, " + (f"organization {scope.organization}" if scope.organization
+                                                   else "tenant-wide jobs")
+        data = stats.collect(scope=scope)
+        data["scope"] = None if scope is None else {"tenant": scope.tenant, "organization": scope.organization}
         if options["json"]:
             self._emit(options, data, "")
             return
         statuses = [s.value for s in Status]
-        lines = [f"{'kind':<28}" + "".join(f"{s:>11}" for s in statuses)]
+        lines = [f"scope: {label}", f"{'kind':<28}" + "".join(f"{s:>11}" for s in statuses)]
         for kind, counts in data["by_kind"].items():
             lines.append(f"{kind:<28}" + "".join(f"{counts.get(s, 0):>11}" for s in statuses))
         oldest = data["oldest_pending_seconds"]
         lines += [
             "",
             f"pending: {data['pending']} (oldest {'-' if oldest is None else f'{oldest:.1f}s'})",
-            f"running: {data['running']} ({data['running_expired_leases']} with expired leases, "
-            f"{data['retrying']} waiting for a retry)",
+            (f"running: {data['running']} ({data['running_expired_leases']} with expired leases, "
+             f"{data['retrying']} waiting for a retry)"),
             "parked: " + (", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items()) or "none"),
             "finished: " + "; ".join(
                 f"last {window}: {c['completed']} completed, {c['failed']} failed, {c['cancelled']} cancelled"

@@ -6,11 +6,14 @@ import logging
 import signal
 import threading
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
-from durable_jobs.management.commands.durable_worker import LOG_LEVELS
+from durable_jobs import conf, logsetup
+from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.reconciler import Reconciler
 from durable_jobs.validation import NAME
+
+log = logging.getLogger("durable_jobs.reconciler")
 
 
 def tenant_id(text: str) -> str:
@@ -28,7 +31,11 @@ class Command(BaseCommand):
         parser.add_argument("--tenant", type=tenant_id, default=None, help="only this tenant's jobs (shard a fleet)")
 
     def handle(self, *args, once, tenant, verbosity, **options) -> None:
-        logging.getLogger("durable_jobs").setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
+        logsetup.configure(verbosity)
+        try:
+            interval = conf.get().RECONCILE_INTERVAL
+        except ConfigurationError as error:  # reached only with --skip-checks
+            raise CommandError(str(error).replace("\n", "; ")) from None
         reconciler = Reconciler(tenant=tenant)
         if once:
             report = reconciler.run_pass()
@@ -36,8 +43,12 @@ class Command(BaseCommand):
             return
         stop = threading.Event()
         previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        # Said once SIGTERM is ours: whoever waits for this line may stop us right away.
+        log.info("reconciler starting: %s, a pass every %gs", f"tenant {tenant}" if tenant else "all tenants",
+                 interval)
         try:
             reconciler.run(stop=stop)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+        log.info("reconciler stopped")

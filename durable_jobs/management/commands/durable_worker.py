@@ -7,6 +7,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from durable_jobs import logsetup
 from durable_jobs.validation import NAME
 from durable_jobs.worker import Worker
 
@@ -55,6 +56,7 @@ class Command(BaseCommand):
     def handle(self, *args, queues, concurrency, burst, reconcile, execution, metrics_port, verbosity,
                **options) -> None:
         logging.getLogger("durable_jobs").setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
+        logsetup.configure(verbosity)  # a console handler when the project configured no LOGGING
         if metrics_port is not None:
             try:
                 from durable_jobs import prometheus

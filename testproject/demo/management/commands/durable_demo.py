@@ -9,6 +9,7 @@ job rows; and ends with a summary table read from the database.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,10 +18,11 @@ from pathlib import Path
 
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
-from django.db import transaction
+from django.db import connection, transaction
 
 import durable_jobs as durable
 from durable_jobs.models import Job
+from testproject import database
 from testproject.demo.models import Effect, Report
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -33,6 +35,28 @@ def bar(job: Job) -> str:
         return "[" + "#" * done + "." * (BAR - done) + f"] {job.processed_count:>3}/{job.total_count:<3}"
     filled = {"completed": BAR, "failed": 0, "cancelled": 0}.get(job.status, 0)
     return "[" + "#" * filled + "." * (BAR - filled) + "]        "
+
+
+def manage_py() -> str:
+    """``manage.py`` as the reader should type it: this interpreter, paths as short as they go.
+
+    The README runs the demo as ``.venv/bin/python manage.py ...`` without activating the
+    venv, so a bare ``python`` would be another interpreter (or none).
+    """
+    cwd = Path.cwd()
+    script = _relative(ROOT / "manage.py", cwd)
+    interpreter = _relative(Path(os.path.abspath(sys.executable)), cwd)  # abspath: keep the venv's symlink
+    if os.sep not in interpreter:
+        interpreter = "." + os.sep + interpreter  # a bare name would be looked up on PATH
+    on_path = shutil.which(Path(sys.executable).name)
+    if on_path and os.path.abspath(on_path) == os.path.abspath(sys.executable):
+        interpreter = Path(sys.executable).name
+    return f"{interpreter} {script}"
+
+
+def _relative(path: Path, cwd: Path) -> str:
+    relative = os.path.relpath(path, cwd)
+    return str(path) if relative.startswith("..") else relative
 
 
 def describe(job: Job) -> str:
@@ -55,7 +79,10 @@ class Command(BaseCommand):
     def handle(self, *args, rows: int, timeout: float, **options) -> None:
         call_command("migrate", verbosity=0)
         self.stdout.write(self.style.MIGRATE_HEADING("durable_jobs demo"))
-        self.stdout.write(f"database: {Job.objects.db}  (set DATABASE_URL to use your own PostgreSQL)\n")
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            version = cursor.fetchone()[0].split()[0]
+        self.stdout.write(f"database: {database.describe(connection.settings_dict, version)}\n")
 
         labels = self._start_jobs(rows)
         worker = subprocess.Popen(
@@ -110,15 +137,14 @@ class Command(BaseCommand):
                 for line in lines:
                     self.stdout.write("\x1b[2K" + line)
                 drawn = len(lines)
-            elif time.monotonic() - last_plain > 1.0:
+            finished = all(job.status in ("completed", "failed", "cancelled") for job in jobs.values())
+            if not tty and (finished or time.monotonic() - last_plain > 1.0):
+                # Without a terminal, a board every second, and the final one exactly once.
                 self.stdout.write(f"-- {time.monotonic() - began:5.1f}s")
                 for line in lines:
                     self.stdout.write("   " + line)
                 last_plain = time.monotonic()
-            if all(job.status in ("completed", "failed", "cancelled") for job in jobs.values()):
-                if not tty:
-                    for line in lines:
-                        self.stdout.write("   " + line)
+            if finished:
                 return
             if time.monotonic() - began > timeout:
                 self.stderr.write("demo: timed out waiting for the jobs")
@@ -149,4 +175,5 @@ class Command(BaseCommand):
             f"{statuses.count('failed')} failed in {elapsed:.1f}s; "
             f"{effects.count()} effect rows written, {duplicates} duplicated."
         )
-        self.stdout.write("Next: python manage.py durable_jobs stats   |   python manage.py durable_jobs list")
+        command = manage_py()
+        self.stdout.write(f"Next: {command} durable_jobs stats   |   {command} durable_jobs list")
