@@ -109,9 +109,10 @@ def main(argv: list[str]) -> None:
     django.setup()
     from django.db import InterfaceError, OperationalError, connections
 
-    level = os.environ.get("DURABLE_JOBS_LOG_LEVEL")
-    if level:
-        logging.getLogger("durable_jobs").setLevel(level.upper())
+    from durable_jobs import logsetup
+
+    logsetup.configure(None)  # the worker's console handler, when the project configured none
+    logging.getLogger("durable_jobs").setLevel(os.environ.get("DURABLE_JOBS_CHILD_LOG_LEVEL", "INFO"))
 
     results = os.fdopen(result_fd, "w", buffering=1)
     commands = os.fdopen(command_fd, "r")

@@ -77,7 +77,7 @@ class ChildRunner:
             # The worker may have been started with --pythonpath or from another folder.
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
             # The handler's log lines at the worker's level (-v).
-            "DURABLE_JOBS_LOG_LEVEL": logging.getLevelName(logging.getLogger("durable_jobs").getEffectiveLevel()),
+            "DURABLE_JOBS_CHILD_LOG_LEVEL": logging.getLevelName(logging.getLogger("durable_jobs").getEffectiveLevel()),
         }
         try:
             self._proc = subprocess.Popen(

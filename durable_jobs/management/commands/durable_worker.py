@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 from django.core.management.base import BaseCommand, CommandError
@@ -25,9 +24,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise ValueError("must be at least 1")
     return value
-
-
-LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
 class Command(BaseCommand):
@@ -55,7 +51,6 @@ class Command(BaseCommand):
 
     def handle(self, *args, queues, concurrency, burst, reconcile, execution, metrics_port, verbosity,
                **options) -> None:
-        logging.getLogger("durable_jobs").setLevel(LOG_LEVELS.get(verbosity, logging.INFO))
         logsetup.configure(verbosity)  # a console handler when the project configured no LOGGING
         if metrics_port is not None:
             try:
