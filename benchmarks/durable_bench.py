@@ -30,8 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 class Ctx:
     """What every scenario needs: the server, the measuring connection, env, paths."""
 
-    def __init__(self, server, dburl: str, env: dict, logs: Path, python: str) -> None:
+    def __init__(self, server, dburl: str, env: dict, logs: Path, python: str, *, execution: str = "process") -> None:
         self.server = server
+        self.execution = execution
         self.dburl = dburl
         self.env = env
         self.logs = logs
@@ -46,7 +47,8 @@ class Ctx:
             return cur.fetchall() if cur.description else None
 
     def worker_cmd(self, concurrency: int, *, burst: bool, verbosity: int = 1) -> list[str]:
-        cmd = [self.python, "manage.py", "durable_worker", "--concurrency", str(concurrency), "-v", str(verbosity)]
+        cmd = [self.python, "manage.py", "durable_worker", "--concurrency", str(concurrency), "-v", str(verbosity),
+               "--execution", self.execution]
         return cmd + (["--burst"] if burst else [])
 
     def worker_env(self, *, notify: bool = True, poll_interval: float = 1.0, conn_max_age: str | None = None) -> dict:

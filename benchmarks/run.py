@@ -63,6 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="POLL_INTERVAL of the poll-path latency run, seconds (default 1, the library default)")
     parser.add_argument("--repeat", type=int, help="throughput rounds, median reported (default 3; --quick 1)")
     parser.add_argument("--no-peers", action="store_true", help="measure durable_jobs only")
+    parser.add_argument("--execution", choices=("process", "thread"), default="process",
+                        help="durable_worker --execution for every durable_jobs run (default: process, "
+                             "the product default)")
     parser.add_argument("--only", help=f"comma-separated scenarios among {', '.join(SCENARIOS)}")
     parser.add_argument("--profile", action="store_true",
                         help="also profile the 4-slot worker (pg_stat_statements, py-spy); restarts the server once")
@@ -95,6 +98,7 @@ class Plan:
         if unknown:
             raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
         self.profile = args.profile
+        self.execution = args.execution
 
     def describe(self) -> dict:
         return {k: v for k, v in vars(self).items()}
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         peers = peers_mod.prepare(server, env=env, logs=logs, skip=args.no_peers)
         for peer in peers.values():
             raw.setdefault("peers", {})[peer.spec.key] = {"versions": peer.versions, "problem": peer.problem}
-        ctx = durable_bench.Ctx(server, server.url(server_mod.DATABASES["durable"]), env, logs, sys.executable)
+        ctx = durable_bench.Ctx(server, server.url(server_mod.DATABASES["durable"]), env, logs, sys.executable,
+                                execution=plan.execution)
         results = Results(plan, ctx, peers, env, logs, raw, notes)
         floor_start = _baseline_commits(ctx, 500 if plan.quick else 1000)
         for name in plan.scenarios:

@@ -114,16 +114,38 @@ def test_a_domain_transaction_held_open_past_the_lease(recorded, processes):
 
 def test_a_worker_stopped_inside_its_fenced_transaction_is_cut_off_by_the_server(recorded, processes):
     """The stopped worker holds the job row; PostgreSQL ends its idle transaction after
-    FENCED_IDLE_TIMEOUT, the job is re-driven, and the zombie's late commit lands nothing."""
+    FENCED_IDLE_TIMEOUT, the job is re-driven, and the zombie's late commit lands nothing.
+    (Thread execution: the fault stops the worker itself.)"""
     jobs = start_imports(1, rows=4, delay=0.2)
     zombie = processes.worker(app_name="durable-zombie", env={
-        "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2", "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2"})
+        "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2", "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2",
+        "DURABLE_JOBS_EXECUTION": "thread"})
     wait_until(lambda: "FAULT domain_before_commit stop" in zombie.output(), message="the stop inside the fence")
     finish_with_rescuer(processes, jobs)
     zombie.signal(signal.SIGCONT)
     wait_until(lambda: "outcome=" in zombie.output().split("FAULT domain_before_commit stop")[-1], timeout=20,
                message="the zombie to finish its slice after waking")
     assert Job.objects.get(id=jobs[0].id).redrives >= 1
+    assert_invariants(recorded, processes)
+
+
+def test_process_execution__a_handler_process_stopped_inside_its_fence_is_killed_at_the_time_limit(
+        recorded, processes):
+    """Process execution: the fault stops only the handler's process, so its worker keeps
+    the lease alive; the server ends the idle fenced transaction after FENCED_IDLE_TIMEOUT,
+    and the time limit kills the stopped process (SIGKILL reaches a stopped process). The
+    slice is charged time_limit, the job retries and completes, and nothing lands twice."""
+    jobs = start_imports(1, rows=4, delay=0.2)
+    worker = processes.worker(app_name="durable-stalled-child", env={
+        "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2", "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2",
+        "DURABLE_JOBS_SLICE_BUDGET": "1.5"})
+    wait_until(lambda: "FAULT domain_before_commit stop" in worker.output(), message="the stop inside the fence")
+    wait_until(lambda: Job.objects.get(id=jobs[0].id).status == "completed", timeout=60,
+               message="the job to complete after the time limit")
+    job = Job.objects.get(id=jobs[0].id)
+    assert job.redrives == 0 and job.lease_epoch >= 2, "a time_limit retry, not an orphan take"
+    assert "time limit" in worker.output()
+    assert worker.popen.poll() is None
     assert_invariants(recorded, processes)
 
 
