@@ -553,12 +553,9 @@ def heartbeat(
               "total": total if set_total else None, "committed": committed}
     if lock_timeout_ms is None:
         return _scalar(using, HEARTBEAT, params)
-    # The background heartbeat must never wait behind a row lock for long: the slot's own
-    # fenced transaction may hold this row (invariant 5). It gives up after the timeout
-    # (raising OperationalError) and tries again on its next tick.
-    with transaction.atomic(using=using):
-        _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
-        return _scalar(using, HEARTBEAT, params)
+    # For a caller that must not queue behind the slice's own fenced transaction
+    # (invariant 5): it gives up after the timeout (OperationalError) and tries again.
+    return with_lock_timeout(lock_timeout_ms, lambda: _scalar(using, HEARTBEAT, params), using=using)
 
 
 SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
