@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+import threading
+
 import psycopg
 import pytest
 from django.db import connection
@@ -100,3 +102,22 @@ def other_connection_fixture(transactional_db):
     conn = connect_to_test_database(autocommit=True)
     yield conn
     conn.close()
+
+
+def job_count(conn) -> int:
+    """How many job rows another connection sees (committed rows only)."""
+    return conn.execute("SELECT count(*) FROM durable_jobs_job").fetchone()[0]
+
+
+def in_thread(target) -> threading.Thread:
+    """Run ``target`` on a thread with its own Django connection (its own transaction), closed at the end."""
+
+    def run() -> None:
+        try:
+            target()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

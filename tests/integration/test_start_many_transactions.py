@@ -13,7 +13,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import override_settings
 
 import durable_jobs as durable
@@ -22,6 +22,8 @@ from durable_jobs.models import Job
 from testproject.demo.models import Report
 from tests.integration.support import (
     connect_to_test_database,
+    in_thread,
+    job_count,
     other_connection_fixture,  # noqa: F401  (fixture override)
 )
 
@@ -39,26 +41,11 @@ def _kinds(kinds):
     kinds.add("tests.batch_other")
 
 
-def _count(conn) -> int:
-    return conn.execute("SELECT count(*) FROM durable_jobs_job").fetchone()[0]
-
 
 def _wakeups(conn) -> list[str]:
     return [notice.payload for notice in conn.notifies(timeout=0.3, stop_after=20)]
 
 
-def _in_thread(target) -> threading.Thread:
-    """Run ``target`` on a thread with its own Django connection (its own transaction)."""
-
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 def _release_once_someone_waits_on_a_lock(release: threading.Event) -> threading.Thread:
@@ -120,12 +107,12 @@ def test_start_many__refused_without_an_outer_transaction_writes_nothing_and_wak
     """Invariant 9: in autocommit the batch is its own transaction, refused whole."""
     _existing_jobs()
     other_connection.execute(f"LISTEN {CHANNEL}")
-    before = _count(other_connection)
+    before = job_count(other_connection)
 
     with pytest.raises(error):
         durable.start_many(batch, scope=("default", "org-a"))
 
-    assert _count(other_connection) == before
+    assert job_count(other_connection) == before
     assert _wakeups(other_connection) == []
 
 
@@ -137,7 +124,7 @@ def test_start_many__refused_inside_an_outer_transaction_writes_nothing_and_the_
     rows and a later start commit, and only that later start wakes a worker."""
     _existing_jobs()
     other_connection.execute(f"LISTEN {CHANNEL}")
-    before = _count(other_connection)
+    before = job_count(other_connection)
 
     with transaction.atomic():
         Report.objects.create(name="before the batch")
@@ -146,7 +133,7 @@ def test_start_many__refused_inside_an_outer_transaction_writes_nothing_and_the_
         Report.objects.create(name="after the refusal")
         later = durable.start(KIND, scope=("default", "org-a"))
 
-    assert _count(other_connection) == before + 1
+    assert job_count(other_connection) == before + 1
     assert other_connection.execute(
         "SELECT count(*) FROM durable_jobs_job WHERE id = %s", [later.id]
     ).fetchone()[0] == 1
@@ -166,7 +153,7 @@ def _hold_a_start_open(holding: threading.Event, release: threading.Event, winne
             holding.set()
             release.wait(5)
 
-    return _in_thread(first)
+    return in_thread(first)
 
 
 def test_start_many__racing_a_start_on_an_idempotency_key_returns_the_first_job(other_connection):
@@ -190,7 +177,7 @@ def test_start_many__racing_a_start_on_an_idempotency_key_returns_the_first_job(
     assert watcher.saw_a_wait, "the batch's insert should have waited at the unique index"
     assert ids[0] == winner["job"].id
     assert len(set(ids)) == 3
-    assert _count(other_connection) == 3 and Report.objects.count() == 1
+    assert job_count(other_connection) == 3 and Report.objects.count() == 1
 
 
 def test_start_many__racing_a_start_on_a_lock_key_names_the_holder_and_writes_nothing(other_connection):
@@ -212,7 +199,7 @@ def test_start_many__racing_a_start_on_a_lock_key_names_the_holder_and_writes_no
 
     assert watcher.saw_a_wait
     assert caught.value.holder_id == winner["job"].id
-    assert _count(other_connection) == 1 and Report.objects.count() == 1
+    assert job_count(other_connection) == 1 and Report.objects.count() == 1
 
 
 def test_start_many__a_retry_racing_its_original_with_a_lock_key_returns_the_first_job(other_connection):
@@ -231,7 +218,7 @@ def test_start_many__a_retry_racing_its_original_with_a_lock_key_returns_the_fir
 
     assert watcher.saw_a_wait
     assert ids == [winner["job"].id]
-    assert _count(other_connection) == 1
+    assert job_count(other_connection) == 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -252,14 +239,14 @@ def test_start_many__a_batch_over_max_batch_bytes_is_refused_before_anything_is_
     with override_settings(DURABLE_JOBS=SMALL_BATCHES), transaction.atomic():
         with pytest.raises(BatchTooLarge) as caught:
             durable.start_many([_item(n) for n in range(5)])
-        assert _count(other_connection) == 0
+        assert job_count(other_connection) == 0
         landed = durable.start_many([_item(n) for n in range(4)])
 
     error = caught.value
     assert isinstance(error, ValueError) and error.field == "jobs"
     assert error.limit == 20_000 and 20_000 < error.size < 25_000 and error.count == 5
     assert "20000" in str(error) and "MAX_BATCH_BYTES" in str(error) and str(error.size) in str(error)
-    assert _count(other_connection) == 4 == len(set(landed))
+    assert job_count(other_connection) == 4 == len(set(landed))
     assert _wakeups(other_connection) == ["reports"]
 
 

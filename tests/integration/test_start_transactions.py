@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import override_settings
 
 import durable_jobs as durable
@@ -16,7 +16,11 @@ from durable_jobs.exceptions import LockKeyHeld
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES
 from testproject.demo.models import Report
-from tests.integration.support import other_connection_fixture  # noqa: F401  (fixture override)
+from tests.integration.support import (  # noqa: F401  (other_connection_fixture: fixture override)
+    in_thread,
+    job_count,
+    other_connection_fixture,
+)
 
 KIND = "tests.start"
 CHANNEL = "durable_jobs"
@@ -37,22 +41,7 @@ def _notifications(conn, *, timeout: float = 0.3) -> list:
     return list(conn.notifies(timeout=timeout, stop_after=5))
 
 
-def _job_count(conn) -> int:
-    return conn.execute("SELECT count(*) FROM durable_jobs_job").fetchone()[0]
 
-
-def _in_thread(target) -> threading.Thread:
-    """Run ``target`` on a thread with its own Django connection, closed at the end."""
-
-    def run() -> None:
-        try:
-            target()
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
 
 
 # ---------------------------------------------------------------------------------------
@@ -71,7 +60,7 @@ def test_start__rolled_back_leaves_no_row_and_sends_no_notify(kind, other_connec
         assert Job.objects.filter(id=job.id).exists()
         raise Rollback
 
-    assert _job_count(other_connection) == 0
+    assert job_count(other_connection) == 0
     assert Report.objects.count() == 0
     assert _notifications(other_connection) == []
     # The rolled-back start left no trace: neither its lock key nor its idempotency key.
@@ -112,7 +101,7 @@ def test_start__sends_no_notify_when_the_channel_is_disabled(kind, other_connect
     with override_settings(DURABLE_JOBS={"NOTIFY_CHANNEL": None}):
         durable.start(kind)
     assert _notifications(other_connection) == []
-    assert _job_count(other_connection) == 1
+    assert job_count(other_connection) == 1
 
 
 # ---------------------------------------------------------------------------------------
@@ -137,7 +126,7 @@ def test_start__two_transactions_racing_for_one_lock_key_leave_one_live_job(kind
         except Exception as error:  # noqa: BLE001 - collected and asserted below
             outcomes.append(error)
 
-    threads = [_in_thread(contender), _in_thread(contender)]
+    threads = [in_thread(contender), in_thread(contender)]
     for thread in threads:
         thread.join(10)
 
@@ -163,7 +152,7 @@ def test_start__losing_the_lock_key_race_at_the_index_leaves_the_callers_transac
             holding.set()
             release.wait(5)
 
-    thread = _in_thread(first)
+    thread = in_thread(first)
     assert holding.wait(5)
     timer = threading.Timer(0.3, release.set)
     timer.start()
@@ -199,7 +188,7 @@ def test_start__when_the_racing_transaction_rolls_back_the_waiting_start_wins(ki
         except Rollback:
             pass
 
-    thread = _in_thread(first)
+    thread = in_thread(first)
     assert holding.wait(5)
     threading.Timer(0.3, release.set).start()
     job = durable.start(kind, lock_key="report:1")
@@ -220,7 +209,7 @@ def test_start__racing_starts_with_one_idempotency_key_return_the_first_job(kind
             holding.set()
             release.wait(5)
 
-    thread = _in_thread(first)
+    thread = in_thread(first)
     assert holding.wait(5)
     threading.Timer(0.3, release.set).start()
     with transaction.atomic():
@@ -246,7 +235,7 @@ def test_start__a_retry_racing_its_original_with_a_lock_key_returns_the_first_jo
             holding.set()
             release.wait(5)
 
-    thread = _in_thread(first)
+    thread = in_thread(first)
     assert holding.wait(5)
     threading.Timer(0.3, release.set).start()
     try:
