@@ -5,7 +5,7 @@ in a session (process group) of its own, with the worker's settings module in it
 environment. It reads one JSON line per message from CMD_FD and writes one per answer
 to RESULT_FD; the handler's own stdout and stderr stay the worker's.
 
-Messages in: ``run`` (a job id and the lease the worker claimed it under), and, about
+Messages in: ``run`` (the claimed row and the lease it was claimed under), and, about
 the slice running now, ``cancel``, ``lease_lost`` and ``stop`` (the worker is shutting
 down). Answers out: ``ready`` once Django is set up, then one ``Ran`` per ``run``.
 
@@ -19,12 +19,14 @@ exits at once: it never runs on unsupervised.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
 import queue
 import sys
 import threading
+import uuid
 from typing import Any
 
 log = logging.getLogger("durable_jobs.child")
@@ -81,18 +83,43 @@ def _apply(context, op: str) -> None:
         context.mark_lease_lost()
 
 
+def encode_row(job) -> dict[str, Any]:
+    """The claimed row as JSON-ready values, so the child need not read it again."""
+    values = {}
+    for field in job._meta.concrete_fields:
+        value = getattr(job, field.attname)
+        if isinstance(value, datetime.datetime):
+            value = value.isoformat()
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
+        values[field.attname] = value
+    return values
+
+
+def decode_row(values: dict[str, Any], using: str):
+    """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back)."""
+    from django.db import models
+
+    from durable_jobs.models import Job
+
+    fields = Job._meta.concrete_fields
+    typed = [field.to_python(values[field.attname]) if isinstance(field, (models.DateTimeField, models.UUIDField))
+             else values[field.attname] for field in fields]
+    return Job.from_db(using, [field.attname for field in fields], typed)
+
+
 def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, Any]:
     """Run the slice ``message`` names and return its ``Ran`` as a dict."""
-    from durable_jobs import executor, registry, store
+    from durable_jobs import executor, registry
     from durable_jobs.context import Slice
     from durable_jobs.states import Lease
     from durable_jobs.worker import keep_connection_healthy
 
     keep_connection_healthy(using)
     lease = Lease(job_id=message["job_id"], owner=message["owner"], epoch=message["epoch"], ttl_ms=message["ttl_ms"])
-    job = store.get_job_unscoped(lease.job_id, using=using)
-    if job is None or job.status != "running" or job.lease_owner != lease.owner or job.lease_epoch != lease.epoch:
-        return executor.Ran(end="lease_lost").as_dict()
+    # The row as the worker's claim returned it: the claim is the authority, and every
+    # write the handler makes is fenced on this lease anyway.
+    job = decode_row(message["row"], using)
     handler = registry.get(job.kind) or executor._unregistered(job.kind)
     context = Slice(job, handler, lease, stopping=mailbox.stopping, using=using)
     mailbox.begin(message["job_id"], context)

@@ -35,6 +35,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from durable_jobs import conf
+from durable_jobs.child import encode_row
 from durable_jobs.context import Slice
 from durable_jobs.executor import ENDS, Ran, time_limit_failure
 
@@ -145,7 +146,7 @@ class ChildRunner:
         lease = context.lease
         job_id = str(context.id)
         if not self._send({"op": "run", "job_id": job_id, "owner": lease.owner, "epoch": lease.epoch,
-                           "ttl_ms": lease.ttl_ms}):
+                           "ttl_ms": lease.ttl_ms, "row": encode_row(context.job)}):
             return self._died()
         settings = conf.get()
         told: set[str] = set()

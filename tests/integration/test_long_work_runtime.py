@@ -180,3 +180,23 @@ def test_settings__execution_is_process_or_thread():
         conf.load({"EXECUTION": "fork"})
     with pytest.raises(ConfigurationError, match="TIME_LIMIT"):
         conf.load({"TIME_LIMIT": -1})
+
+
+# ---------------------------------------------------------------------------------------
+# Process execution hands the claimed row to its child: it must arrive unchanged
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_row_sent_to_a_handler_process_arrives_as_it_was_claimed():
+    import json
+
+    from durable_jobs.child import decode_row, encode_row
+    from durable_jobs.models import Job
+
+    job = running(input={"n": [1, 2, {"deep": "ü"}]}, checkpoint={"at": 3}, cancel_requested_at=-5,
+                  total_count=10, processed_count=4, organization_id="org-1")
+    row = reload(job)
+    arrived = decode_row(json.loads(json.dumps(encode_row(row))), "default")
+    for field in Job._meta.concrete_fields:
+        assert getattr(arrived, field.attname) == getattr(row, field.attname), field.attname
