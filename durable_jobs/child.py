@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import uuid
@@ -40,7 +41,7 @@ class Mailbox:
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._current = None  # (job id, Slice) of the slice running now
-        self._early: dict[str, set[str]] = {}  # flags for a slice not started yet
+        self._early: dict[tuple[str, int], set[str]] = {}  # flags for a slice not started yet
         self._stream = stream
 
     def read_forever(self) -> None:
@@ -52,23 +53,26 @@ class Mailbox:
             elif op == "stop":
                 self.stopping.set()
             else:
-                self._flag(message["job_id"], op)
+                self._flag((message["job_id"], message["epoch"]), op)
         # End of file: the worker is gone (or asked us to leave). Nobody supervises the
-        # handler any more, so do not let it run on.
-        os._exit(0)
+        # handler any more, so neither it nor anything it started may run on: this
+        # process leads its own process group.
+        os.killpg(0, signal.SIGKILL)
 
-    def _flag(self, job_id: str, op: str) -> None:
+    def _flag(self, delivery: tuple[str, int], op: str) -> None:
+        # Keyed by job and epoch: a flag that arrives after its slice ended must not
+        # reach the next slice of the same job.
         with self._lock:
             current = self._current
-            if current is not None and current[0] == job_id:
+            if current is not None and current[0] == delivery:
                 _apply(current[1], op)
             else:
-                self._early.setdefault(job_id, set()).add(op)
+                self._early.setdefault(delivery, set()).add(op)
 
-    def begin(self, job_id: str, context) -> None:
+    def begin(self, delivery: tuple[str, int], context) -> None:
         with self._lock:
-            self._current = (job_id, context)
-            for op in self._early.pop(job_id, ()):
+            self._current = (delivery, context)
+            for op in self._early.pop(delivery, ()):
                 _apply(context, op)
 
     def end(self) -> None:
@@ -122,11 +126,25 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
     job = decode_row(message["row"], using)
     handler = registry.get(job.kind) or executor._unregistered(job.kind)
     context = Slice(job, handler, lease, stopping=mailbox.stopping, using=using)
-    mailbox.begin(message["job_id"], context)
+    mailbox.begin((message["job_id"], message["epoch"]), context)
     try:
         return executor.invoke(context, using=using).as_dict()
     finally:
         mailbox.end()
+
+
+#: How soon the server ends a killed child's query (and frees its row locks).
+CLIENT_CHECK_MS = 1000
+
+
+def _watch_for_a_dead_client(sender, connection, **kwargs) -> None:
+    """Every connection of a handler process: the server ends its query once the process is killed."""
+    from durable_jobs import store
+
+    try:
+        store.check_client_connection(CLIENT_CHECK_MS, using=connection.alias)
+    except Exception:  # noqa: BLE001 - an old server without the setting: the kill still ends idle sessions
+        log.debug("client_connection_check_interval not available", exc_info=True)
 
 
 def main(argv: list[str]) -> None:
@@ -135,6 +153,7 @@ def main(argv: list[str]) -> None:
 
     django.setup()
     from django.db import InterfaceError, OperationalError, connections
+    from django.db.backends.signals import connection_created
 
     from durable_jobs import logsetup
 
@@ -149,6 +168,7 @@ def main(argv: list[str]) -> None:
         sys.exit("durable_jobs.child: expected the worker's database first")
     using = database["alias"]
     connections[using].settings_dict.update(database["settings"])
+    connection_created.connect(_watch_for_a_dead_client, dispatch_uid="durable_jobs.child.watch")
     mailbox = Mailbox(commands)
     threading.Thread(target=mailbox.read_forever, name="durable-child-mailbox", daemon=True).start()
 

@@ -72,6 +72,10 @@ class Slice:
         #: Set by the worker that gave up on this slice (thread execution: time limit or
         #: cancel past its grace); nothing the handler does afterwards is recorded.
         self.abandoned = False
+        #: Set once the handler came back, before its outcome is recorded: from then on
+        #: the slice is bookkeeping, which no time limit may abandon.
+        self.returned = False
+        self._end_lock = threading.Lock()
         #: True while a fenced transaction of this slice holds the job row.
         self.in_fence = False
 
@@ -96,10 +100,26 @@ class Slice:
             self.cancel_seen_at = time.monotonic()
         self._cancel_observed = True
 
-    def abandon(self) -> None:
-        """The worker gave up on this slice: every later fenced write raises ``LeaseLost``."""
-        self.abandoned = True
-        self._lease_lost = True
+    def abandon(self) -> bool:
+        """Give up on this slice (every later fenced write raises ``LeaseLost``).
+
+        False when the handler has already returned: its outcome is being recorded, and
+        exactly one of the two — the supervisor's charge or the record — must happen.
+        """
+        with self._end_lock:
+            if self.returned:
+                return False
+            self.abandoned = True
+            self._lease_lost = True
+            return True
+
+    def handler_returned(self) -> bool:
+        """Mark the handler as returned; False when the worker abandoned the slice first."""
+        with self._end_lock:
+            if self.abandoned:
+                return False
+            self.returned = True
+            return True
 
     def mark_lease_lost(self) -> None:
         self._lease_lost = True

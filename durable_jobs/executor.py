@@ -136,7 +136,7 @@ def run_slice(
             outcome, error = "lease_lost", None  # the claim used the default TTL; this kind has its own
         else:
             ran = runner(context) if runner is not None else invoke(context, using=using)
-            if context.abandoned:
+            if not context.handler_returned():
                 # The worker gave up on this slice (time limit, cancel past its grace) and
                 # recorded that itself; whatever the handler did since is not ours to write.
                 outcome, error = "abandoned", ran.message
@@ -171,8 +171,9 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
         return Ran(end="lease_lost")
     except CancelRequested:
         return Ran(end="cancel")
-    except (Exception, SystemExit) as error:  # noqa: BLE001 - every handler failure is an outcome
-        # SystemExit too: a handler calling sys.exit() must not take its slot down.
+    except BaseException as error:  # noqa: BLE001 - every handler failure is an outcome
+        # SystemExit, asyncio.CancelledError and the like too: nothing a handler raises
+        # may take its slot (or the handler process) down.
         if is_connection_loss(error):
             _reset_connection(using)
             return Ran(end="interrupted", message=f"interrupted: database connection lost ({_describe(error)})"[:2000])

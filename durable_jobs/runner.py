@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -137,8 +138,12 @@ class ChildRunner:
         return self._proc.pid if self._proc is not None else None
 
     # --- one slice ---
-    def run(self, context: Slice) -> Ran:
-        """Run ``context``'s slice in the child; return how it ended. Never raises for the handler."""
+    def run(self, context: Slice, *, on_slow: Callable[[], None] | None = None, slow_after: float = 0.0) -> Ran:
+        """Run ``context``'s slice in the child; return how it ended. Never raises for the handler.
+
+        ``on_slow`` is called once, on this thread, when the slice has run ``slow_after``
+        seconds (the slot hands back the claims waiting behind it).
+        """
         try:
             self.ensure_started()
         except (ChildFailed, OSError) as error:
@@ -149,6 +154,7 @@ class ChildRunner:
                            "ttl_ms": lease.ttl_ms, "row": encode_row(context.job)}):
             return self._died()
         settings = conf.get()
+        began = time.monotonic()
         told: set[str] = set()
         stop_seen: float | None = None
         lost_seen: float | None = None
@@ -156,16 +162,19 @@ class ChildRunner:
             answer = self._receive(timeout=POLL)
             if answer is not None:
                 return _ran_of(answer)
-            if self._proc is None or self._proc.poll() is not None:
-                return self._died()
+            if self._proc is None or self._proc.poll() is not None or self._results_fd is None:
+                return self._died()  # dead, or it closed its answers: it cannot answer this slice
             now = time.monotonic()
+            if on_slow is not None and now - began > slow_after:
+                on_slow()
+                on_slow = None
             if context.past_time_limit(now):
                 self.kill()
                 return Ran(end="time_limit", message=time_limit_failure(context).message)
             if context.cancel_observed:
                 if "cancel" not in told:
                     told.add("cancel")
-                    self._send({"op": "cancel", "job_id": job_id})
+                    self._send({"op": "cancel", "job_id": job_id, "epoch": lease.epoch})
                 elif now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE:
                     log.warning("[%s %s] handler ignored the cancel request for %.0fs: killed", context.kind,
                                 context.id, settings.CANCEL_GRACE)
@@ -175,7 +184,7 @@ class ChildRunner:
                 if "lease_lost" not in told:
                     told.add("lease_lost")
                     lost_seen = now
-                    self._send({"op": "lease_lost", "job_id": job_id})
+                    self._send({"op": "lease_lost", "job_id": job_id, "epoch": lease.epoch})
                 elif now - lost_seen > settings.CANCEL_GRACE:
                     self.kill()
                     return Ran(end="lease_lost")
@@ -191,9 +200,14 @@ class ChildRunner:
                     return Ran(end="yield", interrupted=True)
 
     def _died(self) -> Ran:
-        code = self._proc.poll() if self._proc is not None else None
+        code = None
+        if self._proc is not None:
+            try:
+                code = self._proc.wait(timeout=2)  # its answers closed first: let the exit land
+            except subprocess.TimeoutExpired:
+                pass  # alive but deaf (it closed its answer pipe): killed below all the same
         self.kill()
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        how = "no exit status" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
         return Ran(end="interrupted", message=f"interrupted: the process running the handler died ({how})")
 
     # --- the pipes ---

@@ -634,6 +634,18 @@ def heartbeat_leases(leases: Sequence[Lease], *, using: str = DEFAULT_DB_ALIAS) 
 SET_LOCAL_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
 
 
+# A handler process killed in the middle of a statement (a lock wait, a long query inside
+# fenced()) leaves its backend running that statement, row locks held, until the server
+# next talks to the client. With this setting the server checks the client socket while
+# it runs a query and ends the session once the client is gone (PostgreSQL 14+).
+SET_CLIENT_CONNECTION_CHECK = "SELECT set_config('client_connection_check_interval', %(ms)s, false)"
+
+
+def check_client_connection(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Have the server notice within ``ms`` that this session's client died mid-query."""
+    _scalar(using, SET_CLIENT_CONNECTION_CHECK, {"ms": f"{int(ms)}ms"})
+
+
 def limit_idle_in_transaction(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
     """Bound how long the current transaction may sit idle before the server ends it."""
     _scalar(using, SET_LOCAL_IDLE_TIMEOUT, {"ms": f"{int(ms)}ms"})

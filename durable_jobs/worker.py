@@ -24,6 +24,7 @@ exits.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -106,6 +107,7 @@ class SlotState:
     finished: list[HeldLease] = dataclasses.field(default_factory=list)  # deferred, not yet completed
     completions: list[DeferredCompletion] = dataclasses.field(default_factory=list)
     abandoned: bool = False
+    runner: ChildRunner | None = None  # process execution: the slot's handler process
     batch: int = 1  # how many jobs it claims at once: grows while its own slices are quick
 
 
@@ -197,13 +199,19 @@ class Worker:
                     log.warning("worker %s: slices did not yield within %.0fs", self.identity,
                                 settings.SHUTDOWN_GRACE)
                     return 1
-                next(slot for slot in self._live_slots() if slot.thread.is_alive()).thread.join(timeout=0.1)
+                alive = [slot for slot in self._live_slots() if slot.thread.is_alive()]
+                if not alive:
+                    break
+                alive[0].thread.join(timeout=0.1)
             if self.execution == "thread":
                 self._supervise()  # charges still owed for abandoned slices
             return 1 if self._failed else 0
         finally:
             self.stopping.set()
             self._hand_back_everything()
+            for slot in self._slots:
+                if slot.runner is not None:
+                    slot.runner.kill()  # a handler process (and its own children) never outlives its worker
             self._heartbeater.stop()
             if reconciler is not None:
                 reconciler.join(timeout=2)  # let a leader resign, so leadership moves at once
@@ -249,7 +257,7 @@ class Worker:
         now = time.monotonic()
         for slot in self._live_slots():
             context = slot.current
-            if context is None or context.abandoned:
+            if context is None or context.abandoned or context.returned:
                 continue
             if context.past_time_limit(now):
                 self._abandon(slot, context, "time_limit")
@@ -259,7 +267,8 @@ class Worker:
 
     def _abandon(self, slot: SlotState, context: Slice, why: str) -> None:
         """Give up on a slot's thread: charge its slice, hand its claims back, start a new thread."""
-        context.abandon()
+        if not context.abandon():
+            return  # the handler returned just now: its outcome is being recorded
         slot.abandoned = True
         self._heartbeater.untrack(context)
         self.abandoned_threads += 1
@@ -309,9 +318,12 @@ class Worker:
     # --- shutdown ---
     def _hand_back(self, slot: SlotState) -> None:
         """Complete a slot's finished batch and release its unstarted claims, uncharged."""
-        completions, slot.completions = slot.completions, []
-        waiting, slot.waiting = slot.waiting, []
-        finished, slot.finished = slot.finished, []
+        # Emptied in place: a slice still running holds the completions list and appends
+        # to it when it finishes, so the list object must stay the slot's.
+        completions, waiting, finished = list(slot.completions), list(slot.waiting), list(slot.finished)
+        slot.completions.clear()
+        slot.waiting.clear()
+        slot.finished.clear()
         try:
             if completions:
                 complete_deferred(completions, using=self.using)
@@ -363,8 +375,8 @@ class Worker:
         wake = self._wakes[slot.number]
         settings = conf.get()
         ttl_ms = conf.ms(settings.LEASE_TTL)
-        runner = ChildRunner(role=f"durable-child-{slot.number}", stopping=self.stopping) \
-            if self.execution == "process" else None
+        runner = slot.runner = ChildRunner(role=f"durable-child-{slot.number}", stopping=self.stopping,
+                                           using=self.using) if self.execution == "process" else None
         failures = 0
         try:
             while not self.stopping.is_set() and not slot.abandoned:
@@ -444,7 +456,7 @@ class Worker:
                         continue  # taken over while it waited: not ours to run
                 report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
                                    completions=slot.completions if batched else None,
-                                   runner=runner.run if runner is not None else None,
+                                   runner=self._runner_for(slot, runner) if runner is not None else None,
                                    using=self.using, on_start=lambda context: setattr(slot, "current", context))
                 slot.current = None
                 if entry is not None and report.outcome == "deferred":
@@ -458,6 +470,16 @@ class Worker:
                     faults.point("before_batched_completion")
                 self._hand_back(slot)
         return quick
+
+    def _runner_for(self, slot: SlotState, runner: ChildRunner):
+        """Run a slice in the slot's child; once it proves slow, hand the rest of the batch back.
+
+        The slot thread is free while the child works: the claims waiting their turn go
+        back to the queue for other slots, and finished ones are completed now, instead
+        of all of them waiting out one long slice.
+        """
+        return functools.partial(runner.run, on_slow=functools.partial(self._hand_back, slot),
+                                 slow_after=QUICK_SLICE)
 
     def _set_idle(self, number: int, idle: bool) -> bool:
         with self._idle_lock:

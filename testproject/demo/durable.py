@@ -142,3 +142,15 @@ def nested_fence(job: durable.Slice):
         time.sleep(float(job.input.get("hold", 0)))
     time.sleep(float(job.input.get("after", 0)))
     return durable.DONE
+
+
+@durable.handler("demo.spawner")
+def spawner(job: durable.Slice):
+    """Start a long-lived subprocess, record its pid in the checkpoint, then never return:
+    whatever ends this handler must end what it started too."""
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "300"])
+    job.save_checkpoint({"grandchild": child.pid})
+    while True:
+        time.sleep(0.1)

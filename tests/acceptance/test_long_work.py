@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from django.db.models import Count
@@ -179,3 +180,36 @@ def test_a_child_that_dies_is_charged_to_the_redrive_budget_and_parks_as_poison(
     assert worker.popen.poll() is None, "only the child died each time"
     count = Effect.objects.values("job_id").annotate(n=Count("id"))
     assert not count.exists()
+
+
+def test_a_worker_killed_outright_takes_its_handler_s_own_processes_with_it(processes):
+    """Process execution: SIGKILL of the worker closes its handler process's command pipe;
+    the handler process then kills its whole process group, so a subprocess the handler
+    started does not run on unsupervised."""
+    job = durable.start("demo.spawner")
+    worker = processes.worker(env={"DURABLE_JOBS_SLICE_BUDGET": "300"})
+    grandchild = wait_until(lambda: (reload(job).checkpoint or {}).get("grandchild"), message="the subprocess")
+    assert Path(f"/proc/{grandchild}").exists()
+    worker.signal(signal.SIGKILL)
+    worker.wait()
+    wait_until(lambda: not _alive(grandchild), timeout=10, message="the handler's subprocess to die with it")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_time_limit_kill_mid_statement_does_not_hold_the_slot_behind_the_row_lock(processes):
+    """Process execution: a handler killed while its backend runs a long statement inside
+    fenced() leaves that backend holding the job row. The server is told to check its
+    client, so it ends the statement within a second and the slot records the charge and
+    moves on, instead of waiting out the 60 s statement."""
+    job = durable.start("demo.long_fence", input={"seconds": 60})
+    healthy = durable.start("demo.flaky", input={"failures": 0}, run_after=1)
+    processes.worker(env={"DURABLE_JOBS_SLICE_BUDGET": "0.5", "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "2"})
+    wait_until(lambda: status_of(job) == "failed", timeout=25, message="two time-limit charges")
+    assert reload(job).error_code == "retry_exhausted"
+    wait_until(lambda: status_of(healthy) == "completed", timeout=10, message="the single slot to serve on")

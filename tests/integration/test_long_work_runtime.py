@@ -5,6 +5,7 @@ classification, time-limit policy and the worker's per-slot prefetch state."""
 from __future__ import annotations
 
 import threading
+import time
 
 import psycopg
 import pytest
@@ -15,7 +16,7 @@ from durable_jobs import conf, registry, store, testing
 from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.executor import is_connection_loss
 from tests.factories import reload, running
-from tests.integration.support import lease_of, other_connection_fixture  # noqa: F401
+from tests.integration.support import in_thread, lease_of, other_connection_fixture  # noqa: F401
 
 
 # ---------------------------------------------------------------------------------------
@@ -200,3 +201,54 @@ def test_the_row_sent_to_a_handler_process_arrives_as_it_was_claimed():
     arrived = decode_row(json.loads(json.dumps(encode_row(row))), "default")
     for field in Job._meta.concrete_fields:
         assert getattr(arrived, field.attname) == getattr(row, field.attname), field.attname
+
+
+@pytest.mark.django_db
+def test_a_handler_raising_a_base_exception_fails_its_slice_instead_of_killing_the_slot(kinds):
+    """asyncio.CancelledError (a BaseException) used to escape the executor and kill the
+    slot thread, and with it the worker."""
+    import asyncio
+
+    def handler(job):
+        raise asyncio.CancelledError("cancelled inside the handler's own event loop")
+
+    kinds.add("tests.base_exception", handler)
+    job = durable.start("tests.base_exception")
+    assert [report.outcome for report in testing.run_jobs()] == ["retrying"]
+    assert reload(job).error_code == "CancelledError"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_at_once(kinds):
+    """A slot's batch is claimed while slices are quick; when one turns out slow, the jobs
+    queued behind it go back to the queue while it runs, not after."""
+    from durable_jobs.runner import ChildRunner
+    from durable_jobs.worker import SlotState, Worker
+
+    slow = durable.start("demo.sleep", input={"seconds": 3}, priority=10)
+    quick = [durable.start("demo.noop") for _ in range(2)]
+    worker = Worker(concurrency=1, execution="process")
+    slot = SlotState(number=0, generation=0, owner="slot")
+    claimed = store.dequeue(["default"], slot.owner, 60_000, limit=3)
+    assert [job.id for job in claimed][0] == slow.id and len(claimed) == 3
+    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
+    released = []
+
+    def watch():
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            if all(reload(job).lease_owner is None for job in quick):
+                released.append(reload(slow).status)
+                return
+            time.sleep(0.05)
+
+    watcher = in_thread(watch)
+    try:
+        assert worker._run_claimed(slot, claimed, 60_000, runner) is False
+    finally:
+        runner.close()
+        watcher.join()
+    assert released == ["running"], "handed back while the slow slice still ran"
+    assert reload(slow).status == "completed"
+    assert all(reload(job).status == "running" and reload(job).redrives == 0 for job in quick), \
+        "released uncharged, deliverable again"
