@@ -123,6 +123,7 @@ def test_worker_and_reconciler__refuse_a_typo_in_durable_jobs_without_a_tracebac
     assert "Traceback" not in result.stderr, result.stderr
     assert "unknown key 'LEASE_TT'; did you mean 'LEASE_TTL'?" in result.stderr
     assert result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1, "one line, not the system checks' block"
 
 
 def test_reconciler__with_checks_skipped_still_refuses_a_typo_in_one_line(project):

@@ -6,10 +6,10 @@ import logging
 import signal
 import threading
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
 from durable_jobs import conf, logsetup
-from durable_jobs.exceptions import ConfigurationError
+from durable_jobs.management.settings_first import SettingsFirst
 from durable_jobs.reconciler import Reconciler
 from durable_jobs.validation import NAME
 
@@ -22,7 +22,7 @@ def tenant_id(text: str) -> str:
     return text
 
 
-class Command(BaseCommand):
+class Command(SettingsFirst, BaseCommand):
     help = ("Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, with no leader election "
             "(safe to run many). Every durable_worker already reconciles unless started with --no-reconcile.")
 
@@ -32,10 +32,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, once, tenant, verbosity, **options) -> None:
         logsetup.configure(verbosity)
-        try:
-            interval = conf.get().RECONCILE_INTERVAL
-        except ConfigurationError as error:  # reached only with --skip-checks
-            raise CommandError(str(error).replace("\n", "; ")) from None
+        interval = conf.get().RECONCILE_INTERVAL  # validated by SettingsFirst
         reconciler = Reconciler(tenant=tenant)
         if once:
             report = reconciler.run_pass()

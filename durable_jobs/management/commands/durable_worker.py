@@ -7,6 +7,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 
 from durable_jobs import logsetup
+from durable_jobs.management.settings_first import SettingsFirst
 from durable_jobs.validation import NAME
 from durable_jobs.worker import Worker
 
@@ -26,7 +27,7 @@ def positive_int(text: str) -> int:
     return value
 
 
-class Command(BaseCommand):
+class Command(SettingsFirst, BaseCommand):
     help = "Claim and run durable job slices. SIGTERM/SIGINT: finish slices (yield), then exit; twice: exit now."
 
     def add_arguments(self, parser) -> None:
