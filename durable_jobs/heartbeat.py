@@ -31,7 +31,8 @@ log = logging.getLogger("durable_jobs.heartbeat")
 
 
 class Beatable(Protocol):
-    """What the heartbeat needs of a lease holder: a ``Slice``, a ``HeldLease``, a child's proxy."""
+    """What the heartbeat needs of a lease holder: a ``Slice`` (in process execution,
+    the worker's own record of the slice its child runs) or a ``HeldLease``."""
 
     id: object
     kind: str

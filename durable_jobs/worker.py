@@ -152,8 +152,7 @@ class Worker:
         else:
             log.info("signal %d: finishing running slices (again to stop at once)", signum)
             self.stopping.set()
-        for wake in self._wakes:
-            wake.set()
+        self._wake_all()
 
     def install_signal_handlers(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -247,8 +246,7 @@ class Worker:
     def _fail(self) -> None:
         self._failed = True
         self.stopping.set()
-        for wake in self._wakes:
-            wake.set()
+        self._wake_all()
 
     # --- thread execution: the supervisor ---
     def _supervise(self) -> None:
@@ -416,8 +414,7 @@ class Worker:
                     continue
                 if self.burst and self._set_idle(slot.number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over
-                    for other in self._wakes:
-                        other.set()  # the sleeping slots need not wait out their poll
+                    self._wake_all()  # the sleeping slots need not wait out their poll
                     break
                 wake.wait(settings.POLL_INTERVAL)
                 wake.clear()
