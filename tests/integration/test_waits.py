@@ -480,3 +480,49 @@ def _alive(pid: int) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_coalesce__two_concurrent_starts_for_one_target_make_one_job(handled, waits):
+    """The unique index, not a read-then-write, decides: the second start's insert waits for
+    the first transaction, then finds its job and coalesces onto it."""
+    import threading
+
+    from django.db import connections, transaction
+
+    waits.declare(later="exit 75")
+    inserted, release = threading.Event(), threading.Event()
+    results: dict[str, object] = {}
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                results["first"] = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="pr:5")
+                inserted.set()
+                release.wait(10)  # hold the transaction open while the second start races in
+        finally:
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            inserted.wait(10)
+            # Neither start's lookup can see the other's uncommitted row: only the index can stop this one.
+            results["second"] = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="pr:5")
+        except Exception as error:  # noqa: BLE001 - reported below
+            results["second"] = error
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    inserted.wait(10)
+    time.sleep(0.3)  # the second start is now blocked on the index, behind the first transaction
+    assert "second" not in results, "the second start waits for the first transaction"
+    release.set()
+    for thread in threads:
+        thread.join(15)
+    first_job, second_job = results["first"], results["second"]
+    assert not isinstance(second_job, Exception), second_job
+    assert second_job.id == first_job.id and second_job.coalesced and not first_job.coalesced
+    assert Job.objects.filter(wait_key="pr:5").count() == 1
