@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
 
-from durable_jobs.exceptions import JobBusy, LockKeyHeld
+from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
@@ -1273,7 +1273,8 @@ def operator_redrive(
     """Re-issue a failed job (or take an expired lease by hand); None when refused.
 
     Raises ``LockKeyHeld`` when the failed job's lock key has since been taken by a live
-    job: making this one live again would be a second live job on the key. The UPDATE runs
+    job: making this one live again would be a second live job on the key (and
+    ``WaitKeyHeld`` likewise for its wait key). The UPDATE runs
     in a savepoint, so the refusal leaves the caller's transaction usable. With
     ``lock_timeout_ms``, raises ``JobBusy`` rather than wait longer behind a transaction
     holding the row.
@@ -1283,7 +1284,12 @@ def operator_redrive(
         return _waiting_at_most(lock_timeout_ms, job_id, "redrive", lambda: _one(using, OPERATOR_REDRIVE, params),
                                 using=using)
     except IntegrityError as error:
-        if getattr(getattr(error.__cause__, "diag", None), "constraint_name", None) != LOCK_KEY_INDEX:
+        constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
+        if constraint == WAIT_KEY_INDEX:
+            job = get_job(job_id, scope, using=using)
+            holder = find_wait_holder(scope, job.wait_key, window_ms=0, using=using) if job and job.wait_key else None
+            raise WaitKeyHeld(job.wait_key if job else "?", holder.id if holder else None) from error
+        if constraint != LOCK_KEY_INDEX:
             raise
         job = get_job(job_id, scope, using=using)
         holder = find_live_by_lock_key(scope, job.lock_key, using=using) if job and job.lock_key else None

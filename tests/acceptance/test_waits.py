@@ -83,3 +83,19 @@ def _command(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text().replace("\x00", " ")
     except OSError:
         return ""
+
+
+def test_check__a_check_longer_than_the_lease_keeps_the_claim_alive(processes, tmp_path, settings):
+    # The test settings' LEASE_TTL is 3 s: without the heartbeat over the gate the claim
+    # would expire mid-check and the reconciler would take the job for an orphan.
+    script = tmp_path / "slow.sh"
+    script.write_text("#!/bin/sh\nsleep 8\nexit 0\n")
+    script.chmod(0o755)
+    declaration = f"slow:{script}"
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "WAIT_PROFILES": declaration}
+    processes.worker("--concurrency", "1", env={"DURABLE_WAIT_PROFILES": declaration,
+                                                "DURABLE_JOBS_WAIT_CHECK_TIMEOUT": "20"})
+    job = durable.start("demo.noop", wait_for=[{"profile": "slow"}])
+    wait_until(lambda: reload(job).status == "completed", timeout=40, message="the job to complete")
+    done = reload(job)
+    assert (done.lease_epoch, done.redrives, done.wait_checks) == (1, 0, 1), "one claim, never taken as an orphan"

@@ -526,3 +526,16 @@ def test_coalesce__two_concurrent_starts_for_one_target_make_one_job(handled, wa
     assert not isinstance(second_job, Exception), second_job
     assert second_job.id == first_job.id and second_job.coalesced and not first_job.coalesced
     assert Job.objects.filter(wait_key="pr:5").count() == 1
+
+
+def test_redrive__a_failed_wait_job_whose_key_is_held_again_is_refused_clearly(handled, waits):
+    from durable_jobs.exceptions import WaitKeyHeld
+
+    waits.declare(doomed="exit 65", later="exit 75")
+    failed = durable.start(KIND, wait_for=[{"profile": "doomed"}], wait_key="t:9")
+    assert outcomes() == ["failed"]
+    holder = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="t:9")
+    with pytest.raises(WaitKeyHeld) as caught:
+        durable.redrive(failed.id)
+    assert caught.value.holder_id == holder.id
+    assert reload(failed).status == "failed", "nothing changed"
