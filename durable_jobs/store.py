@@ -159,7 +159,7 @@ class InsertResult:
     """The job a start produced or found, whether this call created it, and whether it
     was found as the holder of the start's wait key (coalesced, invariant 22)."""
 
-    __slots__ = ("job", "created", "coalesced")
+    __slots__ = ("coalesced", "created", "job")
 
     def __init__(self, job: Job, created: bool, coalesced: bool = False) -> None:
         self.job = job

@@ -134,7 +134,7 @@ def run(path: str, *, env: dict[str, str], timeout: float, output_cap: int,
         if stop is not None and stop.is_set():
             outcome = "stopped"
             break
-        if _exited(process.pid):
+        if _exited(process):
             break
         time.sleep(min(0.02, remaining))
     # The whole group goes, finished or not: whatever the check left running (a
@@ -142,10 +142,11 @@ def run(path: str, *, env: dict[str, str], timeout: float, output_cap: int,
     _kill_group(process.pid)
     process.wait()
     reader.join(timeout=2.0)
-    try:
+    if not reader.is_alive():
+        # Closing while the reader is blocked in a read would wait for that read (the
+        # buffer's lock): a descendant that left the group (its own setsid) and kept the
+        # pipe must not hang this slot. The reader then ends when that process does.
         process.stdout.close()
-    except OSError:
-        pass
     output = bytes(kept)
     if outcome == "timeout":
         return CheckAnswer(answer=CANNOT_TELL, detail=f"timed out after {timeout:g}s and was killed",
@@ -162,14 +163,18 @@ def run(path: str, *, env: dict[str, str], timeout: float, output_cap: int,
                        output_bytes=total[0])
 
 
-def _exited(pid: int) -> bool:
-    """True once the check has exited, without reaping it.
+def _exited(process: subprocess.Popen) -> bool:
+    """True once the check has exited, without reaping it where the platform allows.
 
     A zombie keeps its process id, and with it its group's id, reserved: killing the group
-    before the reap can never reach an unrelated process that reused the number.
+    before the reap can never reach an unrelated process that reused the number. Where
+    ``waitid`` is missing (macOS before Python 3.13) the check is reaped by ``poll()``
+    and its group killed right after, as closely as that platform allows.
     """
+    if not hasattr(os, "waitid"):
+        return process.poll() is not None
     try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+        return os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
 

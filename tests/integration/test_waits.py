@@ -539,3 +539,15 @@ def test_redrive__a_failed_wait_job_whose_key_is_held_again_is_refused_clearly(h
         durable.redrive(failed.id)
     assert caught.value.holder_id == holder.id
     assert reload(failed).status == "failed", "nothing changed"
+
+
+def test_check__a_descendant_that_escapes_the_group_and_keeps_the_pipe_does_not_hang_the_worker(waits):
+    pidfile = waits.dir / "escaped.pid"
+    # setsid puts the child in a session of its own, out of reach of the group kill,
+    # still holding the check's output pipe.
+    waits.declare(escapes=f"setsid sleep 30 &\necho $! > '{pidfile}'\nexit 75")
+    began = time.monotonic()
+    answer = checks.run(waits.profiles["escapes"], env=dict(checks.BASE_ENVIRONMENT), timeout=5, output_cap=100)
+    assert answer.answer == checks.NOT_YET
+    assert time.monotonic() - began < 25, "the answer came without waiting for the escaped process"
+    os.kill(int(pidfile.read_text()), 9)
