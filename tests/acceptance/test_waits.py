@@ -99,3 +99,27 @@ def test_check__a_check_longer_than_the_lease_keeps_the_claim_alive(processes, t
     wait_until(lambda: reload(job).status == "completed", timeout=40, message="the job to complete")
     done = reload(job)
     assert (done.lease_epoch, done.redrives, done.wait_checks) == (1, 0, 1), "one claim, never taken as an orphan"
+
+
+def test_hold__its_clock_and_counters_survive_a_worker_killed_and_restarted(processes, tmp_path, settings):
+    script = tmp_path / "later.sh"
+    script.write_text("#!/bin/sh\nexit 75\n")
+    script.chmod(0o755)
+    declaration = f"later:{script}"
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "WAIT_PROFILES": declaration}
+    # A one-second cadence (floor lowered for the test) so checks come round quickly.
+    env = {"DURABLE_WAIT_PROFILES": declaration, "DURABLE_JOBS_WAIT_CHECK_INTERVAL": "1",
+           "DURABLE_JOBS_WAIT_CHECK_INTERVAL_FLOOR": "1"}
+    first = processes.worker("--concurrency", "1", env=env, app_name="durable-test-first")
+    job = durable.start("demo.noop", wait_for=[{"profile": "later"}])
+    wait_until(lambda: reload(job).wait_checks >= 2, timeout=30, message="two checks by the first worker")
+    since = reload(job).held_since
+    first.signal(9)
+    first.wait()
+    checks_before = reload(job).wait_checks
+    processes.worker("--concurrency", "1", env=env, app_name="durable-test-second")
+    wait_until(lambda: reload(job).wait_checks >= checks_before + 2, timeout=30,
+               message="two more checks by the restarted worker")
+    after = reload(job)
+    assert after.held_since == since, "the hold clock started once and survived the restart"
+    assert after.consecutive_failures == 0, "holding is not failing"
