@@ -37,14 +37,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from django.db import (
-    DEFAULT_DB_ALIAS,
-    DatabaseError,
-    InterfaceError,
-    OperationalError,
-    connections,
-    transaction,
-)
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
 
 from durable_jobs import conf, faults, metrics, registry, signals, store, validation
 from durable_jobs.context import Slice
