@@ -41,12 +41,7 @@ from django.db.backends.signals import connection_created
 
 from durable_jobs import conf, faults, store, validation
 from durable_jobs.context import Slice
-from durable_jobs.executor import (
-    DeferredCompletion,
-    complete_deferred,
-    run_slice,
-    time_limit_failure,
-)
+from durable_jobs.executor import DeferredCompletion, complete_deferred, run_slice, time_limit_failure
 from durable_jobs.heartbeat import Heartbeater, HeldLease
 from durable_jobs.runner import ChildRunner
 from durable_jobs.states import Lease
