@@ -108,9 +108,9 @@ def run(job: Job, lease: Lease, *, slots: CheckSlots | None = None, stopping: th
         return Verdict(end="failed", code=WAIT_UNREADABLE, message=(
             f"wait_for holds {len(bad)} condition(s) this version cannot read; the job was not run as if they "
             "had cleared. Start it again with conditions this version understands ('after', 'profile')"))
-    # The claim stamped heartbeat_at with clock_timestamp(): the database's clock, read a
-    # moment ago, and the only clock this decision uses (invariant 2).
-    now: datetime = job.heartbeat_at
+    # The database's clock, read now (invariant 2): not the claim's stamp, which a claim
+    # that waited its turn in a slot's batch would have left behind.
+    now: datetime = store.database_now(using=using)
     instant = grammar.after_instant(job.wait_for)
     if instant is not None and instant > now:
         return _held(store.hold_job(lease, until=instant, using=using), (instant - now).total_seconds(), job)
