@@ -207,3 +207,26 @@ def test_label__only_validated_bytes_reach_it():
     assert grammar.label(stored) == "ok"
     assert grammar.profile_names(stored) == ["ok"]
     assert grammar.label([{"profile": "\u202eevil"}]) is None
+
+
+# --- the wait settings ------------------------------------------------------------------
+
+@pytest.mark.parametrize(("overrides", "says"), [
+    ({"WAIT_CHECK_INTERVAL_CEILING": 10, "WAIT_CHECK_INTERVAL_FLOOR": 30}, "WAIT_CHECK_INTERVAL_CEILING"),
+    ({"WAIT_MAX_FAULTS": 0}, "WAIT_MAX_FAULTS"),
+    ({"WAIT_MAX_CONCURRENT_CHECKS": 1.5}, "WAIT_MAX_CONCURRENT_CHECKS"),
+    ({"WAIT_CHECK_TIMEOUT": -1}, "WAIT_CHECK_TIMEOUT"),
+    ({"WAIT_CHECK_OUTPUT_CAP": "4k"}, "WAIT_CHECK_OUTPUT_CAP"),
+    ({"WAIT_AFTER_MAX_AHEAD": float("inf")}, "WAIT_AFTER_MAX_AHEAD"),
+    ({"WAIT_MAX_HOLD": timedelta(0)}, "WAIT_MAX_HOLD"),
+])
+def test_settings__nonsense_wait_settings_are_refused_naming_them(overrides, says):
+    with pytest.raises(ConfigurationError, match=says):
+        conf.load(overrides)
+
+
+def test_settings__wait_defaults_are_the_documented_ones():
+    defaults = conf.load({})
+    assert defaults.WAIT_AFTER_MAX_AHEAD == 30 * 86400 and defaults.WAIT_PROFILES == {}
+    assert (defaults.WAIT_CHECK_INTERVAL_FLOOR, defaults.WAIT_CHECK_INTERVAL_CEILING) == (backoff.FLOOR, backoff.CEILING)
+    assert conf.load({"WAIT_MAX_HOLD": timedelta(days=1)}).WAIT_MAX_HOLD == 86400.0
