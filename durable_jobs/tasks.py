@@ -256,6 +256,8 @@ def _errors(job: Any, attempts: list[Any], status: TaskResultStatus) -> list[Tas
         elif attempt.finished_at is None and not (status == TaskResultStatus.RUNNING
                                                   and attempt.epoch == job.lease_epoch):
             last = position == len(attempts) - 1
+            if last and job.status == "cancelled":
+                continue  # ended by the cancellation, reported below
             text = job.error_message if last and job.error_message else INTERRUPTED_TEXT
             errors.append(TaskError(exception_class_path=INTERRUPTED_PATH, traceback=text))
     ended_by_attempt = bool(attempts) and (attempts[-1].exception_class_path or attempts[-1].finished_at is None)

@@ -266,3 +266,17 @@ def test_backend_check__reports_queues_the_default_worker_does_not_take(monkeypa
     monkeypatch.setitem(settings.DATABASES, "sqlite", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
     sqlite = DurableBackend("other", {"OPTIONS": {"DATABASE": "sqlite"}})
     assert [m.id for m in sqlite.check()] == ["durable_jobs.E103"]
+
+
+def test_aenqueue_and_aget_result__work_from_async_code():
+    from asgiref.sync import async_to_sync
+
+    async def enqueue_and_read():
+        result = await tasks.add.aenqueue(3, 4)
+        return result, await tasks.add.aget_result(result.id)
+
+    result, again = async_to_sync(enqueue_and_read)()
+    assert again.id == result.id and again.status == TaskResultStatus.READY
+    testing.run_jobs()
+    async_to_sync(result.arefresh)()
+    assert result.return_value == 7

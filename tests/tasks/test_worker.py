@@ -76,3 +76,24 @@ def test_a_worker_sigkilled_mid_task__another_finishes_it_after_the_reconciler(p
     [lost] = result.errors
     assert lost.exception_class_path == "durable_jobs.exceptions.TaskAttemptInterrupted"
     assert lost.exception_class.__module__ == "durable_jobs.exceptions"
+
+
+def test_cancelling_a_running_task_through_durable_jobs__ends_it_failed(processes):
+    import durable_jobs as durable
+
+    result = tasks.sleep.enqueue(120)
+    worker = processes.worker(app_name="durable-test-tasks-cancel", env={**FAST, "DURABLE_JOBS_CANCEL_GRACE": "0.5"})
+
+    def started():
+        result.refresh()
+        return result.attempts == 1
+
+    wait_until(started, timeout=60, message="the task to start")
+    durable.cancel(result.id, by="ops")
+    wait_until(finished(result), timeout=60, message="the cancelled task to end")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert result.status == TaskResultStatus.FAILED and result.attempts == 1
+    [error] = result.errors
+    assert error.exception_class_path == "durable_jobs.exceptions.CancelRequested"
+    assert "cancelled by ops" in error.traceback
