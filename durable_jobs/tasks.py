@@ -182,6 +182,8 @@ class DurableBackend(BaseTaskBackend):
         base = _seconds("retry_backoff_base", own.retry_backoff_base if own else None) or self.retry_backoff_base
         cap = _seconds("retry_backoff_max", own.retry_backoff_max if own else None) or self.retry_backoff_max
         effective_base = base if base is not None else conf.get().RETRY_BACKOFF_BASE
+        if cap is None and base is not None and base > conf.get().RETRY_BACKOFF_MAX:
+            cap = base  # a base above the default cap means "at least this long", not an error
         effective_cap = cap if cap is not None else conf.get().RETRY_BACKOFF_MAX
         if effective_cap < effective_base:
             raise InvalidTask(
