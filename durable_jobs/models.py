@@ -299,8 +299,8 @@ class TaskAttempt(models.Model):
     def __str__(self) -> str:
         return f"attempt of {self.job_id} at epoch {self.epoch} by {self.worker_id}"
 
-    def save(self, *args, **kwargs):  # noqa: D102
+    def save(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def delete(self, *args, **kwargs):  # noqa: D102
+    def delete(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
