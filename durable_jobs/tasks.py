@@ -119,7 +119,12 @@ class DurableBackend(BaseTaskBackend):
                                            options["RETRY_BACKOFF_BASE"])
         self.retry_backoff_max = _seconds(f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_MAX']",
                                           options["RETRY_BACKOFF_MAX"])
-        register()
+        try:
+            register()
+        except ConfigurationError:
+            # A broken DURABLE_JOBS: system check durable_jobs.E001 names it, and the
+            # Tasks framework's own check (which builds this backend) must not crash first.
+            log.debug("durable_jobs.tasks: kind not registered, DURABLE_JOBS is invalid", exc_info=True)
 
     # --- the Tasks API ------------------------------------------------------------------
 
