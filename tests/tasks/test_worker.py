@@ -82,7 +82,8 @@ def test_cancelling_a_running_task_through_durable_jobs__ends_it_failed(processe
     import durable_jobs as durable
 
     result = tasks.sleep.enqueue(120)
-    worker = processes.worker(app_name="durable-test-tasks-cancel", env={**FAST, "DURABLE_JOBS_CANCEL_GRACE": "0.5"})
+    worker = processes.worker("--reconcile", app_name="durable-test-tasks-cancel",
+                              env={**FAST, "DURABLE_JOBS_CANCEL_GRACE": "0.5"})
 
     def started():
         result.refresh()
