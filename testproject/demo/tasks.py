@@ -62,3 +62,17 @@ def not_json():
 @task
 async def async_add(a, b):
     return a + b
+
+
+def connect_raising_receivers() -> None:
+    """Connect a receiver that raises to each of Django's task signals (a receiver's bug)."""
+    try:
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+    except ImportError:  # Django 5.2
+        from django_tasks.signals import task_enqueued, task_finished, task_started
+
+    def raising(sender, task_result, **kwargs):
+        raise RuntimeError(f"a receiver's bug (task {task_result.id}, {task_result.status})")
+
+    for signal in (task_enqueued, task_started, task_finished):
+        signal.connect(raising, weak=False, dispatch_uid="demo.raising_receiver")

@@ -28,14 +28,19 @@ def finished(*results):
 
 @pytest.mark.parametrize("execution", ["process", "thread"])
 def test_a_worker_runs_tasks__success_failure_and_retry(processes, execution):
+    """Every task signal's receiver raises in the worker (and its handler processes): the
+    outcomes are the tasks' own all the same."""
     ok = tasks.add.enqueue(19, 23)
     failing = tasks.explode.enqueue("no luck")
     retried = tasks.flaky.enqueue(failures=1)
     worker = processes.worker("--concurrency", "2", app_name=f"durable-test-tasks-{execution}",
-                              env={"DURABLE_JOBS_EXECUTION": execution})
+                              env={"DURABLE_JOBS_EXECUTION": execution, "DEMO_RAISING_TASK_RECEIVERS": "1"})
     wait_until(finished(ok, failing, retried), timeout=60, message="the tasks to finish")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
+    output = worker.output()
+    for signal_name in ("task_started", "task_finished"):
+        assert f"a {signal_name} receiver" in output and "a receiver's bug" in output, output
 
     assert (ok.status, ok.return_value, ok.attempts, ok.errors) == (TaskResultStatus.SUCCESSFUL, 42, 1, [])
     assert ok.enqueued_at <= ok.started_at == ok.last_attempted_at <= ok.finished_at
