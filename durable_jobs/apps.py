@@ -24,3 +24,8 @@ class DurableJobsConfig(AppConfig):
             return
         # Handlers live in each app's durable.py, found the way admin.py is.
         autodiscover_modules("durable")
+        # Django's Tasks framework: a worker (and its handler processes) must know the
+        # "django.tasks" kind before any @task module is imported.
+        from durable_jobs import tasks_setup
+
+        tasks_setup.register_if_configured()

@@ -201,3 +201,24 @@ class InvalidProgress(InvalidJobData):
 
 class UnrecoverableError(JobError):
     error_class = "unrecoverable"
+
+
+# --- Django's Tasks framework (durable_jobs.tasks) ---------------------------------------
+
+
+class TaskUnavailable(TerminalError):
+    """A task job names a module path that no longer imports to a task: the job fails
+    at once (retrying cannot make the code come back), and the worker carries on."""
+
+    def __init__(self, module_path: str, reason: str) -> None:
+        self.module_path = module_path
+        super().__init__(
+            f"task {module_path!r} cannot be loaded: {reason}. Was it renamed or removed after "
+            "this job was enqueued? Enqueue it again under its new path",
+            code="task_unavailable",
+        )
+
+
+class TaskAttemptInterrupted(TransientError):
+    """Named in a TaskResult's errors for an attempt that ended without an outcome: its
+    worker (or handler process) died, lost its lease or ran past the time limit."""

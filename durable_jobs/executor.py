@@ -303,15 +303,15 @@ def _is(returned: Any, outcome: Outcome) -> bool:
 
 def _fail(context: Slice, ran: Ran, using: str) -> str:
     """Count a failed slice; on a verdict, record it with the terminal transaction."""
-    handler, lease = context.handler, context.lease
+    handler, lease, job = context.handler, context.lease, context.job
     reply = _guarded(using, lambda: store.fail_slice(
         lease,
         error_class=ran.error_class or ErrorClass.TRANSIENT.value,
         code=ran.code,
         message=ran.message,
-        max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
-        backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
-        backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")),
+        max_failures=handler.setting_for(job, "MAX_CONSECUTIVE_FAILURES"),
+        backoff_base_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_BASE")),
+        backoff_max_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_MAX")),
         using=using,
     ))
     if reply == "bookkeeping_failed":

@@ -301,3 +301,53 @@ class Leader(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.owner} (epoch {self.epoch})"
+
+
+# ---------------------------------------------------------------------------------------
+# Django's Tasks framework (durable_jobs.tasks): the history a TaskResult needs.
+# ---------------------------------------------------------------------------------------
+
+TASK_ATTEMPT_TABLE = "durable_jobs_task_attempt"
+
+
+class TaskAttempt(models.Model):
+    """One run of a job started through Django's Tasks framework (``durable_jobs.tasks``).
+
+    A ``TaskResult`` names one worker per attempt and one error, with its traceback, per
+    failed attempt; the job row keeps only the latest error. Only jobs of the tasks
+    backend get these rows, so ordinary jobs' hot path writes nothing here. Written only by
+    ``store.begin_task_attempt`` / ``store.end_task_attempt``, each fenced on the job's
+    lease; the rows go when their job does (``ON DELETE CASCADE``, added by migration
+    0004, so retention's bulk delete needs no second statement).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.UUIDField()
+    #: The lease epoch the attempt ran under: one claim, one attempt.
+    epoch = models.BigIntegerField()
+    worker_id = models.CharField(max_length=200)
+    started_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    #: Set when the task raised: the exception's dotted path and its formatted traceback.
+    exception_class_path = models.CharField(max_length=300, null=True, blank=True)
+    traceback = models.TextField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = TASK_ATTEMPT_TABLE
+        base_manager_name = "objects"
+        default_permissions = ()
+        ordering = ["job_id", "epoch"]
+        constraints = [
+            models.UniqueConstraint(fields=["job_id", "epoch"], name="durable_jobs_task_attempt_epoch"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt of {self.job_id} at epoch {self.epoch} by {self.worker_id}"
+
+    def save(self, *args, **kwargs):
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args, **kwargs):
+        raise ReadOnlyJobRow(_REFUSAL)

@@ -52,11 +52,24 @@ class Handler:
     max_mirror_attempts: int | None = None
     classify: Classifier = default_classifier
     mirror: Mirror | None = None
+    #: job_policy(job) -> {"max_consecutive_failures": ..., "retry_backoff_base": ...}:
+    #: per-job values of these policy fields, read where a failed slice is counted (the
+    #: tasks backend stores each task's max_attempts and backoff on its job). A key left
+    #: out or None falls back to the kind's policy.
+    job_policy: Callable[[Job], dict[str, Any]] | None = None
 
     def setting(self, name: str) -> Any:
         """Return this handler's policy value, or the DURABLE_JOBS default."""
         own = getattr(self, name.lower())
         return own if own is not None else getattr(conf.get(), name)
+
+    def setting_for(self, job: Job, name: str) -> Any:
+        """Return ``job``'s own value of a policy field (``job_policy``), else ``setting(name)``."""
+        if self.job_policy is not None:
+            own = self.job_policy(job).get(name.lower())
+            if own is not None:
+                return own
+        return self.setting(name)
 
     def time_limit_seconds(self) -> float:
         """The hard bound on one slice: the kind's own, DURABLE_JOBS' TIME_LIMIT, or twice the budget."""
@@ -143,7 +156,7 @@ def _checked_policy(kind: str, policy: dict[str, Any]) -> dict[str, Any]:
             checked[name] = conf.duration(label, value)
         elif name in _COUNTS:
             conf.positive_int(label, value)
-        elif name in ("classify", "mirror") and not callable(value):
+        elif name in ("classify", "mirror", "job_policy") and not callable(value):
             raise ConfigurationError(f"{label} must be callable")
         elif name == "queue" and (not isinstance(value, str) or not conf.NAME_PATTERN.match(value)):
             raise ConfigurationError(f"{label} must be 1-100 characters of letters, digits, _ . : -")

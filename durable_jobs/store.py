@@ -40,6 +40,7 @@ from durable_jobs.models import (
     LOCK_KEY_INDEX,
     NO_ORGANIZATION,
     TABLE,
+    TASK_ATTEMPT_TABLE,
     WAIT_KEY_INDEX,
     Job,
 )
@@ -1703,3 +1704,51 @@ RETURNING {COLUMNS}
 def satisfy_wait(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Record that the job's wait cleared (``checks`` ran this pickup); None if the lease is gone."""
     return _one(using, SATISFY_WAIT, {**_lease(lease), "checks": checks})
+
+
+# ---------------------------------------------------------------------------------------
+# Django's Tasks framework (durable_jobs.tasks): one attempt row per run of a task job.
+# Only the tasks backend's handler calls these, so ordinary jobs write nothing here.
+# Neither statement touches the job row (a task's attempts are not committed units: they
+# must not reset the failure counter that max_attempts is read from), yet both are fenced
+# on its lease, read in the same statement: an attempt lands only while its claim holds.
+# ---------------------------------------------------------------------------------------
+
+_TASK_ATTEMPT_HELD = f"""EXISTS (SELECT 1 FROM {TABLE} AS j
+               WHERE j.id = %(id)s AND j.status = 'running' AND j.lease_owner = %(owner)s
+                 AND j.lease_epoch = %(epoch)s)"""
+
+# ON CONFLICT: one claim is one attempt; a handler process replaced mid-slice (its
+# bookkeeping retried) finds its attempt already there and carries on with it.
+BEGIN_TASK_ATTEMPT = f"""
+INSERT INTO {TASK_ATTEMPT_TABLE} (job_id, epoch, worker_id, started_at)
+SELECT %(id)s, %(epoch)s, %(worker_id)s, clock_timestamp()
+ WHERE {_TASK_ATTEMPT_HELD}
+ON CONFLICT (job_id, epoch) DO UPDATE SET worker_id = {TASK_ATTEMPT_TABLE}.worker_id
+RETURNING started_at
+"""
+
+
+def begin_task_attempt(lease: Lease, worker_id: str, *, using: str = DEFAULT_DB_ALIAS) -> Any:
+    """Record that this claim starts running the task; return its start, or None if the lease is gone."""
+    return _scalar(using, BEGIN_TASK_ATTEMPT, {**_lease(lease), "worker_id": worker_id[:200]})
+
+
+END_TASK_ATTEMPT = f"""
+UPDATE {TASK_ATTEMPT_TABLE}
+   SET finished_at = clock_timestamp(), exception_class_path = %(exception_class_path)s, traceback = %(traceback)s
+ WHERE job_id = %(id)s AND epoch = %(epoch)s AND finished_at IS NULL AND {_TASK_ATTEMPT_HELD}
+RETURNING finished_at
+"""
+
+
+def end_task_attempt(
+    lease: Lease, *, exception_class_path: str | None = None, traceback: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """Record how this claim's attempt ended (an exception's path and traceback when it raised).
+
+    False when the lease is gone or the attempt was already ended: nothing was written.
+    """
+    return _scalar(using, END_TASK_ATTEMPT, {**_lease(lease), "exception_class_path": exception_class_path,
+                                             "traceback": traceback}) is not None

@@ -7,6 +7,7 @@ the database; when it is unset an embedded PostgreSQL is started under ``.pgdata
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import environ
@@ -55,6 +56,17 @@ TEMPLATES = [
 
 USE_TZ = True
 TIME_ZONE = "UTC"
+
+# Django's Tasks framework runs @task functions as durable jobs (django.tasks on Django 6;
+# on Django 5.2 the django-tasks backport, an app of its own, provides the same API).
+if importlib.util.find_spec("django.tasks") is None and importlib.util.find_spec("django_tasks") is not None:
+    INSTALLED_APPS.append("django_tasks")
+TASKS = {
+    "default": {
+        "BACKEND": "durable_jobs.tasks.DurableBackend",
+        "QUEUES": ["default"],
+    },
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 
