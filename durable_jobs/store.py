@@ -1244,8 +1244,8 @@ def park(job_id: object, epoch: int, reason: str, message: str | None, *, using:
     return _one(using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message})
 
 
-# Resets the budgets, because an operator asking for a re-drive is asking for more
-# attempts; keeps `redrives` (identity, not budget: a retained broker message may carry
+# Resets the budgets (a wait's fault streak too; its hold clock is kept: written once),
+# because an operator asking for a re-drive is asking for more attempts; keeps `redrives` (identity, not budget: a retained broker message may carry
 # the old pair). Clears the cancellation too: an explicit re-drive supersedes a request
 # the failed slice never honoured. `completed` and `cancelled` are never re-drivable
 # (invariant 13); `unrecoverable` only with force.
@@ -1255,6 +1255,7 @@ UPDATE {TABLE}
        redrives_since_commit = 0, consecutive_failures = 0, mirror_attempts = 0,
        park_mirror_attempts = 0, parked_at = NULL, error_code = NULL, error_class = NULL, finished_at = NULL,
        domain_mirrored_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
+       wait_faults = 0, wait_denials = 0,
        next_run_at = clock_timestamp()
  WHERE id = %(id)s AND {SCOPE}
    -- A parked job's code is the park reason; its class still says unrecoverable.

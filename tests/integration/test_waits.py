@@ -551,3 +551,19 @@ def test_check__a_descendant_that_escapes_the_group_and_keeps_the_pipe_does_not_
     assert answer.answer == checks.NOT_YET
     assert time.monotonic() - began < 25, "the answer came without waiting for the escaped process"
     os.kill(int(pidfile.read_text()), 9)
+
+
+def test_redrive__a_wait_whose_faults_ran_out_gets_a_fresh_fault_budget(handled, waits):
+    waits.declare(broken="exit 1")
+    waits.configure(WAIT_MAX_FAULTS=2)
+    job = durable.start(KIND, wait_for=[{"profile": "broken"}])
+    assert outcomes() == ["held"]
+    since = reload(job).held_since
+    testing.fast_forward(job)
+    assert outcomes() == ["failed"] and reload(job).error_code == "wait_faults_exhausted"
+    durable.redrive(job.id)
+    assert reload(job).wait_faults == 0, "an operator's re-drive resets budgets (invariant 13)"
+    waits.declare(broken="exit 75")  # the check was fixed
+    assert outcomes() == ["held"]
+    again = reload(job)
+    assert (again.wait_faults, again.held_since) == (0, since), "the hold clock is kept: written once"
