@@ -30,6 +30,7 @@ from durable_jobs.exceptions import (
     TransientError,
     UnknownKind,
     UnrecoverableError,
+    WaitKeyHeld,
     WrongState,
 )
 from durable_jobs.registry import handler
@@ -55,7 +56,7 @@ __all__ = [
     "DONE", "YIELD", "Done", "Outcome", "Scope", "Status", "handler",
     "CancelRequested", "ConfigurationError", "DurableJobsError", "IdempotencyConflict",
     "InvalidInput", "JobBusy", "JobError", "JobNotFound", "LeaseLost", "LockKeyHeld", "TerminalError",
-    "TransientError", "UnknownKind", "UnrecoverableError", "WrongState",
+    "TransientError", "UnknownKind", "UnrecoverableError", "WaitKeyHeld", "WrongState",
     *_LAZY,
 ]
 

@@ -11,11 +11,13 @@ import difflib
 import math
 import re
 from datetime import timedelta
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings as django_settings
 
 from durable_jobs.exceptions import ConfigurationError
+from durable_jobs.waits import grammar
 
 EXECUTION_MODES = ("process", "thread")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
@@ -96,6 +98,41 @@ class Settings:
     #: bounded batches; None keeps them forever. Parked jobs wait for an operator.
     RETENTION: float | None = 30 * 24 * 3600.0
 
+    # --- wait conditions (durable_jobs.waits; docs/waits.rst) ---
+    #: Declared wait checks: ``"name:/absolute/path,other:/absolute/path"`` or a
+    #: ``{name: path}`` dict. Names are 1-50 of letters, digits, ``. _ -``; each entry is
+    #: split on its first colon. A malformed entry, a duplicate name or a relative path
+    #: fails the system check and stops the worker, naming the entry. Whether the file
+    #: exists and is executable is checked on the worker that runs it.
+    WAIT_PROFILES: Any = None
+    #: Furthest ahead (database clock, at start) an ``after`` condition may name. A bound
+    #: on what a start may schedule, not on the hold: an ``after`` polls nothing.
+    WAIT_AFTER_MAX_AHEAD: float = 30 * 24 * 3600.0
+    #: Longest a job may wait on its profile checks (counted from when checking began)
+    #: before it fails with ``wait_max_hold``.
+    WAIT_MAX_HOLD: float = 7 * 24 * 3600.0
+    #: Consecutive "cannot tell" answers (a crash, a timeout, exit 1) before the job fails
+    #: with ``wait_faults_exhausted``; any real answer resets the count.
+    WAIT_MAX_FAULTS: int = 5
+    #: Wall time one check run may take; then its whole process group is killed and the
+    #: run counts as "cannot tell".
+    WAIT_CHECK_TIMEOUT: float = 30.0
+    #: Bytes of a check's output kept (the rest is read and dropped); never logged.
+    WAIT_CHECK_OUTPUT_CAP: int = 4096
+    #: Checks one worker process runs at once. A job denied a turn is held again for
+    #: WAIT_DENIED_RECHECK and its ``wait_denials`` count grows, so starvation shows.
+    WAIT_MAX_CONCURRENT_CHECKS: int = 2
+    #: How soon a job denied a check turn (WAIT_MAX_CONCURRENT_CHECKS) is tried again.
+    WAIT_DENIED_RECHECK: float = 5.0
+    #: Base cadence of profile checks (clamped up to WAIT_CHECK_INTERVAL_FLOOR). The
+    #: cadence doubles every ten base periods of hold, up to WAIT_CHECK_INTERVAL_CEILING
+    #: or the base itself, whichever is larger: an hourly base stays hourly.
+    WAIT_CHECK_INTERVAL: float = 30.0
+    #: The least time between two checks of one job: a smaller base is raised to it.
+    WAIT_CHECK_INTERVAL_FLOOR: float = 30.0
+    #: Where the growing cadence settles (unless the base is larger).
+    WAIT_CHECK_INTERVAL_CEILING: float = 900.0
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -136,6 +173,18 @@ class Settings:
             )
         if self.RETRY_BACKOFF_MAX < self.RETRY_BACKOFF_BASE:
             raise ConfigurationError("DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE")
+        # Read once, here: the system check and the worker's refusal to start both come
+        # from this line, so a garbled declaration can never reach the gate.
+        object.__setattr__(self, "WAIT_PROFILES", MappingProxyType(grammar.parse_profiles(self.WAIT_PROFILES)))
+        if self.WAIT_CHECK_INTERVAL_CEILING < self.WAIT_CHECK_INTERVAL_FLOOR:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['WAIT_CHECK_INTERVAL_CEILING'] ({self.WAIT_CHECK_INTERVAL_CEILING}s) must be at "
+                f"least WAIT_CHECK_INTERVAL_FLOOR ({self.WAIT_CHECK_INTERVAL_FLOOR}s)"
+            )
+        if self.WAIT_AFTER_MAX_AHEAD > MAX_RUN_AFTER_CEILING:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['WAIT_AFTER_MAX_AHEAD'] must be at most {MAX_RUN_AFTER_CEILING:.0f} seconds (100 years)"
+            )
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Settings))

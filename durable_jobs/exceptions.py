@@ -82,6 +82,17 @@ class LockKeyHeld(DurableJobsError):
         super().__init__(f"lock key {lock_key!r} is held{held_by}")
 
 
+class WaitKeyHeld(DurableJobsError):
+    """Re-driving this job would make a second live job on its wait key (invariant 22):
+    another job of the scope holds the key now; ``holder_id`` is its id when known."""
+
+    def __init__(self, wait_key: str, holder_id: object | None = None) -> None:
+        self.wait_key = wait_key
+        self.holder_id = holder_id
+        held_by = f" by job {holder_id}" if holder_id else ""
+        super().__init__(f"wait key {wait_key!r} is held{held_by}")
+
+
 class IdempotencyConflict(DurableJobsError):
     """The idempotency key was used in this tenant for a different kind or organization."""
 

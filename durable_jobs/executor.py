@@ -42,7 +42,9 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, Operation
 from durable_jobs import conf, faults, metrics, registry, signals, store, validation
 from durable_jobs.context import Slice
 from durable_jobs.exceptions import CancelRequested, InvalidInput, LeaseLost, TransientError
+from durable_jobs.heartbeat import HeldLease
 from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
+from durable_jobs.waits import gate as waits_gate
 
 if TYPE_CHECKING:
     from durable_jobs.heartbeat import Heartbeater
@@ -59,9 +61,11 @@ class SliceReport:
 
     job_id: Any
     kind: str
-    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred | time_limit | abandoned
+    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred | time_limit | abandoned | held
     duration: float
     error: str | None = None
+    #: held: seconds until the job is due again (its wait's instant or next check).
+    recheck_in: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +101,7 @@ def run_slice(
     completions: list[DeferredCompletion] | None = None,
     runner: Callable[[Slice], Ran] | None = None,
     on_start: Callable[[Slice], None] | None = None,
+    check_slots: waits_gate.CheckSlots | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> SliceReport:
     """Run the handler for ``job`` (already claimed by this worker) and record the outcome.
@@ -110,6 +115,10 @@ def run_slice(
     finishes is not completed here but appended to the list, outcome ``deferred``: the
     slot completes the batch with one statement (``complete_deferred``), each row still
     fenced on its own epoch. Nothing is reported completed before that commits.
+
+    A job whose wait condition has not cleared goes through the wait gate first
+    (``durable_jobs.waits.gate``), with ``check_slots`` bounding this worker's checks:
+    held (outcome ``held``), failed with its wait code, or cleared and run.
     """
     began = time.monotonic()
     faults.point("after_claim")
@@ -126,6 +135,16 @@ def run_slice(
             outcome = _guarded(using, lambda: _finish(job, handler, lease, "failed", using=using,
                                                      code=job.error_code, error_class=job.error_class))
             return _report(job, began, outcome)
+        if waits_gate.pending(job):
+            verdict = _gate(job, handler, lease, heartbeater, check_slots, stopping, using)
+            if verdict.end != "run":
+                outcome = verdict.end
+                if verdict.end == "failed":
+                    outcome = _guarded(using, lambda: _finish(job, handler, lease, "failed", using=using,
+                                                             code=verdict.code, error_class=ErrorClass.TERMINAL.value,
+                                                             message=verdict.message))
+                return _report(job, began, outcome, verdict.message, recheck_in=verdict.recheck_in)
+            job = verdict.job
         context = Slice(job, handler, lease, stopping=stopping, using=using)
         if on_start is not None:
             on_start(context)
@@ -155,6 +174,20 @@ def run_slice(
     report = _report(job, began, outcome, error)
     signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
     return report
+
+
+def _gate(job: Job, handler: Handler, lease: Lease, heartbeater: Heartbeater | None,
+          check_slots: waits_gate.CheckSlots | None, stopping: threading.Event | None,
+          using: str) -> waits_gate.Verdict:
+    """Run the wait gate with the claim's lease kept alive: checks may outlast a lease TTL."""
+    held = HeldLease(job, lease, handler.setting("HEARTBEAT_INTERVAL"))
+    if heartbeater is not None:
+        heartbeater.track(held)
+    try:
+        return waits_gate.run(job, lease, slots=check_slots, stopping=stopping, using=using)
+    finally:
+        if heartbeater is not None:
+            heartbeater.untrack(held)
 
 
 def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
@@ -481,9 +514,11 @@ def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEF
     return outcomes
 
 
-def _report(job: Job, began: float, outcome: str, error: str | None = None) -> SliceReport:
+def _report(job: Job, began: float, outcome: str, error: str | None = None, *,
+            recheck_in: float | None = None) -> SliceReport:
     duration = time.monotonic() - began
-    report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error)
+    report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error,
+                         recheck_in=recheck_in)
     metrics.emit("slices", kind=job.kind, outcome=outcome)
     metrics.observe("slice_seconds", duration, kind=job.kind, outcome=outcome)
     level = logging.WARNING if outcome in ("lease_lost", "bookkeeping_failed", "parked") else logging.INFO

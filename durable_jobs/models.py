@@ -19,6 +19,7 @@ TABLE = "durable_jobs_job"
 LEADER_TABLE = "durable_jobs_leader"
 LOCK_KEY_INDEX = "durable_jobs_lock_key_live"
 IDEMPOTENCY_INDEX = "durable_jobs_idempotency"
+WAIT_KEY_INDEX = "durable_jobs_wait_key_live"
 # A null organization ("tenant-wide") is folded to this value in the lock-key index, so
 # tenant-wide is one value there. The service refuses it as a real organization id.
 NO_ORGANIZATION = ""
@@ -27,6 +28,10 @@ _REFUSAL = (
     "job rows are written only by durable_jobs.store; use durable_jobs.start(), "
     "cancel(), redrive() or the worker instead"
 )
+
+
+#: The one definition of "held by a wait condition" (the admin, stats and explain use it).
+HELD = Q(status="pending", held_since__isnull=False, wait_satisfied_at__isnull=True)
 
 
 class ReadOnlyJobRow(TypeError):
@@ -54,6 +59,14 @@ class JobQuerySet(models.QuerySet):
 
     def update_or_create(self, *args, **kwargs):  # noqa: D102
         raise ReadOnlyJobRow(_REFUSAL)
+
+    def held(self):
+        """Jobs held by a wait condition: pending, hold started, condition not cleared.
+
+        Their next check is ``next_run_at``; they hold no lease while they wait. Read by
+        the ``durable_jobs_held`` partial index, so counting them costs what they number.
+        """
+        return self.filter(HELD)
 
 
 class Job(models.Model):
@@ -130,6 +143,9 @@ class Job(models.Model):
     wait_checks = models.IntegerField(db_default=0)
     wait_faults = models.IntegerField(db_default=0)
     wait_satisfied_at = models.DateTimeField(null=True, blank=True)
+    #: Consecutive pickups denied a check turn by WAIT_MAX_CONCURRENT_CHECKS: how an
+    #: operator sees checks starving for capacity. Reset by any check that runs.
+    wait_denials = models.IntegerField(db_default=0)
 
     objects = JobQuerySet.as_manager()
 
@@ -160,6 +176,18 @@ class Job(models.Model):
                 fields=["tenant_id", "idempotency_key"],
                 condition=Q(idempotency_key__isnull=False),
                 name=IDEMPOTENCY_INDEX,
+            ),
+            # Invariant 22: one hold per target. At most one live job per wait key in a
+            # scope, whether it is held, being checked, or already running after its wait
+            # cleared: a sibling started meanwhile coalesces onto it instead of paying for
+            # a second run. A finished job frees the key (see store.find_wait_holder for
+            # the short window after that).
+            models.UniqueConstraint(
+                F("tenant_id"),
+                Coalesce("organization_id", Value(NO_ORGANIZATION)),
+                F("wait_key"),
+                condition=Q(wait_key__isnull=False, status__in=LIVE_STATUSES),
+                name=WAIT_KEY_INDEX,
             ),
         ]
         # Each candidate query reads an index holding only its candidates, so a table of
@@ -207,6 +235,21 @@ class Job(models.Model):
                 condition=Q(status=Status.FAILED.value, parked_at__isnull=False, domain_mirrored_at__isnull=True),
                 name="durable_jobs_parked_untold",
             ),
+            # Held jobs (JobQuerySet.held), by their next check: the admin's filter and
+            # the stats count read only the held rows.
+            models.Index(
+                F("next_run_at"),
+                condition=HELD,
+                name="durable_jobs_held",
+            ),
+            # Jobs whose wait on a key cleared: the start's "cleared a moment ago" lookup.
+            models.Index(
+                F("tenant_id"),
+                F("wait_key"),
+                F("wait_satisfied_at"),
+                condition=Q(wait_key__isnull=False, wait_satisfied_at__isnull=False),
+                name="durable_jobs_wait_cleared",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -217,6 +260,10 @@ class Job(models.Model):
 
     def delete(self, *args, **kwargs):  # noqa: D102
         raise ReadOnlyJobRow(_REFUSAL)
+
+    #: True on the job ``start()`` returned when the start coalesced onto this job, the
+    #: holder of its wait key, instead of creating one (invariant 22).
+    coalesced = False
 
     # --- derived reads -------------------------------------------------------------
     @property

@@ -27,6 +27,7 @@ from durable_jobs.exceptions import (
 )
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES, Scope, Status
+from durable_jobs.waits import grammar as waits_grammar
 
 MAX_PRIORITY = 100
 
@@ -81,11 +82,23 @@ def _bound_instants(prepared: list[dict[str, Any]], using: str) -> None:
     """Refuse ``run_after`` instants too far past or ahead, by the database's clock
     (invariant 2), with one read for a whole batch and none when no instant was given."""
     instants = [fields["run_at"] for fields in prepared if fields["run_at"] is not None]
-    if not instants:
+    afters = [fields["wait_after"] for fields in prepared if fields.get("wait_after") is not None]
+    if not instants and not afters:
         return
     now = store.database_now(using=using)
     for instant in instants:
         validation.run_after_instant(instant, now, max_ahead=conf.get().MAX_RUN_AFTER)
+    ceiling = conf.get().WAIT_AFTER_MAX_AHEAD
+    for position, instant in afters:
+        # Invariant 16: a bound on what a start may schedule, not on the hold. An instant
+        # already past is fine: it has simply cleared.
+        try:
+            ahead = (instant - now).total_seconds()
+        except OverflowError:
+            ahead = float("-inf")
+        if ahead > ceiling:
+            raise InvalidInput(f"wait_for[{position}]", f"'after' is {ahead / 86400:.1f} days ahead; the limit is "
+                                                        f"{ceiling / 86400:g} days (DURABLE_JOBS['WAIT_AFTER_MAX_AHEAD'])")
 
 
 def _prepare(
@@ -101,6 +114,8 @@ def _prepare(
     run_after: datetime | timedelta | float | None = None,
     total_count: int | None = None,
     created_by: str | None = None,
+    wait_for: list[dict[str, str]] | None = None,
+    wait_key: str | None = None,
 ) -> dict[str, Any]:
     """Validate one start's arguments into the insert's fields; raise InvalidInput naming the field."""
     settings = conf.get()
@@ -133,9 +148,29 @@ def _prepare(
         "total_count": None if total_count is None else validation.count("total_count", total_count),
         "run_at": run_at,
         "delay_ms": delay_ms,
-        "wait_for": None,
-        "wait_key": None,
-        "wait_label": None,
+        **_wait_fields(wait_for, wait_key),
+    }
+
+
+def _wait_fields(wait_for: Any, wait_key: Any) -> dict[str, Any]:
+    """The wait columns of one start, validated (the grammar of ``durable_jobs.waits``)."""
+    if wait_for is None:
+        if wait_key is not None:
+            raise InvalidInput("wait_key", "needs wait_for: a wait key names the target a wait condition holds")
+        return {"wait_for": None, "wait_key": None, "wait_label": None, "wait_after": None, "wait_window_ms": 0}
+    settings = conf.get()
+    stored = waits_grammar.validate(wait_for, profiles=settings.WAIT_PROFILES)
+    after = next(((position, waits_grammar.parse_instant(c["after"])) for position, c in enumerate(stored)
+                  if "after" in c), None)
+    # A sibling that arrives just after the holder's wait cleared is coalesced for as long
+    # as two checks of one condition can land apart: the backoff's settled cadence.
+    base = max(settings.WAIT_CHECK_INTERVAL, settings.WAIT_CHECK_INTERVAL_FLOOR)
+    return {
+        "wait_for": store.dump_json(stored),
+        "wait_key": None if wait_key is None else validation.key("wait_key", wait_key),
+        "wait_label": waits_grammar.label(stored),
+        "wait_after": after,
+        "wait_window_ms": conf.ms(max(settings.WAIT_CHECK_INTERVAL_CEILING, base)),
     }
 
 
@@ -153,6 +188,8 @@ def start(
     run_after: datetime | timedelta | float | None = None,
     total_count: int | None = None,
     created_by: str | None = None,
+    wait_for: list[dict[str, str]] | None = None,
+    wait_key: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
     """Start a job in the caller's transaction and return it.
@@ -162,17 +199,30 @@ def start(
     commits (invariant 9). A second start with the same ``idempotency_key`` in the tenant
     returns the first job; a live job holding ``lock_key`` raises ``LockKeyHeld`` and
     leaves the caller's transaction usable.
+
+    ``wait_for`` holds the job before its first slice until every condition has cleared
+    (``{"after": instant}``, ``{"profile": name}``; see docs/waits.rst). A start whose
+    ``wait_key`` a live job of the scope holds returns that job with ``coalesced`` True
+    instead of starting a second run (invariant 22); every returned job has the flag.
     """
     settings = conf.get()
     scope = scope_of(scope)
     fields = _prepare(
         kind, input=input, subject=subject, lock_key=lock_key, idempotency_key=idempotency_key, meta=meta,
         queue=queue, priority=priority, run_after=run_after, total_count=total_count, created_by=created_by,
+        wait_for=wait_for, wait_key=wait_key,
     )
     _bound_instants([fields], using)
     result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
     job = result.job
-    if not result.created and (job.kind != kind or job.organization_id != scope.organization):
+    job.coalesced = result.coalesced
+    if result.coalesced and job.kind != kind:
+        # One target, one kind: answering a start of another kind with this job would
+        # hide a caller's bug as surely as an idempotency key reused across kinds.
+        raise InvalidInput("wait_key", f"is held by job {job.id} of kind {job.kind!r}; a wait key names the "
+                                       "target of one kind of job")
+    if not result.created and not result.coalesced and (
+            job.kind != kind or job.organization_id != scope.organization):
         # The key is tenant-wide; answering with another organization's job would leak
         # it (so its id is not named either), and answering with a job of another kind
         # would hide a caller's bug.
@@ -211,6 +261,9 @@ def start_many(
         unknown = set(spec) - _START_ARGUMENTS
         if unknown:
             raise InvalidInput(f"jobs[{position}]", f"unknown arguments {sorted(unknown)}")
+        if spec.get("wait_for") is not None or spec.get("wait_key") is not None:
+            raise InvalidInput(f"jobs[{position}]", "wait_for and wait_key are for start(): a held job's "
+                                                    "coalescing needs its own statement")
         fields = _prepare(spec.pop("kind"), **spec)
         # Counted as the batch is read, so an oversized one is refused while holding no
         # more than the limit in memory. One job alone is never refused: start() takes it.

@@ -110,3 +110,12 @@ class Done:
     """A handler's "finished", carrying a JSON result to store on the row."""
 
     result: object = None
+
+
+# Error codes of a job failed by its wait condition, before its first slice ran
+# (durable_jobs.waits.gate; docs/waits.rst). Each is recorded with error class `terminal`.
+WAIT_NEVER = "wait_never"  # a check answered "never"
+WAIT_FAULTS_EXHAUSTED = "wait_faults_exhausted"  # WAIT_MAX_FAULTS "cannot tell" in a row
+WAIT_MAX_HOLD = "wait_max_hold"  # checks still said "not yet" past WAIT_MAX_HOLD
+WAIT_UNREADABLE = "wait_unreadable"  # a stored condition this version cannot read
+WAIT_ERROR_CODES = (WAIT_NEVER, WAIT_FAULTS_EXHAUSTED, WAIT_MAX_HOLD, WAIT_UNREADABLE)

@@ -59,6 +59,8 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
             status="running", lease_owner__isnull=False, lease_expires_at__lt=Now()
         ).count(),
         "retrying": jobs.filter(status="running", lease_owner__isnull=True).count(),
+        # Held by a wait condition (a subset of pending): read off durable_jobs_held.
+        "held": jobs.held().count(),
         "parked_by_reason": parked,
         "finished_last": throughput,
     }

@@ -33,7 +33,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
 
-from durable_jobs.exceptions import JobBusy, LockKeyHeld
+from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
@@ -41,6 +41,7 @@ from durable_jobs.models import (
     NO_ORGANIZATION,
     TABLE,
     TASK_ATTEMPT_TABLE,
+    WAIT_KEY_INDEX,
     Job,
 )
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
@@ -156,13 +157,15 @@ SELECT {COLUMNS} FROM inserted, LATERAL (SELECT pg_notify(%(channel)s, inserted.
 
 
 class InsertResult:
-    """The job a start produced or found, and whether this call created it."""
+    """The job a start produced or found, whether this call created it, and whether it
+    was found as the holder of the start's wait key (coalesced, invariant 22)."""
 
-    __slots__ = ("job", "created")
+    __slots__ = ("coalesced", "created", "job")
 
-    def __init__(self, job: Job, created: bool) -> None:
+    def __init__(self, job: Job, created: bool, coalesced: bool = False) -> None:
         self.job = job
         self.created = created
+        self.coalesced = coalesced
 
 
 def insert_job(
@@ -178,13 +181,18 @@ def insert_job(
     transaction stays usable, and the winner can even be looked up and named
     (invariant 9).
 
+    A start with a wait key that a live job holds (or whose wait cleared within
+    ``fields["wait_window_ms"]``) returns that job, flagged coalesced; the wait-key index
+    settles the race between two such starts the same way (invariant 22).
+
     Raises ``LockKeyHeld`` when a live job holds the lock key.
     """
     params = {**fields, **_scope(scope), "channel": notify_channel}
     insert = INSERT_JOB_AND_NOTIFY if notify_channel else INSERT_JOB
     key = fields.get("idempotency_key")
     lock_key = fields.get("lock_key")
-    if key is None and lock_key is None:
+    wait_key = fields.get("wait_key")
+    if key is None and lock_key is None and wait_key is None:
         # No unique key to race on: one statement, atomic by itself, in the caller's
         # transaction when there is one.
         job = _one(using, insert, params)
@@ -195,6 +203,10 @@ def insert_job(
             existing = find_by_idempotency_key(scope, key, using=using)
             if existing is not None:
                 return InsertResult(existing, created=False)
+        if wait_key is not None:
+            holder = find_wait_holder(scope, wait_key, window_ms=fields.get("wait_window_ms", 0), using=using)
+            if holder is not None:
+                return InsertResult(holder, created=False, coalesced=True)
         if lock_key is not None:
             holder = find_live_by_lock_key(scope, lock_key, using=using)
             if holder is not None:
@@ -211,6 +223,12 @@ def insert_job(
                 existing = find_by_idempotency_key(scope, key, using=using)
                 if existing is not None:
                     return InsertResult(existing, created=False)
+            if constraint == WAIT_KEY_INDEX and wait_key is not None:
+                # Lost the race for the target to a start that committed meanwhile: our
+                # insert waited for it, and a fresh statement now sees it.
+                holder = find_wait_holder(scope, wait_key, window_ms=fields.get("wait_window_ms", 0), using=using)
+                if holder is not None:
+                    return InsertResult(holder, created=False, coalesced=True)
             if constraint == LOCK_KEY_INDEX and lock_key is not None:
                 holder = find_live_by_lock_key(scope, lock_key, using=using)
                 raise LockKeyHeld(lock_key, holder.id if holder else None) from error
@@ -1226,8 +1244,8 @@ def park(job_id: object, epoch: int, reason: str, message: str | None, *, using:
     return _one(using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message})
 
 
-# Resets the budgets, because an operator asking for a re-drive is asking for more
-# attempts; keeps `redrives` (identity, not budget: a retained broker message may carry
+# Resets the budgets (a wait's fault streak too; its hold clock is kept: written once),
+# because an operator asking for a re-drive is asking for more attempts; keeps `redrives` (identity, not budget: a retained broker message may carry
 # the old pair). Clears the cancellation too: an explicit re-drive supersedes a request
 # the failed slice never honoured. `completed` and `cancelled` are never re-drivable
 # (invariant 13); `unrecoverable` only with force.
@@ -1237,6 +1255,7 @@ UPDATE {TABLE}
        redrives_since_commit = 0, consecutive_failures = 0, mirror_attempts = 0,
        park_mirror_attempts = 0, parked_at = NULL, error_code = NULL, error_class = NULL, finished_at = NULL,
        domain_mirrored_at = NULL, cancel_requested_at = NULL, cancelled_by = NULL,
+       wait_faults = 0, wait_denials = 0,
        next_run_at = clock_timestamp()
  WHERE id = %(id)s AND {SCOPE}
    -- A parked job's code is the park reason; its class still says unrecoverable.
@@ -1256,7 +1275,8 @@ def operator_redrive(
     """Re-issue a failed job (or take an expired lease by hand); None when refused.
 
     Raises ``LockKeyHeld`` when the failed job's lock key has since been taken by a live
-    job: making this one live again would be a second live job on the key. The UPDATE runs
+    job: making this one live again would be a second live job on the key (and
+    ``WaitKeyHeld`` likewise for its wait key). The UPDATE runs
     in a savepoint, so the refusal leaves the caller's transaction usable. With
     ``lock_timeout_ms``, raises ``JobBusy`` rather than wait longer behind a transaction
     holding the row.
@@ -1266,7 +1286,12 @@ def operator_redrive(
         return _waiting_at_most(lock_timeout_ms, job_id, "redrive", lambda: _one(using, OPERATOR_REDRIVE, params),
                                 using=using)
     except IntegrityError as error:
-        if getattr(getattr(error.__cause__, "diag", None), "constraint_name", None) != LOCK_KEY_INDEX:
+        constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
+        if constraint == WAIT_KEY_INDEX:
+            job = get_job(job_id, scope, using=using)
+            holder = find_wait_holder(scope, job.wait_key, window_ms=0, using=using) if job and job.wait_key else None
+            raise WaitKeyHeld(job.wait_key if job else "?", holder.id if holder else None) from error
+        if constraint != LOCK_KEY_INDEX:
             raise
         job = get_job(job_id, scope, using=using)
         holder = find_live_by_lock_key(scope, job.lock_key, using=using) if job and job.lock_key else None
@@ -1554,6 +1579,132 @@ def listen(raw_connection: Any, channel: str) -> None:
     from psycopg import sql
 
     raw_connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+# ---------------------------------------------------------------------------------------
+# Wait conditions (durable_jobs.waits). A held job is `pending`, `held_since` set,
+# `wait_satisfied_at` null; its next check is `next_run_at` and it holds no lease while it
+# waits, so the reconciler never mistakes it for an orphan and the stale-pending warning
+# never counts it (its next_run_at is ahead). Every write here is made by the worker
+# holding the claim that picked the job up, fenced like any lease holder's (invariant 4),
+# before the handler's first slice. The hold spends no budget: no counter a verdict of
+# the work reads is touched, and `continuation_seq` stays (the first slice has not run).
+# ---------------------------------------------------------------------------------------
+
+# The wait key's holder: a live job (the unique index's own predicate, organization
+# folded the same way), else a job whose wait on the key cleared within the window and
+# that completed. Two starts for one target can never both hold (the index), so the
+# window covers the one remaining duplicate: a sibling that arrives just after the
+# holder's wait cleared and its (short) run already finished. It is the backoff ceiling by
+# default, the longest two checks of one condition can land apart; past it a start is a
+# new intent, never coalesced with history. A failed or cancelled run did not serve the
+# intent, so it coalesces nothing.
+FIND_WAIT_HOLDER = f"""
+SELECT {COLUMNS} FROM {TABLE}
+ WHERE tenant_id = %(tenant)s
+   AND coalesce(organization_id, '{NO_ORGANIZATION}') = coalesce(%(organization)s, '{NO_ORGANIZATION}')
+   AND wait_key = %(wait_key)s
+   AND (status IN {_LIVE}
+        OR (status = 'completed' AND wait_satisfied_at > clock_timestamp() - {_ms("window_ms")}))
+ ORDER BY status IN {_LIVE} DESC, wait_satisfied_at DESC
+ LIMIT 1
+"""
+
+
+def find_wait_holder(scope: Scope, wait_key: str, *, window_ms: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Return the job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
+    return _one(using, FIND_WAIT_HOLDER, {**_scope(scope), "wait_key": wait_key, "window_ms": window_ms})
+
+
+# Back to `pending` without a lease, until the instant (`until`, the `after` tier: one
+# exact reschedule) or for `delay_ms` (a check said "not yet", or could not run). The hold
+# clock starts once (invariant 18): coalesce keeps the first pickup's stamp across every
+# re-pick, restart and worker. `started_at` is cleared: the claim stamped it, but no slice
+# has started. A hold with `reset_faults` counts a real answer (faults are consecutive).
+HOLD_JOB = f"""
+UPDATE {TABLE}
+   SET status = 'pending',
+       lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       held_since = coalesce(held_since, clock_timestamp()),
+       next_run_at = coalesce(%(until)s::timestamptz, clock_timestamp() + {_ms("delay_ms")}),
+       pending_since = now(),
+       started_at = NULL,
+       wait_checks = wait_checks + %(checks)s,
+       wait_faults = CASE WHEN %(reset_faults)s THEN 0 ELSE wait_faults END,
+       wait_denials = CASE WHEN %(denied)s THEN wait_denials + 1 ELSE 0 END,
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD} AND wait_satisfied_at IS NULL
+RETURNING {COLUMNS}
+"""
+
+
+def hold_job(
+    lease: Lease, *, until: Any = None, delay_ms: int = 0, checks: int = 0, reset_faults: bool = False,
+    denied: bool = False, using: str = DEFAULT_DB_ALIAS,
+) -> Job | None:
+    """Hold a claimed job until ``until`` (an aware datetime) or for ``delay_ms``; None if the lease is gone.
+
+    ``checks`` counts the check runs of this pickup; ``denied`` counts a pickup refused a
+    check turn (consecutive: any other hold resets it).
+    """
+    return _one(using, HOLD_JOB, {**_lease(lease), "until": until, "delay_ms": delay_ms, "checks": checks,
+                                  "reset_faults": reset_faults, "denied": denied})
+
+
+# A check that could not answer: counted, and the fault verdict decided from the counter
+# this statement increments (invariant 3), never from the count the claim read.
+COUNT_WAIT_FAULT = f"""
+UPDATE {TABLE}
+   SET wait_checks = wait_checks + %(checks)s,
+       wait_faults = wait_faults + 1,
+       wait_denials = 0,
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD} AND wait_satisfied_at IS NULL
+RETURNING wait_faults, wait_faults >= %(max_faults)s
+"""
+
+
+def count_wait_fault(lease: Lease, *, checks: int, max_faults: int, using: str = DEFAULT_DB_ALIAS
+                     ) -> tuple[int, bool] | None:
+    """Count a "cannot tell"; return ``(consecutive faults, exhausted)``, or None if the lease is gone."""
+    with _execute(using, COUNT_WAIT_FAULT, {**_lease(lease), "checks": checks, "max_faults": max_faults}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else (row[0], bool(row[1]))
+
+
+# Checks that answered without clearing the wait for good ("never"): counted before the
+# terminal transaction records the failure, with the fault streak reset (an answer).
+COUNT_WAIT_CHECKS = f"""
+UPDATE {TABLE}
+   SET wait_checks = wait_checks + %(checks)s, wait_faults = 0, wait_denials = 0, updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD} AND wait_satisfied_at IS NULL
+RETURNING wait_checks
+"""
+
+
+def count_wait_checks(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) -> int | None:
+    """Count check runs that answered; return the total, or None if the lease is gone."""
+    return _scalar(using, COUNT_WAIT_CHECKS, {**_lease(lease), "checks": checks})
+
+
+# Every condition cleared: stamped once, under the claim that will run the first slice.
+# From here the gate never runs again for this job, whatever happens to its slices.
+SATISFY_WAIT = f"""
+UPDATE {TABLE}
+   SET wait_satisfied_at = clock_timestamp(),
+       wait_checks = wait_checks + %(checks)s,
+       wait_faults = CASE WHEN %(checks)s > 0 THEN 0 ELSE wait_faults END,
+       wait_denials = 0,
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD} AND wait_satisfied_at IS NULL
+RETURNING {COLUMNS}
+"""
+
+
+def satisfy_wait(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Record that the job's wait cleared (``checks`` ran this pickup); None if the lease is gone."""
+    return _one(using, SATISFY_WAIT, {**_lease(lease), "checks": checks})
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from durable_jobs import conf, service, store
 from durable_jobs.executor import SliceReport, run_slice
-from durable_jobs.models import Job
+from durable_jobs.models import HELD, Job
 from durable_jobs.states import LIVE_STATUSES
 
 _OWNER = "durable_jobs.testing"
@@ -37,7 +37,9 @@ def run_jobs(
     """Run due slices one after another until none is due (or ``max_slices`` ran).
 
     ``fast_forward=True`` also brings scheduled jobs (retries after a backoff, a
-    ``run_after`` in the future) forward, so a job runs to its end in one call.
+    ``run_after`` in the future) forward, so a job runs to its end in one call. A job
+    held by a wait condition is left where it is: its next pickup would only ask the
+    same question again (bring one forward with ``fast_forward(job)`` to check again).
     Returns one report per slice, in order.
     """
     queues = list(queues) if queues else _all_queues(using)
@@ -86,6 +88,7 @@ def _bring_forward(queues: Sequence[str], using: str) -> bool:
         Job.objects.using(using)
         .filter(status__in=LIVE_STATUSES, lease_owner__isnull=True, cancel_requested_at__isnull=True,
                 queue_name__in=list(queues), next_run_at__isnull=False)
+        .exclude(HELD)
         .order_by("next_run_at")
         .values_list("id", flat=True)[:1]
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import logging
 import os
 import re
@@ -44,6 +45,7 @@ from durable_jobs.executor import DeferredCompletion, complete_deferred, run_sli
 from durable_jobs.heartbeat import Heartbeater, HeldLease
 from durable_jobs.runner import ChildRunner
 from durable_jobs.states import Lease
+from durable_jobs.waits import gate as waits_gate
 
 log = logging.getLogger("durable_jobs.worker")
 
@@ -139,6 +141,12 @@ class Worker:
         self._idle = [False] * concurrency
         self._idle_lock = threading.Lock()
         self._heartbeater = Heartbeater(using=using)
+        # Wait conditions: this worker's bound on checks running at once, and the moments
+        # (monotonic) at which jobs it held become due, so an idle slot never sleeps past
+        # an `after` instant it knows of (the poll is the floor, not the promptness).
+        self.check_slots = waits_gate.CheckSlots(settings.WAIT_MAX_CONCURRENT_CHECKS)
+        self._due_soon: list[float] = []
+        self._due_lock = threading.Lock()
         self._slots: list[SlotState] = []
         self._unpaid: list[tuple[Slice, str]] = []  # abandoned slices whose charge has not landed yet
         self.abandoned_threads = 0
@@ -416,7 +424,7 @@ class Worker:
                     self.stopping.set()  # every slot found nothing due: the burst is over
                     self._wake_all()  # the sleeping slots need not wait out their poll
                     break
-                wake.wait(settings.POLL_INTERVAL)
+                wake.wait(self._idle_wait(settings.POLL_INTERVAL))
                 wake.clear()
         finally:
             if runner is not None:
@@ -454,8 +462,11 @@ class Worker:
                 report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
                                    completions=slot.completions if batched else None,
                                    runner=self._runner_for(slot, runner) if runner is not None else None,
+                                   check_slots=self.check_slots,
                                    using=self.using, on_start=lambda context: setattr(slot, "current", context))
                 slot.current = None
+                if report.recheck_in is not None:
+                    self._note_due(report.recheck_in)
                 if entry is not None and report.outcome == "deferred":
                     slot.finished.append(entry)
                     self._heartbeater.track(entry)
@@ -477,6 +488,22 @@ class Worker:
         """
         return functools.partial(runner.run, on_slow=functools.partial(self._hand_back, slot),
                                  slow_after=QUICK_SLICE)
+
+    def _note_due(self, seconds: float) -> None:
+        """Remember that a job this worker held is due in ``seconds`` (database clock difference)."""
+        with self._due_lock:
+            heapq.heappush(self._due_soon, time.monotonic() + max(0.0, seconds))
+
+    def _idle_wait(self, poll: float) -> float:
+        """How long an idle slot sleeps: the poll interval, or less when a held job is due sooner."""
+        now = time.monotonic()
+        with self._due_lock:
+            while self._due_soon and self._due_soon[0] <= now:
+                heapq.heappop(self._due_soon)
+            if not self._due_soon:
+                return poll
+            # A hair past the instant, so the dequeue's clock_timestamp() has reached it.
+            return min(poll, self._due_soon[0] - now + DUE_SLACK)
 
     def _set_idle(self, number: int, idle: bool) -> bool:
         with self._idle_lock:
@@ -534,6 +561,9 @@ class Worker:
 
         run_as_leader(self.stopping, self.identity, using=self.using)
 
+
+#: Seconds an idle slot sleeps past a held job's known due moment before it dequeues.
+DUE_SLACK = 0.005
 
 #: A listener connection up this long (seconds) has proved itself: its backoff resets.
 LISTENER_HEALTHY = 30.0

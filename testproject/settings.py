@@ -92,6 +92,8 @@ DATABASES = {"default": _database(throwaway=env.bool("TESTPROJECT_THROWAWAY_DB",
 DURABLE_JOBS = {
     # The demo wants to be watched: short slices and a quick heartbeat.
     "SLICE_BUDGET": env.float("DURABLE_JOBS_SLICE_BUDGET", default=2.0),
+    # Wait checks, declared as name:/absolute/path,... (docs/waits.rst).
+    "WAIT_PROFILES": env.str("DURABLE_WAIT_PROFILES", default=""),
 }
 
 LOGGING = {

@@ -25,13 +25,16 @@ DURABLE_JOBS = {
     "RETRY_BACKOFF_MAX": 0.2,
     "SLICE_BUDGET": 30.0,
     "SHUTDOWN_GRACE": 10.0,
+    # Wait checks, declared as name:/absolute/path,... (docs/waits.rst).
+    "WAIT_PROFILES": env.str("DURABLE_WAIT_PROFILES", default=""),
 }
 # A test starting a worker subprocess tunes it with DURABLE_JOBS_<NAME>=value.
 for _name, _default in list(DURABLE_JOBS.items()) + [
     ("MAX_CONSECUTIVE_FAILURES", None), ("MAX_MIRROR_ATTEMPTS", None),
     ("MAX_REDRIVES_WITHOUT_COMMIT", None), ("RECONCILE_INTERVAL", None), ("FENCED_IDLE_TIMEOUT", None),
     ("MAX_PREFETCH", None), ("TIME_LIMIT", None), ("CANCEL_GRACE", None), ("MAX_ABANDONED_THREADS", None),
-    ("EXECUTION", None),
+    ("EXECUTION", None), ("WAIT_CHECK_INTERVAL", None), ("WAIT_CHECK_INTERVAL_FLOOR", None),
+    ("WAIT_CHECK_TIMEOUT", None), ("WAIT_DENIED_RECHECK", None),
 ]:
     _raw = os.environ.get(f"DURABLE_JOBS_{_name}")
     if _raw is not None:

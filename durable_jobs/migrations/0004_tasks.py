@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('durable_jobs', '0002_leader_and_parked_mirror'),
+        ('durable_jobs', '0003_waits'),
     ]
 
     operations = [

@@ -128,6 +128,15 @@ def call_example_test(example: Example, func: FunctionType) -> None:
     func(**{name: FIXTURES[name] for name in names})
 
 
+@pytest.fixture(autouse=True)
+def wait_profiles(settings, tmp_path):
+    """Declare the check the wait examples name: a real script that always says go."""
+    script = tmp_path / "ticket_closed.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "WAIT_PROFILES": f"ticket-closed:{script}"}
+
+
 @pytest.fixture
 def registered_kinds():
     """Forget every handler an example registers."""

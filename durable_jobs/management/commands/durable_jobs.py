@@ -1,4 +1,4 @@
-"""``manage.py durable_jobs list|show|cancel|redrive|stats``: see and steer jobs without SQL.
+"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats``: see and steer jobs without SQL.
 
 Human output by default, ``--json`` (before or after the action) for scripts. Every
 action goes through the same service functions as code and the admin. Exit status: 0
@@ -9,6 +9,7 @@ done, 1 refused or not found, 2 bad arguments; the reason goes to stderr, under
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import sys
@@ -21,6 +22,7 @@ from durable_jobs.exceptions import DurableJobsError, InvalidInput
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
 from durable_jobs.validation import NAME
+from durable_jobs.waits.explain import explain_hold
 
 BAR = 30
 _ROW_FIELDS = [f.attname for f in Job._meta.concrete_fields]
@@ -137,7 +139,8 @@ class Command(BaseCommand):
         p.add_argument("--page-size", type=int, default=50)
 
         for action, helptext in (("show", "print one job in full"), ("cancel", "request cancellation"),
-                                 ("redrive", "re-drive a failed job")):
+                                 ("redrive", "re-drive a failed job"),
+                                 ("explain", "say what a held job is waiting for and when it is checked next")):
             p = sub.add_parser(action, help=helptext)
             scoped(p)
             p.add_argument("job_id")
@@ -195,6 +198,24 @@ class Command(BaseCommand):
             lines.append(f"{key:<{width}}  {value if value is not None else '-'}")
         self.stdout.write("\n".join(lines))
 
+    def do_explain(self, **options) -> None:
+        job = service.get(options["job_id"], scope=self._scope(options))
+        explanation = explain_hold(job)
+        if options["json"]:
+            data = None if explanation is None else {
+                field: (value.isoformat() if hasattr(value, "isoformat")
+                        else value.total_seconds() if hasattr(value, "total_seconds")
+                        else list(value) if isinstance(value, tuple) else value)
+                for field, value in ((f.name, getattr(explanation, f.name))
+                                     for f in dataclasses.fields(explanation))
+            }
+            self._emit(options, {"id": str(job.id), "status": job.status, "held": data}, "")
+            return
+        if explanation is None:
+            self.stdout.write(f"{job.kind} {job.id}: {job.status}, not held by a wait condition")
+            return
+        self.stdout.write(f"{job.kind} {job.id}: held\n{explanation.summary}")
+
     def do_cancel(self, **options) -> None:
         job = service.cancel(options["job_id"], scope=self._scope(options), by=options["by"])
         self._emit(options, as_dict(job), f"cancellation requested for {job.id} ({job.status}); "
@@ -228,6 +249,7 @@ class Command(BaseCommand):
             f"pending: {data['pending']} (oldest {'-' if oldest is None else f'{oldest:.1f}s'})",
             (f"running: {data['running']} ({data['running_expired_leases']} with expired leases, "
              f"{data['retrying']} waiting for a retry)"),
+            f"held by a wait condition: {data['held']} (of the pending)",
             "parked: " + (", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items()) or "none"),
             "finished: " + "; ".join(
                 f"last {window}: {c['completed']} completed, {c['failed']} failed, {c['cancelled']} cancelled"
