@@ -20,12 +20,15 @@ Prepared statements are left to Django, which turns psycopg's automatic preparat
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import threading
 import time
 
 from django.db import connections
+
+log = logging.getLogger("durable_jobs.worker")
 
 #: How long a probe NOTIFY has to come back before the listener is declared deaf (seconds).
 PROBE_TIMEOUT = 5.0
@@ -76,7 +79,7 @@ def new_raw_connection(using: str, role: str):
 class Probe:
     """Proves that NOTIFYs sent through the worker's database reach the listener.
 
-    ``send`` issues ``pg_notify`` on a connection of its own to ``using`` (the path a
+    ``send`` issues ``pg_notify`` on a short-lived connection to ``using`` (the path a
     ``start()`` takes), ``seen`` is told every payload the listener receives, and
     ``check`` says what became of the probe in flight: ``None`` (still waiting, or none
     due), ``True`` (it came back) or ``False`` (``PROBE_TIMEOUT`` passed without it).
@@ -101,14 +104,16 @@ class Probe:
         self._payload = f"{PROBE_PREFIX}{self.identity} {secrets.token_hex(4)}"
         self._sent_at = time.monotonic()
         try:
-            if self._raw is None or self._raw.closed:
-                self._raw = new_raw_connection(self.using, "durable-probe")
+            # A connection of its own for the moment of the probe: a worker keeps no
+            # extra connection open for it.
+            self._raw = new_raw_connection(self.using, "durable-probe")
             store.notify_probe(self._raw, self.channel, self._payload)
         except Exception:
-            self.close()
             self._payload = None
             self._next_at = time.monotonic() + PROBE_TIMEOUT
             raise
+        finally:
+            self.close()
 
     def seen(self, payload: str) -> bool:
         """True when ``payload`` is a probe (ours or another worker's): not a wake-up."""
@@ -132,6 +137,6 @@ class Probe:
         if self._raw is not None:
             try:
                 self._raw.close()
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as error:  # noqa: BLE001 - closing a broken connection
+                log.debug("probe connection close failed: %s", error)
             self._raw = None
