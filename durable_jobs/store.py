@@ -1547,14 +1547,6 @@ def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     return _one(using, MAKE_DUE, {"id": job_id})
 
 
-SET_APPLICATION_NAME = "SELECT set_config('application_name', %(name)s, false)"
-
-
-def set_application_name(name: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Label this session in pg_stat_activity."""
-    _scalar(using, SET_APPLICATION_NAME, {"name": name})
-
-
 def listen(raw_connection: Any, channel: str) -> None:
     """Subscribe a raw autocommit psycopg connection to the wake-up channel."""
     from psycopg import sql
