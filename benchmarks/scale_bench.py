@@ -429,6 +429,7 @@ def phase_pooler(args) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     bouncer = PgBouncer(os.environ["DATABASE_URL"], logs / "pgbouncer", pool_size=20).start()
     runs: dict = {}
+    latency: dict = {}
     try:
         for round_ in range(args.repeat):
             for slots in (1, 4):
@@ -441,9 +442,24 @@ def phase_pooler(args) -> dict:
                     result = bench.throughput(ctx, args.n, processes=1, slots=slots, tag=tag, timeout=300)
                     runs.setdefault(f"{path}_{slots}", []).append(result)
                     print(tag, round(result.get("per_second") or 0), "jobs/s", flush=True)
+        # Start-to-run latency, 4 slots, POLL_INTERVAL 1 s: the wake-up through a direct
+        # LISTEN, through a direct LISTEN_DATABASE beside pooled slots, and polling only.
+        latency = {}
+        for path, notify, listen in (("direct", True, False), ("pgbouncer+LISTEN_DATABASE", True, True),
+                                     ("pgbouncer, polling only", False, False)):
+            env = dict(os.environ)
+            if path != "direct":
+                env["DATABASE_URL"] = bouncer.url
+            if listen:
+                env["BENCH_LISTEN_DATABASE_URL"] = os.environ["DATABASE_URL"]
+            ctx = bench.Ctx(_ctx().server, os.environ["DATABASE_URL"], env, logs, sys.executable)
+            latency[path] = bench.latency(ctx, 100, notify=notify, poll_interval=1.0, slots=4, gap=0.05,
+                                          tag=f"pooler-{len(latency)}")
+            print(path, {k: latency[path].get(k) for k in ("p50_ms", "p99_ms", "error")}, flush=True)
     finally:
         bouncer.stop()
-    out = {"n": args.n, "repeat": args.repeat, "pgbouncer_log_tail": bouncer.log()[-3000:], "runs": runs}
+    out = {"n": args.n, "repeat": args.repeat, "pgbouncer_log_tail": bouncer.log()[-3000:], "runs": runs,
+           "latency": latency}
     for key, values in runs.items():
         rates = [r["per_second"] for r in values if r.get("per_second") and r.get("verified")]
         out[f"{key}_median"] = statistics.median(rates) if rates else None
@@ -518,6 +534,9 @@ def render_summary(results: dict) -> str:
             lines.append(f"pooler, {slots} slot(s): direct {_f(pooler.get(f'direct_{slots}_median'), 0)} jobs/s, "
                          f"PgBouncer {_f(pooler.get(f'pgbouncer_{slots}_median'), 0)} jobs/s "
                          f"({_f((pooler.get(f'cost_{slots}') or 0) * 100, 1)} %)")
+        for path, result in (pooler.get("latency") or {}).items():
+            lines.append(f"latency, {path}: p50 {_f(result.get('p50_ms'))} ms, p99 {_f(result.get('p99_ms'))} ms"
+                         + (f" ({result['error']})" if result.get("error") else ""))
     elif pooler:
         lines.append(f"pooler: {pooler}")
     return "\n".join(lines)
