@@ -29,3 +29,12 @@ DURABLE_JOBS = {
     "NOTIFY_CHANNEL": None if os.environ.get("BENCH_NOTIFY", "1") == "0" else "durable_jobs",
     "POLL_INTERVAL": float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),
 }
+
+# ``BENCH_LISTEN_DATABASE_URL``: the listener's own direct connection (LISTEN_DATABASE),
+# for workers whose DATABASE_URL goes through a pooler (benchmarks/scale_bench.py).
+if os.environ.get("BENCH_LISTEN_DATABASE_URL"):
+    import environ
+
+    DATABASES["listen"] = {**DATABASES["default"],
+                           **environ.Env.db_url_config(os.environ["BENCH_LISTEN_DATABASE_URL"])}
+    DURABLE_JOBS["LISTEN_DATABASE"] = "listen"

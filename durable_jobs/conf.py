@@ -72,6 +72,11 @@ class Settings:
     POLL_INTERVAL: float = 1.0
     #: LISTEN/NOTIFY channel; None disables notifications (e.g. behind a transaction pooler).
     NOTIFY_CHANNEL: str | None = "durable_jobs"
+    #: Database alias (a key of ``DATABASES``) the worker's wake-up listener connects
+    #: through; None means the worker's own. Behind a transaction-mode pooler (PgBouncer),
+    #: name an alias that reaches PostgreSQL directly: LISTEN does not survive the pooler,
+    #: and a worker whose probe NOTIFY does not come back says so in its log.
+    LISTEN_DATABASE: str | None = None
     #: How long running slices get to yield after the first SIGTERM/SIGINT.
     SHUTDOWN_GRACE: float = 30.0
     #: A fenced transaction left idle this long (its worker stopped or stuck while holding
@@ -161,6 +166,13 @@ class Settings:
             raise ConfigurationError(
                 "DURABLE_JOBS['NOTIFY_CHANNEL'] must be None or a lower-case identifier of at most 63 bytes"
             )
+        if self.LISTEN_DATABASE is not None:
+            aliases = list(getattr(django_settings, "DATABASES", {}) or {})
+            if not isinstance(self.LISTEN_DATABASE, str) or self.LISTEN_DATABASE not in aliases:
+                raise ConfigurationError(
+                    f"DURABLE_JOBS['LISTEN_DATABASE'] must be None or an alias in DATABASES "
+                    f"({', '.join(map(repr, aliases)) or 'none defined'}), got {self.LISTEN_DATABASE!r}"
+                )
         if self.HEARTBEAT_INTERVAL >= self.LEASE_TTL:
             raise ConfigurationError(
                 f"DURABLE_JOBS['HEARTBEAT_INTERVAL'] ({self.HEARTBEAT_INTERVAL}s) must be below "

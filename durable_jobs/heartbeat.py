@@ -103,6 +103,9 @@ class Heartbeater:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        from durable_jobs import pooling
+
+        pooling.name_connection(self.using)
         try:
             while not self._stop.is_set():
                 try:

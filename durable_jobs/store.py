@@ -1482,10 +1482,16 @@ def count_stale_pending(*, pending_ttl_ms: int, tenant: str | None = None, using
 
 
 # Retention. Bounded batches, SKIP LOCKED so it never waits on (or races) anyone.
-# Parked jobs are kept: they are waiting for an operator.
+# Parked jobs are kept: they are waiting for an operator. Oldest first, read in order
+# from durable_jobs_finished (finished_at, unparked rows only), so a batch costs the same
+# at ten million finished rows as at a thousand. The batch's rows are deleted by their
+# physical address (ctid, a TID scan): going back through the random-UUID primary key
+# cost as many index page reads as the rows themselves (measured: 35,180 buffers against
+# 20,180 per 5,000 rows, 2-3x the time). The rows are locked by this statement from the
+# moment they are chosen, so their ctid cannot change before the DELETE reaches them.
 DELETE_FINISHED = f"""
-DELETE FROM {TABLE} WHERE id IN (
-    SELECT id FROM {TABLE}
+DELETE FROM {TABLE} WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {TABLE}
      WHERE finished_at IS NOT NULL AND parked_at IS NULL
        AND status IN ('completed', 'failed', 'cancelled')
        -- now(), not clock_timestamp(): a stable value lets durable_jobs_finished bound
@@ -1493,9 +1499,10 @@ DELETE FROM {TABLE} WHERE id IN (
        -- as its own statement, so now() is the moment it starts.
        AND finished_at < now() - {_ms("older_than_ms")}
        AND {_TENANT_FILTER}
+     ORDER BY finished_at
      LIMIT %(limit)s
      FOR UPDATE SKIP LOCKED
-)
+))
 """
 
 
@@ -1564,14 +1571,6 @@ RETURNING {COLUMNS}
 def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Bring a scheduled job's run time to now (the testing helpers' fast-forward)."""
     return _one(using, MAKE_DUE, {"id": job_id})
-
-
-SET_APPLICATION_NAME = "SELECT set_config('application_name', %(name)s, false)"
-
-
-def set_application_name(name: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Label this session in pg_stat_activity."""
-    _scalar(using, SET_APPLICATION_NAME, {"name": name})
 
 
 def listen(raw_connection: Any, channel: str) -> None:
@@ -1753,3 +1752,15 @@ def end_task_attempt(
     """
     return _scalar(using, END_TASK_ATTEMPT, {**_lease(lease), "exception_class_path": exception_class_path,
                                              "traceback": traceback}) is not None
+
+
+# ---------------------------------------------------------------------------------------
+# Behind a pooler: the listener's probe (see durable_jobs.pooling)
+# ---------------------------------------------------------------------------------------
+
+NOTIFY_PROBE = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
+
+def notify_probe(raw_connection: Any, channel: str, payload: str) -> None:
+    """Send a probe NOTIFY on a raw autocommit connection: it must come back to the listener."""
+    raw_connection.execute(NOTIFY_PROBE, {"channel": channel, "payload": payload})

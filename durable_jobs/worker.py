@@ -37,9 +37,8 @@ import time
 from collections.abc import Sequence
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
-from django.db.backends.signals import connection_created
 
-from durable_jobs import conf, faults, store, validation
+from durable_jobs import conf, faults, pooling, store, validation
 from durable_jobs.context import Slice
 from durable_jobs.executor import DeferredCompletion, complete_deferred, run_slice, time_limit_failure
 from durable_jobs.heartbeat import Heartbeater, HeldLease
@@ -48,18 +47,6 @@ from durable_jobs.states import Lease
 from durable_jobs.waits import gate as waits_gate
 
 log = logging.getLogger("durable_jobs.worker")
-
-
-def tag_connection(sender, connection, **kwargs) -> None:
-    """Name each worker connection after its thread (``<application_name>/durable-slot-0``).
-
-    ``pg_stat_activity`` then tells an operator which connection is a slot, the heartbeat
-    or the listener, and a fault-injection test can cut exactly one of them.
-    """
-    role = threading.current_thread().name
-    if role.startswith("durable-"):
-        store.set_application_name(f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/{role}"[:63],
-                                   using=connection.alias)
 
 
 #: A slice this short (seconds) lets its slot claim more than one job at a time.
@@ -175,7 +162,6 @@ class Worker:
     def run(self) -> int:
         """Run until stopped (or idle, in burst mode); return the process exit code."""
         settings = conf.get()
-        connection_created.connect(tag_connection, dispatch_uid="durable_jobs.tag_connection")
         log.info("worker %s starting: queues=%s concurrency=%d execution=%s reconcile=%s", self.identity,
                  ",".join(self.queues), self.concurrency, self.execution, "on" if self.reconcile else "off")
         self._heartbeater.start()
@@ -378,6 +364,7 @@ class Worker:
 
     # --- a slot ---
     def _slot(self, slot: SlotState) -> None:
+        pooling.name_connection(self.using)
         wake = self._wakes[slot.number]
         settings = conf.get()
         ttl_ms = conf.ms(settings.LEASE_TTL)
@@ -513,42 +500,79 @@ class Worker:
     def _listen(self, channel: str) -> None:
         """Wake the slots when a start commits; reconnect with backoff when cut.
 
-        The backoff is reset only after a connection has stayed up for a while: a LISTEN
-        that succeeds on a connection that dies at once (a pooler, a server restarting)
-        must not turn into a reconnect loop. After every (re)connect the slots are woken
-        for one dequeue pass each, since notifications sent while no LISTEN was in place
-        are lost.
+        The listener connects through ``LISTEN_DATABASE`` (default: the worker's own
+        database). The backoff is reset only after a connection has stayed up for a
+        while: a LISTEN that succeeds on a connection that dies at once (a pooler, a
+        server restarting) must not turn into a reconnect loop. After every (re)connect
+        the slots are woken for one dequeue pass each, since notifications sent while no
+        LISTEN was in place are lost.
+
+        A probe NOTIFY, sent through the worker's own database as a ``start()`` would,
+        must come back within ``pooling.PROBE_TIMEOUT``, at start and every
+        ``pooling.PROBE_EVERY`` seconds. When it does not (a transaction-mode pooler took
+        the LISTEN away), the worker logs an error saying that jobs now wait for the poll
+        and how to fix it, instead of polling silently.
         """
+        settings = conf.get()
+        listen_using = settings.LISTEN_DATABASE or self.using
+        probe = pooling.Probe(self.using, channel, self.identity)
+        hearing: bool | None = None
         failures = 0
-        while not self.stopping.is_set():
-            raw = None
-            connected_at = None
-            try:
-                connection = connections[self.using]
-                params = connection.get_connection_params()
-                params["application_name"] = f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/durable-listener"[:63]
-                raw = connection.get_new_connection(params)
-                raw.autocommit = True
-                store.listen(raw, channel)
-                connected_at = time.monotonic()
-                self._wake_all()
-                while not self.stopping.is_set():
-                    for _ in raw.notifies(timeout=1.0, stop_after=1):
-                        self._wake_all()
-                    if failures and time.monotonic() - connected_at > LISTENER_HEALTHY:
-                        failures = 0
-            except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
-                failures += 1
-                delay = min(30.0, 0.2 * 2 ** failures)
-                log.info("listener reconnecting in %.1fs after %s", delay,
-                         validation.printable(f"{type(error).__name__}: {error}", limit=300))
-                self.stopping.wait(delay)
-            finally:
-                if raw is not None:
-                    try:
-                        raw.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+        try:
+            while not self.stopping.is_set():
+                raw = None
+                connected_at = None
+                try:
+                    raw = pooling.new_raw_connection(listen_using, "durable-listener")
+                    store.listen(raw, channel)
+                    connected_at = time.monotonic()
+                    self._wake_all()
+                    probe.send()
+                    while not self.stopping.is_set():
+                        for notification in raw.notifies(timeout=0.5, stop_after=1):
+                            if not probe.seen(notification.payload):
+                                self._wake_all()
+                        hearing = self._judge_probe(probe, hearing, listen_using, settings)
+                        if probe.due():
+                            probe.send()
+                        if failures and time.monotonic() - connected_at > LISTENER_HEALTHY:
+                            failures = 0
+                except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
+                    failures += 1
+                    delay = min(30.0, 0.2 * 2 ** failures)
+                    log.info("listener reconnecting in %.1fs after %s", delay,
+                             validation.printable(f"{type(error).__name__}: {error}", limit=300))
+                    self.stopping.wait(delay)
+                finally:
+                    if raw is not None:
+                        try:
+                            raw.close()
+                        except Exception:  # noqa: BLE001
+                            pass
+        finally:
+            probe.close()
+
+    def _judge_probe(self, probe: pooling.Probe, hearing: bool | None, listen_using: str, settings) -> bool | None:
+        """Log what the probe found when it changes; return whether wake-ups arrive (None: not known yet)."""
+        answer = probe.check()
+        if answer is None or answer == hearing:
+            return hearing
+        if answer:
+            if hearing is None:
+                log.info("worker %s: wake-ups arrive (a probe NOTIFY came back to the listener on %r)",
+                         self.identity, listen_using)
+            else:
+                log.warning("worker %s: wake-ups arrive again (the probe NOTIFY came back)", self.identity)
+            return True
+        log.error(
+            "worker %s: wake-ups are not arriving: a probe NOTIFY sent through database %r did not reach the "
+            "listener on %r within %.0fs. A transaction-mode pooler (PgBouncer) drops LISTEN. Jobs still run, "
+            "but each waits up to POLL_INTERVAL (%.1fs) to start. Fix: set DURABLE_JOBS['LISTEN_DATABASE'] to "
+            "an alias that connects to PostgreSQL directly, or NOTIFY_CHANNEL = None to poll on purpose. "
+            "Checking again every %.0fs.",
+            self.identity, self.using, listen_using, pooling.PROBE_TIMEOUT, settings.POLL_INTERVAL,
+            pooling.PROBE_EVERY)
+        return False
 
     def _wake_all(self) -> None:
         for wake in self._wakes:
@@ -559,6 +583,7 @@ class Worker:
         # resigns when this worker starts stopping (invariant 14).
         from durable_jobs.reconciler import run_as_leader
 
+        pooling.name_connection(self.using)
         run_as_leader(self.stopping, self.identity, using=self.using)
 
 

@@ -40,3 +40,17 @@ for _name, _default in list(DURABLE_JOBS.items()) + [
     if _raw is not None:
         DURABLE_JOBS[_name] = _raw if _name == "EXECUTION" else int(_raw) if _name.startswith("MAX_") else float(_raw)
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# Behind a pooler (tests/acceptance/test_pgbouncer.py): the listener's direct connection,
+# and NOTIFY_CHANNEL="" for polling only.
+if os.environ.get("TESTPROJECT_LISTEN_DATABASE_URL"):
+    from testproject.settings import env as _env
+
+    DATABASES = {**DATABASES, "listen": {**DATABASES["default"],
+                                         **_env.db_url_config(os.environ["TESTPROJECT_LISTEN_DATABASE_URL"])}}
+    _listen_options = DATABASES["listen"].setdefault("OPTIONS", {})
+    if not DATABASES["listen"].get("HOST") and "host" in _listen_options:
+        DATABASES["listen"]["HOST"] = _listen_options.pop("host")
+    DURABLE_JOBS["LISTEN_DATABASE"] = "listen"
+if os.environ.get("DURABLE_JOBS_NOTIFY_CHANNEL") is not None:
+    DURABLE_JOBS["NOTIFY_CHANNEL"] = os.environ["DURABLE_JOBS_NOTIFY_CHANNEL"] or None

@@ -251,3 +251,19 @@ def test_load__the_batch_and_schedule_bounds_have_defaults_and_refuse_nonsense()
     for bad in (0, 1.5, True, "64MB"):
         with pytest.raises(ConfigurationError, match="MAX_BATCH_BYTES"):
             conf.load({"MAX_BATCH_BYTES": bad})
+
+
+# --- LISTEN_DATABASE (issue 14: the listener on a direct connection behind a pooler) ---
+
+
+@pytest.mark.parametrize("bad", ["nope", "", 3, ["default"]])
+def test_load__listen_database_must_name_an_alias_in_databases(bad):
+    with pytest.raises(ConfigurationError) as error:
+        conf.load({"LISTEN_DATABASE": bad})
+    assert "LISTEN_DATABASE" in str(error.value) and repr(bad) in str(error.value)
+    assert "'default'" in str(error.value)  # the aliases it could have named
+
+
+def test_load__listen_database_accepts_an_alias_and_none():
+    assert conf.load({"LISTEN_DATABASE": "default"}).LISTEN_DATABASE == "default"
+    assert conf.load({}).LISTEN_DATABASE is None
