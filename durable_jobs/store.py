@@ -1553,3 +1553,122 @@ def listen(raw_connection: Any, channel: str) -> None:
     from psycopg import sql
 
     raw_connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+# ---------------------------------------------------------------------------------------
+# Operator console and cheap figures: reads whose cost does not grow with finished rows.
+# (The admin's change list, `durable_jobs stats` and the Prometheus view.)
+# ---------------------------------------------------------------------------------------
+
+#: Columns a loose index scan may list, each the leading column of an index (migration 0005).
+_LISTABLE = {"kind": "kind", "queue_name": "queue_name", "tenant_id": "tenant_id"}
+
+# A loose index scan: one index probe per distinct value ("the smallest value above the
+# last one"), so listing the few kinds of a ten-million-row table reads a few dozen index
+# pages instead of the table (PostgreSQL has no skip scan for DISTINCT).
+_DISTINCT_VALUES = """
+WITH RECURSIVE v(value) AS (
+    (SELECT {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY {col} LIMIT 1)
+    UNION ALL
+    SELECT (SELECT {col} FROM {table} WHERE {col} > v.value ORDER BY {col} LIMIT 1)
+      FROM v WHERE v.value IS NOT NULL
+)
+SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
+"""
+
+
+def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Return at most ``limit`` distinct values of ``column`` (kind, queue_name or tenant_id), sorted."""
+    col = _LISTABLE[column]
+    sql = _DISTINCT_VALUES.format(col=col, table=TABLE)
+    with _execute(using, sql, {"limit": int(limit)}) as cursor:
+        return [row[0] for row in cursor.fetchall()]
+
+
+def estimate_rows(sql: str, params: Sequence[Any] | dict[str, Any], *, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Return the planner's estimate of the rows ``sql`` returns (runs EXPLAIN, never the query)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+# ANALYZE's joint most-common-value list of (kind, status) (the statistics object of
+# migration 0005): the share of the table each pair holds, as of the last ANALYZE.
+KIND_STATUS_FREQUENCIES = f"""
+SELECT m.values[1], m.values[2], m.frequency
+  FROM pg_statistic_ext s
+  JOIN pg_statistic_ext_data d ON d.stxoid = s.oid
+ CROSS JOIN LATERAL pg_mcv_list_items(d.stxdmcv) m
+ WHERE s.stxname = 'durable_jobs_kind_status' AND s.stxrelid = '{TABLE}'::regclass
+"""
+
+def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, float]]:
+    """Return ``(kind, status, share of rows)`` from the last ANALYZE; [] before the first one.
+
+    Reading ``pg_statistic_ext_data`` needs the table owner's or a superuser's rights; without
+    them (or before ANALYZE) the list is empty and callers fall back to estimates per status.
+    """
+    try:
+        with transaction.atomic(using=using), _execute(using, KIND_STATUS_FREQUENCIES, {}) as cursor:
+            return [(row[0], row[1], float(row[2])) for row in cursor.fetchall()]
+    except Exception:  # noqa: BLE001 — no rights to the statistics: fall back, never fail a scrape
+        return []
+
+
+# Exact counts of live rows only: each read walks a partial index or the status index's
+# live entries, so its cost follows the live backlog, never the finished history.
+LIVE_COUNTS = f"""
+SELECT kind, status, count(*) FROM {TABLE}
+ WHERE status IN {_LIVE} {{scope}}
+ GROUP BY kind, status
+"""
+
+PARKED_COUNTS = f"""
+SELECT error_code, count(*) FROM {TABLE}
+ WHERE parked_at IS NOT NULL AND status = 'failed' {{scope}}
+ GROUP BY error_code
+"""
+
+BACKLOG_FIGURES = f"""
+SELECT (SELECT min(pending_since) FROM {TABLE} WHERE status = 'pending' {{scope}}),
+       (SELECT count(*) FROM {TABLE} WHERE status = 'running' AND lease_owner IS NOT NULL
+           AND lease_expires_at < now() {{scope}}),
+       (SELECT count(*) FROM {TABLE} WHERE status IN {_LIVE} AND lease_owner IS NULL
+           AND next_run_at IS NOT NULL AND status = 'running' {{scope}})
+"""
+
+
+def _scope_clause(tenant: str | None, scope: Scope | None) -> tuple[str, dict[str, Any]]:
+    if scope is not None:
+        return f"AND {SCOPE}", _scope(scope)
+    if tenant is not None:
+        return "AND tenant_id = %(tenant)s", {"tenant": tenant}
+    return "", {}
+
+
+def live_counts(*, tenant: str | None = None, scope: Scope | None = None,
+                using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, int]]:
+    """Return exact ``(kind, status, count)`` of pending and running jobs."""
+    clause, params = _scope_clause(tenant, scope)
+    with _execute(using, LIVE_COUNTS.format(scope=clause), params) as cursor:
+        return [(row[0], row[1], int(row[2])) for row in cursor.fetchall()]
+
+
+def parked_counts(*, tenant: str | None = None, scope: Scope | None = None,
+                  using: str = DEFAULT_DB_ALIAS) -> dict[str | None, int]:
+    """Return exact parked-job counts by reason (the parked index holds only parked rows)."""
+    clause, params = _scope_clause(tenant, scope)
+    with _execute(using, PARKED_COUNTS.format(scope=clause), params) as cursor:
+        return {row[0]: int(row[1]) for row in cursor.fetchall()}
+
+
+def backlog_figures(*, tenant: str | None = None, scope: Scope | None = None,
+                    using: str = DEFAULT_DB_ALIAS) -> tuple[Any, int, int]:
+    """Return ``(oldest pending_since, running with an expired lease, retrying)``."""
+    clause, params = _scope_clause(tenant, scope)
+    with _execute(using, BACKLOG_FIGURES.format(scope=clause), params) as cursor:
+        oldest, expired, retrying = cursor.fetchone()
+    return oldest, int(expired), int(retrying)
