@@ -251,3 +251,13 @@ def test_load__the_batch_and_schedule_bounds_have_defaults_and_refuse_nonsense()
     for bad in (0, 1.5, True, "64MB"):
         with pytest.raises(ConfigurationError, match="MAX_BATCH_BYTES"):
             conf.load({"MAX_BATCH_BYTES": bad})
+
+
+@pytest.mark.parametrize("token", ["short", "has a space in it 0123", 12345678901234567])
+def test_load__a_weak_or_garbled_metrics_token_is_refused_naming_the_setting(token):
+    with pytest.raises(ConfigurationError, match="METRICS_TOKEN"):
+        conf.load({"METRICS_TOKEN": token})
+
+
+def test_load__a_metrics_token_of_16_characters_is_kept():
+    assert conf.load({"METRICS_TOKEN": "0123456789abcdef"}).METRICS_TOKEN == "0123456789abcdef"
