@@ -286,16 +286,19 @@ class JobAdmin(admin.ModelAdmin):
         return console.search(queryset, search_term), False
 
     def get_fieldsets(self, request, obj=None):
-        groups = [
+        groups = []
+        if obj is not None and obj.status in (Status.PENDING.value, Status.RUNNING.value):
+            groups.append(("Why isn't it running?", {"fields": ("why_not_running",)}))
+        groups.append(
             ("Identity and scope", {"fields": ("id", "kind", "status_col", "progress_col", "scope_col",
                                                "subject_col", "created_by", "queue_name", "priority", "lock_key",
                                                "idempotency_key")}),
-        ]
-        if obj is not None and obj.status in (Status.PENDING.value, Status.RUNNING.value):
-            groups.append(("Why isn't it running?", {"fields": ("why_not_running",)}))
+        )
+        if obj is None or any((obj.error_class, obj.error_code, obj.error_message, obj.parked_at,
+                               obj.cancel_requested_at)):
+            groups.append(("Error", {"fields": ("error_class", "error_code", "error_message_capped", "parked_at",
+                                                "cancel_requested_at", "cancelled_by")}))
         groups += [
-            ("Error", {"fields": ("error_class", "error_code", "error_message_capped", "parked_at",
-                                  "cancel_requested_at", "cancelled_by")}),
             ("Timeline", {"fields": ("timeline",)}),
             ("Payloads", {"fields": ("input_pretty", "checkpoint_pretty", "meta_pretty", "result_pretty")}),
             ("Lease and delivery", {"fields": ("lease_owner", "lease_epoch", "lease_expires_at", "heartbeat_at",

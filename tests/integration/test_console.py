@@ -8,8 +8,8 @@ import json
 import pytest
 from django.contrib.auth.models import Permission, User
 
-from durable_jobs import admin as console_admin
 import durable_jobs as durable
+from durable_jobs import admin as console_admin
 from durable_jobs import explain, testing
 from durable_jobs.reconciler import Reconciler
 from tests.factories import JobFactory, reload, running
