@@ -77,6 +77,7 @@ PAGES = [
     ("filter kind", 150, "?kind=bench.kind3"),
     ("filter queue", 150, "?queue=reports"),
     ("filter tenant", 150, "?tenant=tenant-2"),
+    ("filter organization", 150, "?organization=org-3"),
     ("filter parked", 150, "?parked=yes"),
     ("filter parked reason", 150, "?parked=poison"),
     ("filter lease expired", 150, "?lease_expired=yes"),
@@ -212,9 +213,11 @@ def run(args, server) -> int:
     rows.append(("durable_jobs stats (stats.collect)", 100, ms, None))
     refused = metrics.get("/metrics/durable-jobs").status_code
 
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [f"# Operator console on {total:,} rows ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
              (f"PostgreSQL {server.describe().get('server_version')}, table with indexes {size}, "
-             f"median of {args.repeat} warm requests; a scrape without credentials answers {refused}."), "",
+             f"median of {args.repeat} warm requests; a scrape without credentials answers {refused}; "
+              f"load average {load} on {os.cpu_count()} cores at the end."), "",
              "| page | goal | median (whole request) | its slowest SQL statement | |", "|---|---:|---:|---:|---|"]
     for label, goal, ms, sql_ms in rows:
         sql = "-" if sql_ms is None else f"{sql_ms:.1f} ms"

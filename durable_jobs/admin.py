@@ -135,6 +135,13 @@ class TenantFilter(_ConsoleFilter):
         return [(t, t) for t in console.tenant_choices()]
 
 
+class OrganizationFilter(_ConsoleFilter):
+    title, parameter_name = "organization", "organization"
+
+    def lookups(self, request, model_admin):
+        return [(o, o) for o in console.organization_choices()]
+
+
 # --- display helpers ---------------------------------------------------------------------
 
 _BADGE_COLOURS = {"pending": "#6b7280", "running": "#2563eb", "completed": "#15803d", "failed": "#b91c1c",
@@ -235,7 +242,8 @@ def _reason(error: DurableJobsError) -> str:
 class JobAdmin(admin.ModelAdmin):
     list_display = ("id", "kind", "status_col", "progress_col", "subject_col", "scope_col", "age_col",
                     "heartbeat_col", "attempts_col", "error_code", "held_col")
-    list_filter = (StatusFilter, KindFilter, QueueFilter, ParkedFilter, LeaseExpiredFilter, HeldFilter, TenantFilter)
+    list_filter = (StatusFilter, KindFilter, QueueFilter, ParkedFilter, LeaseExpiredFilter, HeldFilter, TenantFilter,
+                   OrganizationFilter)
     search_fields = ("id",)  # served by get_search_results (exact, index-served), not by Django's icontains
     search_help_text = "Exact job id, idempotency key, lock key or subject id, or the start of a kind."
     date_hierarchy = None
@@ -313,6 +321,12 @@ class JobAdmin(admin.ModelAdmin):
         return groups
 
     # --- columns ---
+    def action_checkbox(self, obj):
+        # Django renders a form widget through a template per row, a third of the page's
+        # time at 50 rows; the same markup, written out.
+        return format_html("<input type='checkbox' name='{}' value='{}' class='action-select' "
+                           "aria-label='Select this object for an action - {}'>", ACTION_CHECKBOX_NAME, obj.pk, obj)
+
     @admin.display(description="status")
     def status_col(self, job: Job):
         return status_badge(job)

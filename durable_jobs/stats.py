@@ -99,5 +99,5 @@ def _add_finished_estimates(by_kind: dict[str, dict[str, int]], jobs, table_rows
         return
     for status in FINISHED:
         n, _ = console.estimate_count(jobs.filter(status=status), exact_below=0)
-        if n:
+        if n > 1:  # the planner never estimates fewer than one row: 1 means "none seen"
             by_kind.setdefault("*", {})[status] = n

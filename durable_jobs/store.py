@@ -1585,6 +1585,21 @@ def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -
         return [row[0] for row in cursor.fetchall()]
 
 
+# Organizations have no index of their own (they are read within a tenant): the choices
+# come from the newest rows only, so listing them costs the same at any table size.
+RECENT_ORGANIZATIONS = f"""
+SELECT DISTINCT organization_id FROM (
+    SELECT organization_id FROM {TABLE} ORDER BY created_at DESC, id DESC LIMIT %(sample)s
+) recent WHERE organization_id IS NOT NULL ORDER BY 1 LIMIT %(limit)s
+"""
+
+
+def recent_organizations(*, sample: int, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Return up to ``limit`` organizations among the newest ``sample`` jobs, sorted."""
+    with _execute(using, RECENT_ORGANIZATIONS, {"sample": int(sample), "limit": int(limit)}) as cursor:
+        return [row[0] for row in cursor.fetchall()]
+
+
 def estimate_rows(sql: str, params: Sequence[Any] | dict[str, Any], *, using: str = DEFAULT_DB_ALIAS) -> int:
     """Return the planner's estimate of the rows ``sql`` returns (runs EXPLAIN, never the query)."""
     with connections[using].cursor() as cursor:

@@ -53,6 +53,11 @@ def test_filters_narrow_the_list_to_what_they_name(client, operator):
     assert str(other_kind.id) in page and str(pending.id) not in page
     page = listed(client, "?tenant=acme")
     assert str(other_kind.id) in page and str(pending.id) not in page
+    in_org = JobFactory(tenant_id="acme", organization_id="eu")
+    console_admin.console._choices_cache.clear()
+    page = listed(client, "?organization=eu")
+    assert str(in_org.id) in page and str(other_kind.id) not in page
+    assert "?organization=eu" in page, "the organization is offered as a choice"
     page = listed(client, "?lease_expired=yes")
     assert str(expired.id) in page and str(alive.id) not in page
     assert "lease expired" in page, "the expired heartbeat is highlighted"
