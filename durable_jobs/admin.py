@@ -41,6 +41,7 @@ MAX_PAGES = 200
 #: Most jobs the live-progress view answers for in one poll.
 LIVE_MAX_IDS = 200
 BULK_KIND = "durable_jobs.bulk_action"
+_LIST_DEFERRED = ("input", "checkpoint", "meta", "result", "wait_for", "error_message")
 
 
 # --- the change list's count and paging -------------------------------------------------
@@ -288,7 +289,12 @@ class JobAdmin(admin.ModelAdmin):
     # --- queries ---
     def get_queryset(self, request):
         # The database's clock rides along with every row: ages are measured on it.
-        return super().get_queryset(request).annotate(db_now=Now())
+        queryset = super().get_queryset(request).annotate(db_now=Now())
+        match = getattr(request, "resolver_match", None)
+        if match is None or match.url_name != "durable_jobs_job_change":
+            # Lists never show payloads: fifty 1 MB inputs are not read to draw a table.
+            queryset = queryset.defer(*_LIST_DEFERRED)
+        return queryset
 
     def get_search_results(self, request, queryset, search_term):
         return console.search(queryset, search_term), False

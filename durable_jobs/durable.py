@@ -15,8 +15,9 @@ from datetime import datetime
 from django.db.models import Q
 
 import durable_jobs as durable
-from durable_jobs import console
-from durable_jobs.states import Scope
+from durable_jobs import console, store
+from durable_jobs.models import Job
+from durable_jobs.states import LIVE_STATUSES, Scope
 
 #: Jobs per fenced chunk: small enough that a chunk commits within a heartbeat or two.
 CHUNK = 200
@@ -44,15 +45,37 @@ def bulk_action(job):
         if not chunk:
             return durable.Done({"action": action, "changed": state["changed"], "refused": state["refused"]})
         with job.fenced():
-            for job_id, tenant, organization, _ in chunk:
-                reason = apply_action(action, job_id, Scope(tenant=tenant, organization=organization), by)
-                if reason is None:
-                    state["changed"] += 1
-                else:
-                    state["refused"][reason] = state["refused"].get(reason, 0) + 1
+            if action == "cancel":
+                _cancel_chunk(chunk, by, state)
+            else:
+                for job_id, tenant, organization, _ in chunk:
+                    reason = apply_action(action, job_id, Scope(tenant=tenant, organization=organization), by)
+                    _count(state, reason)
             last = chunk[-1]
             state["after"] = [last[3].isoformat(), str(last[0])]
             state["processed"] += len(chunk)
             job.save_checkpoint(state, processed=state["processed"])
         if job.should_yield():
             return durable.YIELD
+
+
+def _count(state: dict, reason: str | None) -> None:
+    if reason is None:
+        state["changed"] += 1
+    else:
+        state["refused"][reason] = state["refused"].get(reason, 0) + 1
+
+
+def _cancel_chunk(chunk: list, by: str, state: dict) -> None:
+    """One statement for the chunk; the rows it did not change are counted by why."""
+    changed = store.request_cancel_many([(i, t, o) for i, t, o, _ in chunk], by=by)
+    rest = [row[0] for row in chunk if row[0] not in changed]
+    statuses = dict(Job.objects.filter(id__in=rest).values_list("id", "status")) if rest else {}
+    for _ in changed:
+        _count(state, None)
+    for job_id in rest:
+        status = statuses.get(job_id)
+        if status in LIVE_STATUSES:
+            _count(state, "busy (a worker held the row); try again")
+        else:
+            _count(state, f"{status} (it has already finished)" if status else "gone")

@@ -1687,3 +1687,44 @@ def backlog_figures(*, tenant: str | None = None, scope: Scope | None = None,
     with _execute(using, BACKLOG_FIGURES.format(scope=clause), params) as cursor:
         oldest, expired, retrying = cursor.fetchone()
     return oldest, int(expired), int(retrying)
+
+
+# The admin's bulk cancel ("all N matching", run by the durable_jobs.bulk_action job): one
+# statement per chunk instead of one per job. Each job is matched by id *and* its own scope
+# (invariant 10); only live jobs are touched (invariant 8: a request, never a status
+# write); a row a worker's transaction holds is skipped, not waited for (operators never
+# hang), and the caller reports it as busy.
+REQUEST_CANCEL_MANY = f"""
+WITH wanted AS (
+    SELECT j.id
+      FROM {TABLE} j
+      JOIN unnest(%(ids)s::uuid[], %(tenants)s::text[], %(organizations)s::text[])
+           AS w(id, tenant, organization)
+        ON j.id = w.id AND j.tenant_id = w.tenant AND j.organization_id IS NOT DISTINCT FROM w.organization
+     WHERE j.status IN {_LIVE}
+       FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {TABLE} AS t
+   SET cancel_requested_at = coalesce(t.cancel_requested_at, now()),
+       cancelled_by = coalesce(t.cancelled_by, %(by)s),
+       updated_at = now()
+  FROM wanted
+ WHERE t.id = wanted.id
+RETURNING t.id
+"""
+
+
+def request_cancel_many(
+    items: Sequence[tuple[Any, str, str | None]], *, by: str | None, using: str = DEFAULT_DB_ALIAS
+) -> set[Any]:
+    """Request cancellation of each live ``(job id, tenant, organization)``; return the ids changed.
+
+    An id missing from the answer was finished, not in that scope, or held by another
+    transaction at that moment (skipped, never waited for).
+    """
+    if not items:
+        return set()
+    params = {"ids": [i[0] for i in items], "tenants": [i[1] for i in items],
+              "organizations": [i[2] for i in items], "by": by}
+    with _execute(using, REQUEST_CANCEL_MANY, params) as cursor:
+        return {row[0] for row in cursor.fetchall()}

@@ -206,3 +206,38 @@ def test_the_live_view_reports_progress_and_honours_permissions(client, operator
     data = json.loads(client.get(f"{CHANGELIST}live/?id={job.id}").content)
     assert data["jobs"][str(job.id)] == {"status": "pending", "processed": 3, "total": 10, "percent": 30,
                                          "live": True}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_bulk_cancel_skips_a_row_a_worker_holds_and_counts_it_busy(client, operator, other_connection):
+    operator("cancel_job")
+    targets = [JobFactory(queue_name="side", next_run_at=3600) for _ in range(4)]
+    held = targets[1]
+    client.post(f"{CHANGELIST}?queue=side", {"action": "cancel_jobs", "select_across": "1", "index": "0",
+                                              "_selected_action": [str(targets[0].id)], "confirm": "yes"})
+    bulk = testing.assert_started("durable_jobs.bulk_action", count=1)[0]
+    with other_connection.transaction():  # a worker's fenced() transaction holding one job row
+        other_connection.execute("SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [held.id])
+        testing.run_jobs(queues=["default"])
+    bulk = reload(bulk)
+    assert bulk.status == "completed", bulk.error_message
+    assert bulk.result["changed"] == 3
+    assert bulk.result["refused"] == {"busy (a worker held the row); try again": 1}
+    assert reload(held).cancel_requested_at is None
+    assert all(reload(j).cancelled_by == "admin:op" for j in targets if j.id != held.id)
+
+
+def test_request_cancel_many_matches_each_job_by_its_own_scope_and_live_status():
+    from durable_jobs import store
+
+    mine = JobFactory(tenant_id="acme", organization_id="eu")
+    tenant_wide = JobFactory(tenant_id="acme")
+    finished = JobFactory(tenant_id="acme", status="completed", finished_at=-1, pending_since=None)
+    changed = store.request_cancel_many([
+        (mine.id, "acme", "eu"),
+        (tenant_wide.id, "acme", "eu"),  # wrong organization: a null one is not a wildcard
+        (finished.id, "acme", None),
+    ], by="admin:op")
+    assert changed == {mine.id}
+    assert reload(mine).cancelled_by == "admin:op"
+    assert reload(tenant_wide).cancel_requested_at is None and reload(finished).cancel_requested_at is None
