@@ -214,18 +214,22 @@ _ACTIONS = {
 }
 
 
-def apply_action(action: str, job_id, scope: Scope, by: str) -> str | None:
-    """Apply one console action to one job; return None when it changed, else why not.
+BUSY = "busy (a worker held the row); try again"
 
-    Shared by the admin (selected rows) and the bulk-action job (all matching rows).
+
+def apply_action(action: str, job_id, scope: Scope, by: str) -> tuple[str, str] | None:
+    """Apply one console action to one job; None when it changed, else ``(reason, message)``.
+
+    The reason leaves out the job's id, so equal refusals count together; the message is
+    the error's own. Shared by the admin (selected rows) and the bulk-action job.
     """
     try:
         _ACTIONS[action][1](job_id, scope, by)
-    except JobBusy:
+    except JobBusy as error:
         # A worker's transaction holds the row: the action waited a bounded time and gave up.
-        return "busy (a worker held the row); try again"
+        return BUSY, str(error)
     except DurableJobsError as error:
-        return _reason(error)
+        return _reason(error), str(error)
     return None
 
 
@@ -473,15 +477,23 @@ class JobAdmin(admin.ModelAdmin):
             return TemplateResponse(request, "admin/durable_jobs/job/confirm_action.html", context)
         if select_across:
             return self._start_bulk(request, queryset, action, by)
-        outcomes: Counter[str] = Counter()
+        done, refused, busy = 0, Counter(), []
         for job_id, tenant, organization in queryset.values_list("id", "tenant_id", "organization_id"):
-            outcomes[apply_action(action, job_id, Scope(tenant=tenant, organization=organization), by) or ""] += 1
-        done = outcomes.pop("", 0)
+            refusal = apply_action(action, job_id, Scope(tenant=tenant, organization=organization), by)
+            if refusal is None:
+                done += 1
+            elif refusal[0] == BUSY:
+                busy.append(refusal[1])
+            else:
+                refused[refusal[0]] += 1
         verb = _ACTIONS[action][0]
         self.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS if done else messages.INFO)
-        if outcomes:
-            refused = [f"{n} × {reason}" for reason, n in outcomes.most_common()]
-            self.message_user(request, f"Refused {sum(outcomes.values())}: {_first_few(refused)}", messages.WARNING)
+        if refused:
+            reasons = [f"{n} × {reason}" for reason, n in refused.most_common()]
+            self.message_user(request, f"Refused {sum(refused.values())}: {_first_few(reasons)}", messages.WARNING)
+        if busy:
+            self.message_user(request, f"Busy, not changed, try again: {len(busy)}: {_first_few(busy)}",
+                              messages.WARNING)
         return None
 
     def _start_bulk(self, request, queryset, action: str, by: str):

@@ -26,7 +26,7 @@ ACTIONS = ("cancel", "redrive", "force_redrive")
 
 @durable.handler("durable_jobs.bulk_action")
 def bulk_action(job):
-    from durable_jobs.admin import apply_action  # the admin's own per-row rule
+    from durable_jobs.admin import apply_action  # the admin's per-row rule (admin loads later)
 
     spec = job.input or {}
     action, filters, by = spec.get("action"), spec.get("filters") or {}, spec.get("by") or "admin"
@@ -49,8 +49,8 @@ def bulk_action(job):
                 _cancel_chunk(chunk, by, state)
             else:
                 for job_id, tenant, organization, _ in chunk:
-                    reason = apply_action(action, job_id, Scope(tenant=tenant, organization=organization), by)
-                    _count(state, reason)
+                    refusal = apply_action(action, job_id, Scope(tenant=tenant, organization=organization), by)
+                    _count(state, None if refusal is None else refusal[0])
             last = chunk[-1]
             state["after"] = [last[3].isoformat(), str(last[0])]
             state["processed"] += len(chunk)
@@ -68,6 +68,8 @@ def _count(state: dict, reason: str | None) -> None:
 
 def _cancel_chunk(chunk: list, by: str, state: dict) -> None:
     """One statement for the chunk; the rows it did not change are counted by why."""
+    from durable_jobs.admin import BUSY
+
     changed = store.request_cancel_many([(i, t, o) for i, t, o, _ in chunk], by=by)
     rest = [row[0] for row in chunk if row[0] not in changed]
     statuses = dict(Job.objects.filter(id__in=rest).values_list("id", "status")) if rest else {}
@@ -76,6 +78,6 @@ def _cancel_chunk(chunk: list, by: str, state: dict) -> None:
     for job_id in rest:
         status = statuses.get(job_id)
         if status in LIVE_STATUSES:
-            _count(state, "busy (a worker held the row); try again")
+            _count(state, BUSY)
         else:
             _count(state, f"{status} (it has already finished)" if status else "gone")
