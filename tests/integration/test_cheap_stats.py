@@ -3,7 +3,10 @@ partial indexes, finished rows estimated from ANALYZE's joint (kind, status) sta
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from django.core.management import call_command
 from django.db import connection
 
 from durable_jobs import stats
@@ -38,6 +41,9 @@ def test_a_large_table_counts_live_jobs_exactly_and_estimates_finished_ones(monk
     # ANALYZE read every row of this small table: its frequencies are the true shares.
     assert data["by_kind"]["tests.a"]["completed"] == pytest.approx(600, abs=6)
     assert data["by_kind"]["tests.b"]["cancelled"] == pytest.approx(200, abs=6)
+    out = io.StringIO()
+    call_command("durable_jobs", "stats", "--all-tenants", stdout=out)
+    assert "planner's estimates" in out.getvalue()
 
 
 def test_a_scoped_count_on_a_large_table_estimates_finished_jobs_per_status(monkeypatch):
