@@ -1611,20 +1611,23 @@ def estimate_rows(sql: str, params: Sequence[Any] | dict[str, Any], *, using: st
 
 
 # ANALYZE's joint most-common-value list of (kind, status) (the statistics object of
-# migration 0005): the share of the table each pair holds, as of the last ANALYZE.
+# migration 0005): the share of the table each pair holds, as of the last ANALYZE. Read
+# through pg_stats_ext, which shows it to the table's owner (pg_statistic_ext_data itself
+# is for superusers only); its values are a two-dimensional array, one (kind, status) row each.
 KIND_STATUS_FREQUENCIES = f"""
-SELECT m.values[1], m.values[2], m.frequency
-  FROM pg_statistic_ext s
-  JOIN pg_statistic_ext_data d ON d.stxoid = s.oid
- CROSS JOIN LATERAL pg_mcv_list_items(d.stxdmcv) m
- WHERE s.stxname = 'durable_jobs_kind_status' AND s.stxrelid = '{TABLE}'::regclass
+SELECT s.most_common_vals[i][1], s.most_common_vals[i][2], s.most_common_freqs[i]
+  FROM pg_stats_ext s
+ CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
+ WHERE s.statistics_name = 'durable_jobs_kind_status' AND s.tablename = '{TABLE}'
+   AND s.schemaname = current_schema()
 """
+
 
 def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, float]]:
     """Return ``(kind, status, share of rows)`` from the last ANALYZE; [] before the first one.
 
-    Reading ``pg_statistic_ext_data`` needs the table owner's or a superuser's rights; without
-    them (or before ANALYZE) the list is empty and callers fall back to estimates per status.
+    Only the table's owner (or a superuser) sees these statistics; for anyone else, and
+    before the first ANALYZE, the list is empty and callers fall back to estimates per status.
     """
     try:
         with transaction.atomic(using=using), _execute(using, KIND_STATUS_FREQUENCIES, {}) as cursor:
