@@ -71,6 +71,9 @@ CONSOLE_INDEXES = [
     # "held": the wait-condition predicate (see admin.HeldFilter).
     models.Index(*_NEWEST, condition=Q(status="pending", held_since__isnull=False, wait_satisfied_at__isnull=True),
                  name="durable_jobs_held_recent"),
+    # Live jobs by kind: `durable_jobs stats` and the scrape count them from this index alone
+    # (an index-only scan over the live backlog, however many finished rows there are).
+    models.Index(F("kind"), F("status"), condition=Q(status__in=LIVE_STATUSES), name="durable_jobs_live_kind"),
     models.Index(F("idempotency_key"), condition=Q(idempotency_key__isnull=False), name="durable_jobs_idem_search"),
     models.Index(F("lock_key"), condition=Q(lock_key__isnull=False), name="durable_jobs_lock_search"),
     models.Index(F("subject_id"), condition=Q(subject_id__isnull=False), name="durable_jobs_subject_search"),

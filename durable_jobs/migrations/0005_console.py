@@ -43,6 +43,10 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='job',
+            index=models.Index(models.F('kind'), models.F('status'), condition=models.Q(('status__in', ('pending', 'running'))), name='durable_jobs_live_kind'),
+        ),
+        migrations.AddIndex(
+            model_name='job',
             index=models.Index(models.F('idempotency_key'), condition=models.Q(('idempotency_key__isnull', False)), name='durable_jobs_idem_search'),
         ),
         migrations.AddIndex(

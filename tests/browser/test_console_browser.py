@@ -24,10 +24,6 @@ import durable_jobs as durable
 from durable_jobs import testing
 from tests.factories import JobFactory, reload
 
-# Playwright's sync API keeps an event loop on this thread; the ORM calls the test makes
-# between browser steps are ordinary blocking calls, which Django would otherwise refuse.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHROMIUM = os.environ.get("DURABLE_JOBS_CHROMIUM", "/usr/bin/chromium")
@@ -37,7 +33,22 @@ CHANGELIST = "/admin/durable_jobs/job/"
 
 
 @pytest.fixture(scope="module")
-def browser():
+def blocking_orm_calls_between_browser_steps():
+    """Playwright's sync API keeps an event loop on this thread while the module's browser
+    lives; the ORM calls made meanwhile (the tests' own, the database fixtures' set-up and
+    flush) are ordinary blocking calls, which Django would otherwise refuse. This module
+    only: the setting is put back when its browser closes."""
+    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    yield
+    if before is None:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
+    else:
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
+
+
+@pytest.fixture(scope="module")
+def browser(blocking_orm_calls_between_browser_steps):
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
