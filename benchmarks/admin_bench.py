@@ -216,11 +216,14 @@ def run(args, server) -> int:
     # "Select all" cancel over --bulk pending jobs: the request only starts a background job.
     with connection.cursor() as cursor:
         cursor.execute(FILL_BULK, {"rows": args.bulk})
-        cursor.execute("ANALYZE durable_jobs_job")
+        # What autovacuum does after an insert burst (its insert threshold); see the plan.
+        cursor.execute("VACUUM ANALYZE durable_jobs_job")
         cursor.execute("SELECT id FROM durable_jobs_job WHERE kind = 'bench.bulk' LIMIT 1")
         pending_id = str(cursor.fetchone()[0])
     ms, _ = _timed(scrape, args.repeat)
-    rows.append((f"Prometheus scrape, {args.bulk:,} more live jobs", 100, ms, _slowest_plan(scrape)[0]))
+    sql_ms, plan = _slowest_plan(scrape)
+    rows.append((f"Prometheus scrape, {args.bulk:,} more live jobs", 100, ms, sql_ms))
+    plans.append((f"Prometheus scrape, {args.bulk:,} more live jobs", "/metrics/durable-jobs", plan))
 
     def bulk():
         response = client.post(base + "?kind=bench.bulk", {"action": "cancel_jobs", "select_across": "1",

@@ -59,8 +59,10 @@ class JobQuerySet(models.QuerySet):
 # --- Operator console (admin) indexes ------------------------------------------------
 # The change list orders newest first and pages 50 rows at a time; each filter has an index
 # led by its column and ending in that order, so "the newest 50 matching" is a short index
-# walk at any table size. Search is exact on keys (partial indexes: only rows that have
-# one). None of these covers a column the heartbeat writes (invariant 12). Migration 0005.
+# walk at any table size. Search is exact on keys: the lock key has a partial index here
+# (the unique one covers live jobs only); idempotency keys and subject ids are found
+# through the existing indexes led by tenant and subject type (see console.search). None
+# of these covers a column the heartbeat writes (invariant 12). Migration 0005.
 _NEWEST = (F("created_at").desc(), F("id").desc())
 CONSOLE_INDEXES = [
     models.Index(*_NEWEST, name="durable_jobs_recent"),
@@ -74,9 +76,7 @@ CONSOLE_INDEXES = [
     # Live jobs by kind: `durable_jobs stats` and the scrape count them from this index alone
     # (an index-only scan over the live backlog, however many finished rows there are).
     models.Index(F("kind"), F("status"), condition=Q(status__in=LIVE_STATUSES), name="durable_jobs_live_kind"),
-    models.Index(F("idempotency_key"), condition=Q(idempotency_key__isnull=False), name="durable_jobs_idem_search"),
     models.Index(F("lock_key"), condition=Q(lock_key__isnull=False), name="durable_jobs_lock_search"),
-    models.Index(F("subject_id"), condition=Q(subject_id__isnull=False), name="durable_jobs_subject_search"),
 ]
 
 

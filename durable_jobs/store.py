@@ -1561,7 +1561,7 @@ def listen(raw_connection: Any, channel: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 #: Columns a loose index scan may list, each the leading column of an index (migration 0005).
-_LISTABLE = {"kind": "kind", "queue_name": "queue_name", "tenant_id": "tenant_id"}
+_LISTABLE = {"kind": "kind", "queue_name": "queue_name", "tenant_id": "tenant_id", "subject_type": "subject_type"}
 
 # A loose index scan: one index probe per distinct value ("the smallest value above the
 # last one"), so listing the few kinds of a ten-million-row table reads a few dozen index
@@ -1578,7 +1578,8 @@ SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
 
 
 def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """Return at most ``limit`` distinct values of ``column`` (kind, queue_name or tenant_id), sorted."""
+    """Return at most ``limit`` distinct values of ``column`` (kind, queue_name, tenant_id or
+    subject_type), sorted."""
     col = _LISTABLE[column]
     sql = _DISTINCT_VALUES.format(col=col, table=TABLE)
     with _execute(using, sql, {"limit": int(limit)}) as cursor:

@@ -47,14 +47,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='job',
-            index=models.Index(models.F('idempotency_key'), condition=models.Q(('idempotency_key__isnull', False)), name='durable_jobs_idem_search'),
-        ),
-        migrations.AddIndex(
-            model_name='job',
             index=models.Index(models.F('lock_key'), condition=models.Q(('lock_key__isnull', False)), name='durable_jobs_lock_search'),
-        ),
-        migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('subject_id'), condition=models.Q(('subject_id__isnull', False)), name='durable_jobs_subject_search'),
         ),
     ]
