@@ -32,18 +32,21 @@ def _duration(seconds: float) -> str:
 def _held_reasons(job: Job, now: datetime) -> list[str]:
     """Why a job held by a wait condition has not run yet."""
     # --- Wait conditions (issue 11) -------------------------------------------------------
-    # The wait feature explains its own holds: durable_jobs.waits.explain.explain_hold(job)
-    # returns plain-language reasons (the condition, the last answer, faults, the maximum
-    # hold). Until it exists, the row's wait columns say what is known.
+    # The wait feature explains its own holds: durable_jobs.waits.explain.explain_hold(job,
+    # now=...) returns a HoldExplanation (None for a job it does not consider held) whose
+    # ``summary`` is one plain sentence built from the validated condition (invariant 23).
+    # Until that module exists, the row's wait columns say what is known.
     try:
         from durable_jobs.waits.explain import explain_hold  # type: ignore[import-not-found]
     except ImportError:
         explain_hold = None
     if explain_hold is not None:
-        return list(explain_hold(job))
+        explanation = explain_hold(job, now=now)
+        if explanation is not None:
+            return [explanation.summary]
     label = job.wait_label or "a wait condition"
-    reason = f"Held by {label} since {job.held_since:%Y-%m-%d %H:%M:%S %Z} ({_ago(now, job.held_since)})"
-    reason += f"; {job.wait_checks} check(s), {job.wait_faults} fault(s)"
+    reason = (f"Waiting for {label}, held since {job.held_since:%Y-%m-%d %H:%M:%S %Z} "
+              f"({_ago(now, job.held_since)}); {job.wait_checks} check(s), {job.wait_faults} fault(s)")
     if job.next_run_at is not None:
         reason += f"; next check at {job.next_run_at:%Y-%m-%d %H:%M:%S %Z}"
     return [reason + "."]

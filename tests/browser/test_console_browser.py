@@ -109,8 +109,9 @@ def test_log_in_filter_open_a_job_and_watch_its_progress_move(page, live_server)
                    total_count=10, processed_count=10)
     JobFactory(kind="demo.always_fails", status="failed", parked_at=-30, finished_at=-30, error_code="poison",
                pending_since=None, next_run_at=None)
-    held = JobFactory(kind="demo.noop", held_since=-600, wait_label="profile:inventory-ready", next_run_at=240,
-               subject_type="demo.report", subject_id="42", tenant_id="acme", organization_id="eu")
+    held = JobFactory(kind="demo.noop", held_since=-600, wait_for=[{"profile": "inventory-ready"}],
+                      wait_label="inventory-ready", next_run_at=240,
+                      subject_type="demo.report", subject_id="42", tenant_id="acme", organization_id="eu")
     JobFactory(kind="demo.sleep", cancel_requested_at=-2, next_run_at=-1, cancelled_by="admin:ops")
     job = durable.start("demo.import", input={"rows": 8, "batch": 1, "delay": 0.6}, subject=("demo.report", "7"),
                         idempotency_key="import-7")
