@@ -102,6 +102,10 @@ class Settings:
     #: Finished (not parked) jobs older than this are deleted by the reconciler, in
     #: bounded batches; None keeps them forever. Parked jobs wait for an operator.
     RETENTION: float | None = 30 * 24 * 3600.0
+    #: Bearer token a Prometheus scraper sends (``Authorization: Bearer <token>``) to read
+    #: ``durable_jobs.prometheus.metrics_view``; at least 16 characters, no whitespace.
+    #: None: only logged-in users with the ``durable_jobs.view_job`` permission may read it.
+    METRICS_TOKEN: str | None = None
 
     # --- wait conditions (durable_jobs.waits; docs/waits.rst) ---
     #: Declared wait checks: ``"name:/absolute/path,other:/absolute/path"`` or a
@@ -182,6 +186,13 @@ class Settings:
             raise ConfigurationError(
                 f"DURABLE_JOBS['MAX_RUN_AFTER'] must be at most {MAX_RUN_AFTER_CEILING:.0f} seconds "
                 "(100 years); further than that is a mistake, not a schedule"
+            )
+        token = self.METRICS_TOKEN
+        if token is not None and (not isinstance(token, str) or len(token) < 16 or re.search(r"\s", token)):
+            shown = f"a {type(token).__name__}" if not isinstance(token, str) else f"{len(token)} characters"
+            raise ConfigurationError(
+                f"DURABLE_JOBS['METRICS_TOKEN'] must be None or a string of at least 16 characters without "
+                f"whitespace, got {shown}"
             )
         if self.RETRY_BACKOFF_MAX < self.RETRY_BACKOFF_BASE:
             raise ConfigurationError("DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE")

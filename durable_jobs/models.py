@@ -69,6 +69,27 @@ class JobQuerySet(models.QuerySet):
         return self.filter(HELD)
 
 
+# --- Operator console (admin) indexes ------------------------------------------------
+# The change list orders newest first and pages 50 rows at a time; each filter has an index
+# led by its column and ending in that order, so "the newest 50 matching" is a short index
+# walk at any table size. Search is exact on keys: the lock key has a partial index here
+# (the unique one covers live jobs only); idempotency keys and subject ids are found
+# through the existing indexes led by tenant and subject type (see console.search). None
+# of these covers a column the heartbeat writes (invariant 12). Migration 0005.
+_NEWEST = (F("created_at").desc(), F("id").desc())
+CONSOLE_INDEXES = [
+    models.Index(*_NEWEST, name="durable_jobs_recent"),
+    models.Index(F("status"), *_NEWEST, name="durable_jobs_status_recent"),
+    models.Index(F("kind"), *_NEWEST, name="durable_jobs_kind_recent"),
+    models.Index(F("queue_name"), *_NEWEST, name="durable_jobs_queue_recent"),
+    models.Index(F("error_code"), *_NEWEST, condition=Q(parked_at__isnull=False), name="durable_jobs_parked_recent"),
+    # Live jobs by kind: `durable_jobs stats` and the scrape count them from this index alone
+    # (an index-only scan over the live backlog, however many finished rows there are).
+    models.Index(F("kind"), F("status"), condition=Q(status__in=LIVE_STATUSES), name="durable_jobs_live_kind"),
+    models.Index(F("lock_key"), condition=Q(lock_key__isnull=False), name="durable_jobs_lock_search"),
+]
+
+
 class Job(models.Model):
     # identity and scope
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -250,7 +271,7 @@ class Job(models.Model):
                 condition=Q(wait_key__isnull=False, wait_satisfied_at__isnull=False),
                 name="durable_jobs_wait_cleared",
             ),
-        ]
+        ] + CONSOLE_INDEXES
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"

@@ -8,8 +8,11 @@ Two halves, because a job system lives in several processes:
 * **Gauges read from the database at scrape time** — ``metrics_view`` (mount it in your
   URLconf) reports the fleet-wide truth: jobs by kind and status, the pending backlog's
   oldest age, running jobs with expired leases, parked jobs by reason. Any web process
-  can serve it. A scrape counts jobs by kind and status over the whole table: cheap up
-  to millions of rows; scrape less often (or not from this view) beyond that.
+  can serve it. A scrape costs the same at ten million finished rows as at ten: live and
+  parked jobs are counted through partial indexes, finished ones come from the planner's
+  statistics once the table is large (see ``durable_jobs.stats``). It answers a
+  scraper sending ``Authorization: Bearer <DURABLE_JOBS['METRICS_TOKEN']>`` or a logged-in
+  user with the ``durable_jobs.view_job`` permission, nobody else.
 
     # urls.py
     from durable_jobs.prometheus import metrics_view
@@ -18,13 +21,14 @@ Two halves, because a job system lives in several processes:
 
 from __future__ import annotations
 
+import hmac
 import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from durable_jobs import metrics, stats
+from durable_jobs import conf, metrics, stats
 
 _LABELS = {
     "jobs_started": ("kind",),
@@ -98,10 +102,25 @@ def install(registry: CollectorRegistry | None = None) -> CollectorRegistry:
         return _installed[0]
 
 
+def allowed(request) -> bool:
+    """True for the configured bearer token or a user allowed to view jobs."""
+    token = conf.get().METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    if token is not None and header.startswith("Bearer "):
+        return hmac.compare_digest(header[len("Bearer "):].encode(), token.encode())
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_authenticated and user.has_perm("durable_jobs.view_job"))
+
+
 def metrics_view(request):
     """Serve the database gauges plus this process's counters in the Prometheus text format."""
     from django.http import HttpResponse
 
+    if not allowed(request):
+        response = HttpResponse("authentication required: a bearer token or the durable_jobs.view_job permission\n",
+                                status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="durable_jobs metrics"'
+        return response
     registry = CollectorRegistry()
     registry.register(DatabaseCollector())
     body = generate_latest(registry)

@@ -6,14 +6,19 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Count, Min, Q
+from django.db.models import Count, Q
 from django.db.models.functions import Now
 
-from durable_jobs import store
+from durable_jobs import console, store
 from durable_jobs.models import Job
 from durable_jobs.states import Scope
 
 WINDOWS = (1, 5, 15)  # minutes, for throughput
+
+
+#: Below this many rows (the planner's estimate of the whole table) every count is exact;
+#: above it, finished jobs are counted from the planner's statistics instead of read.
+EXACT_BELOW = 100_000
 
 
 def collect(*, tenant: str | None = None, scope: Scope | None = None,
@@ -23,6 +28,11 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
     ``scope`` counts that scope's jobs only (a None organization is tenant-wide, as
     everywhere); ``tenant`` counts a whole tenant; neither counts every job. Every age is
     measured on the database's clock.
+
+    The cost follows the live backlog, not the history: pending, running and parked jobs
+    are counted exactly through partial indexes; finished jobs are counted exactly only
+    while the table is small (EXACT_BELOW), and beyond that estimated from ANALYZE's joint
+    (kind, status) statistics (``"estimated": true`` in the answer).
     """
     jobs = Job.objects.using(using)
     if tenant is not None:
@@ -32,35 +42,64 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
         jobs = jobs.filter(organization_id=scope.organization) if scope.organization is not None \
             else jobs.filter(organization_id__isnull=True)
     now = store.database_now(using=using)
+    table_rows, _ = console.estimate_count(Job.objects.using(using), exact_below=0)
+    estimated = table_rows >= EXACT_BELOW
     by_kind: dict[str, dict[str, int]] = {}
-    for row in jobs.values("kind", "status").annotate(n=Count("id")).order_by("kind", "status"):
-        by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
-    oldest = jobs.filter(status="pending").aggregate(at=Min("pending_since"))["at"]
-    parked = {
-        row["error_code"]: row["n"]
-        for row in jobs.filter(status="failed", parked_at__isnull=False).values("error_code").annotate(n=Count("id"))
-    }
+    if estimated:
+        for kind, status, n in store.live_counts(tenant=tenant, scope=scope, using=using):
+            by_kind.setdefault(kind, {})[status] = n
+        _add_finished_estimates(by_kind, jobs, table_rows, whole_table=tenant is None and scope is None, using=using)
+        by_kind = {kind: dict(sorted(counts.items())) for kind, counts in sorted(by_kind.items())}
+    else:
+        for row in jobs.values("kind", "status").annotate(n=Count("id")).order_by("kind", "status"):
+            by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
+    oldest, expired, retrying = store.backlog_figures(tenant=tenant, scope=scope, using=using)
+    parked = store.parked_counts(tenant=tenant, scope=scope, using=using)
     throughput = {}
     for minutes in WINDOWS:
         since = Now() - timedelta(minutes=minutes)
-        finished = jobs.filter(finished_at__gte=since).aggregate(
+        # Two index ranges: finished and not parked (durable_jobs_finished), and parked.
+        finished = jobs.filter(finished_at__gte=since, parked_at__isnull=True).aggregate(
             completed=Count("id", filter=Q(status="completed")),
             failed=Count("id", filter=Q(status="failed")),
             cancelled=Count("id", filter=Q(status="cancelled")),
         )
+        finished["failed"] += jobs.filter(parked_at__isnull=False, status="failed", finished_at__gte=since).count()
         throughput[f"{minutes}m"] = finished
+    live = {status: 0 for status in ("pending", "running")}
+    for counts in by_kind.values():
+        for status in live:
+            live[status] += counts.get(status, 0)
     return {
         "database_time": now.isoformat(),
+        "estimated": estimated,
         "by_kind": by_kind,
-        "pending": jobs.filter(status="pending").count(),
+        "pending": live["pending"],
         "oldest_pending_seconds": round((now - oldest).total_seconds(), 1) if oldest else None,
-        "running": jobs.filter(status="running").count(),
-        "running_expired_leases": jobs.filter(
-            status="running", lease_owner__isnull=False, lease_expires_at__lt=Now()
-        ).count(),
-        "retrying": jobs.filter(status="running", lease_owner__isnull=True).count(),
+        "running": live["running"],
+        "running_expired_leases": expired,
+        "retrying": retrying,
         # Held by a wait condition (a subset of pending): read off durable_jobs_held.
         "held": jobs.held().count(),
         "parked_by_reason": parked,
         "finished_last": throughput,
     }
+
+
+FINISHED = ("completed", "failed", "cancelled")
+
+
+def _add_finished_estimates(by_kind: dict[str, dict[str, int]], jobs, table_rows: int, *, whole_table: bool,
+                            using: str) -> None:
+    """Add estimated counts of finished jobs: by kind from the joint statistics when they
+    cover the whole table, else per status under the kind ``"*"`` (the planner's estimate)."""
+    frequencies = store.kind_status_frequencies(using=using) if whole_table else []
+    finished = [(kind, status, share) for kind, status, share in frequencies if status in FINISHED]
+    if finished:
+        for kind, status, share in finished:
+            by_kind.setdefault(kind, {})[status] = round(share * table_rows)
+        return
+    for status in FINISHED:
+        n, _ = console.estimate_count(jobs.filter(status=status), exact_below=0)
+        if n > 1:  # the planner never estimates fewer than one row: 1 means "none seen"
+            by_kind.setdefault("*", {})[status] = n

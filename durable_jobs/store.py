@@ -1764,3 +1764,182 @@ NOTIFY_PROBE = "SELECT pg_notify(%(channel)s, %(payload)s)"
 def notify_probe(raw_connection: Any, channel: str, payload: str) -> None:
     """Send a probe NOTIFY on a raw autocommit connection: it must come back to the listener."""
     raw_connection.execute(NOTIFY_PROBE, {"channel": channel, "payload": payload})
+
+
+# ---------------------------------------------------------------------------------------
+# Operator console and cheap figures: reads whose cost does not grow with finished rows.
+# (The admin's change list, `durable_jobs stats` and the Prometheus view.)
+# ---------------------------------------------------------------------------------------
+
+#: Columns a loose index scan may list, each the leading column of an index (migration 0005).
+_LISTABLE = {"kind": "kind", "queue_name": "queue_name", "tenant_id": "tenant_id", "subject_type": "subject_type"}
+
+# A loose index scan: one index probe per distinct value ("the smallest value above the
+# last one"), so listing the few kinds of a ten-million-row table reads a few dozen index
+# pages instead of the table (PostgreSQL has no skip scan for DISTINCT).
+_DISTINCT_VALUES = """
+WITH RECURSIVE v(value) AS (
+    (SELECT {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY {col} LIMIT 1)
+    UNION ALL
+    SELECT (SELECT {col} FROM {table} WHERE {col} > v.value ORDER BY {col} LIMIT 1)
+      FROM v WHERE v.value IS NOT NULL
+)
+SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
+"""
+
+
+def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Return at most ``limit`` distinct values of ``column`` (kind, queue_name, tenant_id or
+    subject_type), sorted."""
+    col = _LISTABLE[column]
+    sql = _DISTINCT_VALUES.format(col=col, table=TABLE)
+    with _execute(using, sql, {"limit": int(limit)}) as cursor:
+        return [row[0] for row in cursor.fetchall()]
+
+
+# Organizations have no index of their own (they are read within a tenant): the choices
+# come from the newest rows only, so listing them costs the same at any table size.
+RECENT_ORGANIZATIONS = f"""
+SELECT DISTINCT organization_id FROM (
+    SELECT organization_id FROM {TABLE} ORDER BY created_at DESC, id DESC LIMIT %(sample)s
+) recent WHERE organization_id IS NOT NULL ORDER BY 1 LIMIT %(limit)s
+"""
+
+
+def recent_organizations(*, sample: int, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+    """Return up to ``limit`` organizations among the newest ``sample`` jobs, sorted."""
+    with _execute(using, RECENT_ORGANIZATIONS, {"sample": int(sample), "limit": int(limit)}) as cursor:
+        return [row[0] for row in cursor.fetchall()]
+
+
+def estimate_rows(sql: str, params: Sequence[Any] | dict[str, Any], *, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Return the planner's estimate of the rows ``sql`` returns (runs EXPLAIN, never the query)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = cursor.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+# ANALYZE's joint most-common-value list of (kind, status) (the statistics object of
+# migration 0005): the share of the table each pair holds, as of the last ANALYZE. Read
+# through pg_stats_ext, which shows it to the table's owner (pg_statistic_ext_data itself
+# is for superusers only); its values are a two-dimensional array, one (kind, status) row each.
+KIND_STATUS_FREQUENCIES = f"""
+SELECT s.most_common_vals[i][1], s.most_common_vals[i][2], s.most_common_freqs[i]
+  FROM pg_stats_ext s
+ CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
+ WHERE s.statistics_name = 'durable_jobs_kind_status' AND s.tablename = '{TABLE}'
+   AND s.schemaname = current_schema()
+"""
+
+
+def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, float]]:
+    """Return ``(kind, status, share of rows)`` from the last ANALYZE; [] before the first one.
+
+    Only the table's owner (or a superuser) sees these statistics; for anyone else, and
+    before the first ANALYZE, the list is empty and callers fall back to estimates per status.
+    """
+    try:
+        with transaction.atomic(using=using), _execute(using, KIND_STATUS_FREQUENCIES, {}) as cursor:
+            return [(row[0], row[1], float(row[2])) for row in cursor.fetchall()]
+    except Exception:  # noqa: BLE001 — no rights to the statistics: fall back, never fail a scrape
+        return []
+
+
+# Exact counts of live rows only: each read walks a partial index or the status index's
+# live entries, so its cost follows the live backlog, never the finished history.
+LIVE_COUNTS = f"""
+SELECT kind, status, count(*) FROM {TABLE}
+ WHERE status IN {_LIVE} {{scope}}
+ GROUP BY kind, status
+"""
+
+PARKED_COUNTS = f"""
+SELECT error_code, count(*) FROM {TABLE}
+ WHERE parked_at IS NOT NULL AND status = 'failed' {{scope}}
+ GROUP BY error_code
+"""
+
+BACKLOG_FIGURES = f"""
+SELECT (SELECT min(pending_since) FROM {TABLE} WHERE status = 'pending' {{scope}}),
+       (SELECT count(*) FROM {TABLE} WHERE status = 'running' AND lease_owner IS NOT NULL
+           AND lease_expires_at < now() {{scope}}),
+       (SELECT count(*) FROM {TABLE} WHERE status IN {_LIVE} AND lease_owner IS NULL
+           AND next_run_at IS NOT NULL AND status = 'running' {{scope}})
+"""
+
+
+def _scope_clause(tenant: str | None, scope: Scope | None) -> tuple[str, dict[str, Any]]:
+    if scope is not None:
+        return f"AND {SCOPE}", _scope(scope)
+    if tenant is not None:
+        return "AND tenant_id = %(tenant)s", {"tenant": tenant}
+    return "", {}
+
+
+def live_counts(*, tenant: str | None = None, scope: Scope | None = None,
+                using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, int]]:
+    """Return exact ``(kind, status, count)`` of pending and running jobs."""
+    clause, params = _scope_clause(tenant, scope)
+    with _execute(using, LIVE_COUNTS.format(scope=clause), params) as cursor:
+        return [(row[0], row[1], int(row[2])) for row in cursor.fetchall()]
+
+
+def parked_counts(*, tenant: str | None = None, scope: Scope | None = None,
+                  using: str = DEFAULT_DB_ALIAS) -> dict[str | None, int]:
+    """Return exact parked-job counts by reason (the parked index holds only parked rows)."""
+    clause, params = _scope_clause(tenant, scope)
+    with _execute(using, PARKED_COUNTS.format(scope=clause), params) as cursor:
+        return {row[0]: int(row[1]) for row in cursor.fetchall()}
+
+
+def backlog_figures(*, tenant: str | None = None, scope: Scope | None = None,
+                    using: str = DEFAULT_DB_ALIAS) -> tuple[Any, int, int]:
+    """Return ``(oldest pending_since, running with an expired lease, retrying)``."""
+    clause, params = _scope_clause(tenant, scope)
+    with _execute(using, BACKLOG_FIGURES.format(scope=clause), params) as cursor:
+        oldest, expired, retrying = cursor.fetchone()
+    return oldest, int(expired), int(retrying)
+
+
+# The admin's bulk cancel ("all N matching", run by the durable_jobs.bulk_action job): one
+# statement per chunk instead of one per job. Each job is matched by id *and* its own scope
+# (invariant 10); only live jobs are touched (invariant 8: a request, never a status
+# write); a row a worker's transaction holds is skipped, not waited for (operators never
+# hang), and the caller reports it as busy.
+REQUEST_CANCEL_MANY = f"""
+WITH wanted AS (
+    SELECT j.id
+      FROM {TABLE} j
+      JOIN unnest(%(ids)s::uuid[], %(tenants)s::text[], %(organizations)s::text[])
+           AS w(id, tenant, organization)
+        ON j.id = w.id AND j.tenant_id = w.tenant AND j.organization_id IS NOT DISTINCT FROM w.organization
+     WHERE j.status IN {_LIVE}
+       FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {TABLE} AS t
+   SET cancel_requested_at = coalesce(t.cancel_requested_at, now()),
+       cancelled_by = coalesce(t.cancelled_by, %(by)s),
+       updated_at = now()
+  FROM wanted
+ WHERE t.id = wanted.id
+RETURNING t.id
+"""
+
+
+def request_cancel_many(
+    items: Sequence[tuple[Any, str, str | None]], *, by: str | None, using: str = DEFAULT_DB_ALIAS
+) -> set[Any]:
+    """Request cancellation of each live ``(job id, tenant, organization)``; return the ids changed.
+
+    An id missing from the answer was finished, not in that scope, or held by another
+    transaction at that moment (skipped, never waited for).
+    """
+    if not items:
+        return set()
+    params = {"ids": [i[0] for i in items], "tenants": [i[1] for i in items],
+              "organizations": [i[2] for i in items], "by": by}
+    with _execute(using, REQUEST_CANCEL_MANY, params) as cursor:
+        return {row[0] for row in cursor.fetchall()}

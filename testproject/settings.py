@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "durable_jobs",
     "testproject.demo",
 ]
@@ -55,6 +56,9 @@ TEMPLATES = [
 ]
 
 USE_TZ = True
+# The admin's CSS and the console's live-progress script (served by runserver with DEBUG,
+# and by the browser tests' live server).
+STATIC_URL = "static/"
 TIME_ZONE = "UTC"
 
 # Django's Tasks framework runs @task functions as durable jobs (django.tasks on Django 6;

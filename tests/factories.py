@@ -17,7 +17,7 @@ from durable_jobs.models import Job
 
 _TIME_COLUMNS = {
     "lease_expires_at", "heartbeat_at", "next_run_at", "pending_since", "started_at",
-    "finished_at", "parked_at", "cancel_requested_at", "last_committed_at", "held_since",
+    "finished_at", "parked_at", "cancel_requested_at", "last_committed_at", "held_since", "wait_satisfied_at",
 }
 
 

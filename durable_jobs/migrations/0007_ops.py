@@ -33,7 +33,7 @@ AUTOVACUUM = {
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("durable_jobs", "0004_tasks"),
+        ("durable_jobs", "0005_console"),
     ]
 
     operations = [

@@ -275,7 +275,8 @@ def test_admin_cancel__behind_a_held_row_shows_a_busy_message(kind, short_wait, 
     busy, free = running(kind=KIND), running(kind=KIND)
     with held(busy):
         response = client.post("/admin/durable_jobs/job/",
-                               {"action": "cancel_jobs", "_selected_action": [str(busy.id), str(free.id)]},
+                               {"action": "cancel_jobs", "confirm": "yes",
+                                "_selected_action": [str(busy.id), str(free.id)]},
                                follow=True)
     text = response.content.decode()
     assert "Cancellation requested for 1 job(s)." in text

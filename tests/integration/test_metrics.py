@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth.models import Permission, User
 from prometheus_client import CollectorRegistry
 
 import durable_jobs as durable
@@ -46,7 +47,27 @@ def test_a_raising_sink_never_breaks_a_job():
     assert durable.get(job.id).status == "completed"
 
 
+def test_the_scrape_view_refuses_strangers_and_a_wrong_token(client, settings):
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "METRICS_TOKEN": "s3cret-token-0123456789"}
+    assert client.get("/metrics/durable-jobs").status_code == 401
+    wrong = client.get("/metrics/durable-jobs", HTTP_AUTHORIZATION="Bearer not-the-token-at-all")
+    assert wrong.status_code == 401 and b"durable_jobs_jobs" not in wrong.content
+    user = User.objects.create_user("nobody", password="pw")
+    client.force_login(user)
+    assert client.get("/metrics/durable-jobs").status_code == 401, "logged in, but without view_job"
+
+
+def test_the_scrape_view_answers_the_bearer_token(client, settings):
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "METRICS_TOKEN": "s3cret-token-0123456789"}
+    JobFactory(kind="demo.flaky")
+    text = client.get("/metrics/durable-jobs", HTTP_AUTHORIZATION="Bearer s3cret-token-0123456789").content.decode()
+    assert 'durable_jobs_jobs{kind="demo.flaky",status="pending"} 1.0' in text
+
+
 def test_the_scrape_view_reports_database_gauges(client):
+    user = User.objects.create_user("viewer", password="pw")
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(user)
     JobFactory(kind="demo.flaky")
     running(kind="demo.flaky", lease_expires_at=-60)
     JobFactory(kind="demo.flaky", status="failed", parked_at=-1, finished_at=-1, error_code="poison",

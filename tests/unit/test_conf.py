@@ -267,3 +267,13 @@ def test_load__listen_database_must_name_an_alias_in_databases(bad):
 def test_load__listen_database_accepts_an_alias_and_none():
     assert conf.load({"LISTEN_DATABASE": "default"}).LISTEN_DATABASE == "default"
     assert conf.load({}).LISTEN_DATABASE is None
+
+
+@pytest.mark.parametrize("token", ["short", "has a space in it 0123", 12345678901234567])
+def test_load__a_weak_or_garbled_metrics_token_is_refused_naming_the_setting(token):
+    with pytest.raises(ConfigurationError, match="METRICS_TOKEN"):
+        conf.load({"METRICS_TOKEN": token})
+
+
+def test_load__a_metrics_token_of_16_characters_is_kept():
+    assert conf.load({"METRICS_TOKEN": "0123456789abcdef"}).METRICS_TOKEN == "0123456789abcdef"

@@ -241,6 +241,9 @@ class Command(BaseCommand):
             return
         statuses = [s.value for s in Status]
         lines = [f"scope: {label}", f"{'kind':<28}" + "".join(f"{s:>11}" for s in statuses)]
+        if data["estimated"]:
+            lines.insert(1, "(a large table: completed, failed and cancelled are the planner's estimates "
+                            "as of the last ANALYZE; pending and running are exact)")
         for kind, counts in data["by_kind"].items():
             lines.append(f"{kind:<28}" + "".join(f"{counts.get(s, 0):>11}" for s in statuses))
         oldest = data["oldest_pending_seconds"]
