@@ -44,7 +44,9 @@ SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size")
 
 TARGETS = {
     "throughput_4": 1500.0,       # processed no-op jobs/s at 4 slots
-    "latency_notify_p99_ms": 20.0,
+    "latency_notify_p99_ms": 5.0,    # issue #14 (was 20 ms in issue #6)
+    "start_vs_pgqueuer": 1.5,       # issue #14: start() rate / pgqueuer enqueue rate, same run
+    "throughput_vs_pgqueuer": 1.2,  # issue #14: at 1 and at 4 slots, same run
     "latency_poll_slack_ms": 20.0,  # p99 <= poll interval + this
     "bulk_start": 20000.0,
     "dequeue_growth": 0.10,       # at 1M finished rows, within 10% of an empty table
@@ -63,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="POLL_INTERVAL of the poll-path latency run, seconds (default 1, the library default)")
     parser.add_argument("--repeat", type=int, help="throughput rounds, median reported (default 3; --quick 1)")
     parser.add_argument("--no-peers", action="store_true", help="measure durable_jobs only")
+    parser.add_argument("--peers", help="comma-separated peers to measure (default: all of pgqueuer, "
+                                        "procrastinate, tasks_db)")
     parser.add_argument("--execution", choices=("process", "thread"), default="process",
                         help="durable_worker --execution for every durable_jobs run (default: process, "
                              "the product default)")
@@ -129,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import durable_bench
         from benchmarks import peers as peers_mod
 
-        peers = peers_mod.prepare(server, env=env, logs=logs, skip=args.no_peers)
+        peers = peers_mod.prepare(server, env=env, logs=logs, skip=args.no_peers,
+                                  only=args.peers.split(",") if args.peers else None)
         for peer in peers.values():
             raw.setdefault("peers", {})[peer.spec.key] = {"versions": peer.versions, "problem": peer.problem}
         ctx = durable_bench.Ctx(server, server.url(server_mod.DATABASES["durable"]), env, logs, sys.executable,
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         results.table_obj.rows.insert(0, {
             "scenario": "server floor: 1-row INSERT + COMMIT, 1 client, at start / end (/s)",
             "durable_jobs": f"{report.num(floor_start['per_second'])} / {report.num(floor_end['per_second'])}",
-            "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
+            "pgqueuer": "-", "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
         table = results.table()
     except KeyboardInterrupt:
         procs.kill_all()
@@ -254,6 +259,7 @@ class Results:
         self.notes = notes
         self.table_obj = report.Table({
             "scenario": "scenario", "durable_jobs": "durable_jobs",
+            "pgqueuer": f"pgqueuer {peers['pgqueuer'].versions.get('pgqueuer') or ''}".strip(),
             "procrastinate": f"Procrastinate {peers['procrastinate'].versions.get('procrastinate') or ''}".strip(),
             "tasks_db": f"django-tasks-db {peers['tasks_db'].versions.get('django-tasks-db') or ''}".strip(),
             "target": "target (durable_jobs)", "status": "PASS/MISS"})
@@ -289,9 +295,17 @@ class Results:
         cells = self._peer_cells(
             lambda p: peer_bench.start_rate(p, self.plan.start_n, env=self.env, logs=self.logs),
             lambda r: _rate_cell(r, ours["per_second"]))
+        self.raw["start_rate_peers"] = {k: v["runs"][-1] for k, v in self.raw.items()
+                                        if k in self.peers and v.get("runs")}
+        pgq = self.raw["start_rate_peers"].get("pgqueuer") or {}
+        ratio = (ours["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
         self.table_obj.add("start rate: 1 start()/transaction, 1 client (/s)",
                            f"{report.num(ours['per_second'])} (p99 {ours['p99_ms']:.1f} ms)",
-                           cells["procrastinate"], cells["tasks_db"], "", "info")
+                           cells["procrastinate"], cells["tasks_db"],
+                           f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
+                           report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
+                           + ("" if ratio is None else f" ({ratio:.2f}x)"),
+                           pgqueuer=cells["pgqueuer"])
         bulk = durable_bench.bulk_start(max(self.plan.n, 10_000))
         self.raw["bulk_start"] = bulk
         if not bulk.get("implemented"):
@@ -313,7 +327,7 @@ class Results:
         n = self.plan.n
         configs = [("1 slot", 1, 1, "1x1"), ("4 slots, 1 process", 1, 4, "1x4"),
                    ("2 processes x 2 slots", 2, 2, "2x2")]
-        runs: dict[str, dict[str, list]] = {tag: {"durable": [], "procrastinate": [], "tasks_db": []}
+        runs: dict[str, dict[str, list]] = {tag: {"durable": [], "pgqueuer": [], "procrastinate": [], "tasks_db": []}
                                             for _, _, _, tag in configs}
         # Rounds, each running every configuration of every system once, so a slow patch of a
         # shared machine lands on all of them rather than on one.
@@ -351,13 +365,21 @@ class Results:
             if tag == "1x4":
                 target = f">= {report.num(TARGETS['throughput_4'])}/s"
                 status = report.verdict(_meets(ours, TARGETS["throughput_4"]))
+            if tag in ("1x1", "1x4") and self.peers["pgqueuer"].ok and runs[tag]["pgqueuer"]:
+                theirs = _median_run(runs[tag]["pgqueuer"]).get("per_second")
+                ratio = (ours["per_second"] / theirs) if theirs and ours.get("per_second") else None
+                target += ("; " if target else "") + f">= {TARGETS['throughput_vs_pgqueuer']:g}x pgqueuer"
+                verdict = report.verdict(None if ratio is None else bool(ours.get("verified"))
+                                         and ratio >= TARGETS["throughput_vs_pgqueuer"])
+                status = (status + "; " if status != "info" else "") + verdict + (
+                    "" if ratio is None else f" ({ratio:.2f}x)")
             rounds = f", median of {self.plan.repeat}" if self.plan.repeat > 1 else ""
             self.table_obj.add(f"throughput, {n:,} no-op jobs, {label} (jobs/s{rounds})",
                                _throughput_cell(ours, None, runs[tag]["durable"]),
-                               cells["procrastinate"], cells["tasks_db"], target, status)
+                               cells["procrastinate"], cells["tasks_db"], target, status, pgqueuer=cells["pgqueuer"])
             if tag == "1x4":
                 self._rss_row(ours, {k: _median_run(runs[tag][k]) if runs[tag][k] else None
-                                     for k in ("procrastinate", "tasks_db")})
+                                     for k in ("pgqueuer", "procrastinate", "tasks_db")})
 
     def _rss_row(self, ours: dict, runs: dict) -> None:
         cells = {}
@@ -370,10 +392,10 @@ class Results:
             else:
                 cells[key] = f"{run['max_rss_mib']:.0f}" + (" per process" if run.get("processes", 1) > 1 else "")
         self.table_obj.add("worker peak RSS at 4 slots (MiB)", f"{ours['max_rss_mib']:.0f}", cells["procrastinate"],
-                           cells["tasks_db"], "", "info")
+                           cells["tasks_db"], "", "info", pgqueuer=cells["pgqueuer"])
+        cpu = {k: _cpu_cell(runs[k]) if self.peers[k].ok else "not measured" for k in runs}
         self.table_obj.add("CPU ms per job at 4 slots: worker / server", _cpu_cell(ours),
-                           _cpu_cell(runs["procrastinate"]) if self.peers["procrastinate"].ok else "not measured",
-                           _cpu_cell(runs["tasks_db"]) if self.peers["tasks_db"].ok else "not measured", "", "info")
+                           cpu["procrastinate"], cpu["tasks_db"], "", "info", pgqueuer=cpu["pgqueuer"])
 
     def scenario_latency(self) -> None:
         from benchmarks import durable_bench, peer_bench
@@ -391,6 +413,8 @@ class Results:
             def peer_run(p, notify=notify, tag=tag):
                 if notify and p.spec.key == "tasks_db":
                     return {"unsupported": "no LISTEN/NOTIFY: polls only"}
+                if not notify and p.spec.key == "pgqueuer":
+                    return {"unsupported": "always LISTENs"}
                 return peer_bench.latency(p, plan.latency_m, notify=notify, poll_interval=interval,
                                           slots=plan.latency_slots, gap=plan.gap, env=self.env, logs=self.logs,
                                           tag=tag)
@@ -403,7 +427,8 @@ class Results:
                 label = f"latency p50 / p99, poll path (no NOTIFY), POLL_INTERVAL {interval:g} s (ms)"
                 target_ms = interval * 1000 + TARGETS["latency_poll_slack_ms"]
             self.table_obj.add(label, _latency_cell(ours), cells["procrastinate"], cells["tasks_db"],
-                               f"p99 <= {target_ms:g} ms", report.verdict(_latency_ok(ours, target_ms)))
+                               f"p99 <= {target_ms:g} ms", report.verdict(_latency_ok(ours, target_ms)),
+                               pgqueuer=cells["pgqueuer"])
 
     def scenario_heartbeat(self) -> None:
         from benchmarks import durable_bench
