@@ -78,14 +78,16 @@ def reset(peer: Peer) -> None:
 def _worker_cmds(peer: Peer, *, processes: int, slots: int, burst: bool, notify: bool,
                  poll_interval: float) -> list[list[str]]:
     if peer.spec.key == "pgqueuer":
-        # Its own worker command with its defaults (dequeue timeout 30 s, always LISTENs, logs at
-        # INFO) but for K slots: the no-op entrypoint's concurrency_limit K (passed to the factory
-        # after --) and --batch-size K. Its --max-concurrent-tasks must be at least twice the batch
-        # size, so cannot say 1; and with the default batch of 10 under a limit of 1, finished jobs
-        # wait in a 10-deep status buffer that frees the limit only when flushed (measured: 9 jobs/s).
-        # `--mode drain` exits once the queue is empty.
-        args = (["run", "pgqueuer_peer:create", "--batch-size", str(slots)] + (["--mode", "drain"] if burst else [])
-                + ["--", str(slots)])
+        # Its own worker command with its defaults (no concurrency limit, dequeue timeout 30 s,
+        # always LISTENs, logs at INFO) but for K slots: --batch-size K, so each dequeue picks at
+        # most K jobs (it dequeues again at once while jobs are due). Not an entrypoint
+        # concurrency_limit: a limited entrypoint dequeues again only after the finished jobs'
+        # status buffer is flushed and a minimum poll interval has passed (measured: 9-34 jobs/s
+        # at a limit of 1), which is not how pgqueuer is meant to run; --max-concurrent-tasks
+        # refuses anything below twice the batch size. `--mode drain` exits once the queue is empty.
+        # slots=0: its default worker command as is (batch of 10).
+        args = (["run", "pgqueuer_peer:create"] + (["--batch-size", str(slots)] if slots else [])
+                + (["--mode", "drain"] if burst else []))
         return [peer.tool("pgq", *args) for _ in range(processes)]
     if peer.spec.key == "procrastinate":
         args = ["worker", "--concurrency", str(slots), "--poll-interval", repr(poll_interval)]

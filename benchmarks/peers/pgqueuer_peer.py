@@ -9,7 +9,7 @@ every figure is computed by the runner in SQL from pgqueuer's own log table
     pgqueuer_peer.py fill --n 5000                       # pre-fill (batched enqueues)
     pgqueuer_peer.py start-rate --n 1000                 # one enqueue per transaction, 1 client
     pgqueuer_peer.py latency --n 200 --gap 0.03          # spaced single enqueues
-    pgq run pgqueuer_peer:create [--mode drain] -- 4     # its worker command, 4 at a time
+    pgq run pgqueuer_peer:create --batch-size 4 [--mode drain]   # its worker command
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ ENTRYPOINT = "noop"
 async def create(args: list[str] | None = None) -> AsyncIterator[PgQueuer]:
     """The factory ``pgq run`` calls: one asyncpg connection, one no-op entrypoint.
 
-    ``args[0]`` (after ``--`` on its command line, handed over as one list) is the entrypoint's ``concurrency_limit``:
-    how many of its jobs run at once in this process (0: pgqueuer's default, no limit).
-    Not ``--max-concurrent-tasks``, which pgqueuer refuses below twice its batch size.
+    ``args[0]`` (after ``--`` on its command line, handed over as one list), if given, is
+    the entrypoint's ``concurrency_limit`` (default 0: pgqueuer's default, no limit).
     """
     connection = await asyncpg.connect(os.environ["PEER_DATABASE_URL"])
     pgq = PgQueuer.from_asyncpg_connection(connection)
