@@ -95,6 +95,23 @@ def test_start__ids_are_time_ordered_so_the_primary_key_grows_at_its_right_edge(
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("extra", [
+    {},
+    {"input": {"b": 1, "a": [1.5, None, "ü"], "n": 10**20}, "meta": {"z": {"y": True}}, "priority": -3,
+     "total_count": 7, "created_by": "alice", "lock_key": "k1", "idempotency_key": "i1", "queue": "other"},
+    {"subject": ("demo.report", "42"), "run_after": 30, "scope": ("acme", "org-1")},
+])
+def test_start__returns_exactly_the_row_it_wrote(kind, extra):
+    """Issue #14: the insert reads back only what the server decides; the job start()
+    returns must still equal the stored row, field by field."""
+    job = durable.start(kind, **extra)
+    stored = durable.get(job.id, scope=extra.get("scope"))
+    fields = [f.attname for f in type(job)._meta.concrete_fields]
+    assert {f: getattr(job, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+    assert job.id.version == 7
+
+
+@pytest.mark.django_db
 def test_start__uses_the_handler_queue_unless_told(kind):
     """DESIGN §1: the handler's queue is the default."""
     assert durable.start("tests.queued").queue_name == "reports"
