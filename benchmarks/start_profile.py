@@ -168,8 +168,8 @@ def _uuid7() -> uuid.UUID:
 
 
 def render(result: dict) -> str:
-    lines = [f"{'step (one transaction per job, 1 client, synchronous_commit off)':70}  {'us/job':>8}  "
-             f"{'jobs/s':>8}"]
+    header = f"{'step (one transaction per job, 1 client, synchronous_commit off)':70}  {'us/job':>8}  {'jobs/s':>8}"
+    lines = [header]
     for name, us in result["us_per_job"].items():
         lines.append(f"{name:70}  {us:8.0f}  {1e6 / us:8,.0f}")
     return "\n".join(lines)
