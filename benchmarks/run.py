@@ -401,7 +401,7 @@ class Results:
                     default_runs.append({"error": f"{type(error).__name__}: {error}"})
             runs["pgqueuer_default"] = {"pgqueuer": default_runs}
         self.raw["throughput_runs"] = runs
-        self.raw["throughput"] = {tag: _median_run(r["durable"]) for tag, r in runs.items()}
+        self.raw["throughput"] = {tag: _median_run(r["durable"]) for tag, r in runs.items() if "durable" in r}
         for label, _, _, tag in configs:
             ours = self.raw["throughput"][tag]
             cells = {}
