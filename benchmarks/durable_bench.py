@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import random
 import statistics
 import time
@@ -657,15 +658,21 @@ def _vm_rss_kib(pid: int) -> int:
 
 
 def _tree_pids(pid: int) -> list[int]:
-    """``pid`` and its children (a slot's handler process in process execution)."""
+    """``pid`` and its children (a slot's handler process in process execution). Every
+    thread's list: a handler process is the child of the slot thread that started it."""
     out = [pid]
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            children = handle.read().split()
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                children = handle.read().split()
+        except OSError:
+            continue
         for child in children:
             out.extend(_tree_pids(int(child)))
-    except OSError:
-        pass
     return out
 
 
