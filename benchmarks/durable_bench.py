@@ -8,7 +8,10 @@ last completion.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import os
 import random
 import statistics
 import time
@@ -83,16 +86,24 @@ def fill(n: int, *, batch: int = 500) -> float:
 # start rate
 # ---------------------------------------------------------------------------------------
 
-def start_rate(n: int) -> dict:
-    """One ``durable.start()`` per transaction, one client (this process)."""
+def start_rate(n: int, *, atomic: bool = True) -> dict:
+    """One ``durable.start()`` per transaction, one client (this process).
+
+    ``atomic``: inside ``transaction.atomic()``, as beside domain rows (BEGIN, the insert,
+    COMMIT: three round trips); otherwise in autocommit, where the start is one statement
+    and its own transaction (one round trip), as a peer's enqueue is.
+    """
     reset()
-    with transaction.atomic():
+    with transaction.atomic() if atomic else contextlib.nullcontext():
         durable.start(KIND)  # warm the connection and the code paths
     times = []
     began = time.perf_counter()
     for _ in range(n):
         t0 = time.perf_counter()
-        with transaction.atomic():
+        if atomic:
+            with transaction.atomic():
+                durable.start(KIND)
+        else:
             durable.start(KIND)
         times.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - began
@@ -475,3 +486,236 @@ def _pct(values: list[float], pct: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+# ---------------------------------------------------------------------------------------
+# scale: the throughput curve by total slots, claim contention, NOTIFY wake-ups (issue #14)
+# ---------------------------------------------------------------------------------------
+
+class ActivitySampler:
+    """Sample ``pg_stat_activity`` of the benchmark database every ``every`` seconds in a thread:
+    how many backends wait on a lock (claim contention beyond SKIP LOCKED)."""
+
+    def __init__(self, ctx: Ctx, every: float = 0.05) -> None:
+        import threading
+
+        import psycopg
+
+        self.samples = 0
+        self.lock_waits = 0  # sum over samples of backends waiting on a heavyweight lock
+        self.worst = 0
+        self._stop = threading.Event()
+        self._conn = psycopg.connect(ctx.dburl, autocommit=True)
+        self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every: float) -> None:
+        while not self._stop.wait(every):
+            row = self._conn.execute(
+                "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()
+            self.samples += 1
+            self.lock_waits += row[0]
+            self.worst = max(self.worst, row[0])
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._conn.close()
+        return {"samples": self.samples, "lock_waiting_backends_mean": self.lock_waits / max(1, self.samples),
+                "lock_waiting_backends_max": self.worst}
+
+
+def _xacts(ctx: Ctx) -> int:
+    """Committed + rolled back transactions of the benchmark database so far (every DEQUEUE
+    call of an autocommit slot is one, found something or not)."""
+    time.sleep(0.6)  # backends flush their counters at most once a second when idle; exited ones at exit
+    row = ctx.sql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+    return int(row[0][0])
+
+
+def scale_point(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeout: float) -> dict:
+    """One point of the curve: ``n`` pre-filled no-op jobs drained by processes × slots."""
+    reset()
+    fill_pending_sql(ctx, n)
+    before = _xacts(ctx)
+    sampler = ActivitySampler(ctx)
+    try:
+        out = throughput_prefilled(ctx, n, processes=processes, slots=slots, tag=f"scale-{tag}", timeout=timeout)
+    finally:
+        activity = sampler.stop()
+    after = _xacts(ctx)
+    # Each claim transaction that found nothing is a SKIP LOCKED miss or an empty look; per
+    # job, the worker's transactions are its claims, its completions and those empty looks.
+    # started_at is the claim transaction's now(): one value per claim statement that got rows.
+    claims = ctx.sql(f"SELECT count(DISTINCT started_at) FROM {TABLE} WHERE kind = %s", [KIND])[0][0]
+    return out | activity | {"transactions": after - before, "transactions_per_job": (after - before) / n,
+                             "claim_statements": claims}
+
+
+def wakeups(ctx: Ctx, m: int, *, processes: int, slots: int, gap: float, tag: str) -> dict:
+    """``m`` single starts to an idle fleet of processes × slots: the fleet's transactions per
+    start (each woken slot runs at least one DEQUEUE transaction) and the start-to-run latency."""
+    reset()
+    cmds = [ctx.worker_cmd(slots, burst=False) for _ in range(processes)]
+    logs = [ctx.logs / f"durable-wakeups-{tag}-{i}.log" for i in range(processes)]
+    group = procs.Group(cmds, env=ctx.worker_env(), cwd=REPO, logs=logs)
+    try:
+        problem = _warm_up(ctx, group, notify=True)
+        if problem:
+            return {"error": problem}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # every process listening
+            listening = ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                "AND application_name LIKE '%%durable-listener'")[0][0]
+            if listening >= processes:
+                break
+            time.sleep(0.2)
+        time.sleep(2.0)  # the wake-up pass after each LISTEN is over; the fleet is asleep
+        warm_ids = [r[0] for r in ctx.sql(f"SELECT id FROM {TABLE}")]
+        before = _xacts(ctx)
+        rng = random.Random(14)
+        for _ in range(m):
+            with transaction.atomic():
+                durable.start(KIND)
+            time.sleep(rng.uniform(gap / 2, gap * 1.5))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0] == 0:
+                break
+            time.sleep(0.1)
+        time.sleep(1.0)
+        after = _xacts(ctx)
+    finally:
+        group.stop()
+    # The m starts' own transactions (this process) are in the count too: take them out.
+    return _latency_sql(ctx, warm_ids, m) | {"slots_total": processes * slots,
+                                             "fleet_transactions_per_start": (after - before - m) / m}
+
+
+# ---------------------------------------------------------------------------------------
+# priorities: 100,000 due jobs across priorities
+# ---------------------------------------------------------------------------------------
+
+FILL_PRIORITIES = f"""
+INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name,
+                     priority, next_run_at, pending_since)
+SELECT gen_random_uuid(), 'default', %(kind)s, 'pending', now(), now(), 'default',
+       (random() * 20)::int - 10, clock_timestamp() - random() * interval '1 hour', now()
+  FROM generate_series(1, %(n)s)
+"""
+
+
+def priorities(ctx: Ctx, backlog: int, *, claims: int, reps: int) -> dict:
+    """``backlog`` due jobs with priorities -10..10: dequeue time (server and client) at the
+    start and once ``claims`` jobs are claimed, and whether the claims came in priority order
+    (higher first, then earlier due), as one slot would take them."""
+    reset()
+    ctx.sql(FILL_PRIORITIES, {"kind": KIND, "n": backlog})
+    ctx.sql(f"VACUUM (ANALYZE) {TABLE}")
+    _no_flush_wait()
+    settings = conf.get()
+    ttl_ms = conf.ms(settings.LEASE_TTL)
+    owner = f"bench:{uuid.uuid4().hex[:6]}"
+    queues = [settings.DEFAULT_QUEUE]
+    params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1}
+    first_exec = _pct([_explain_time(store.DEQUEUE, params) for _ in range(reps)], 50)
+    order = []
+    times = []
+    for _ in range(claims):
+        t0 = time.perf_counter()
+        got = store.dequeue(queues, owner, ttl_ms, limit=1)
+        times.append(time.perf_counter() - t0)
+        order.append((got[0].priority, got[0].id))
+    last_exec = _pct([_explain_time(store.DEQUEUE, params) for _ in range(reps)], 50)
+    _flush_wait_again()
+    # The claimed rows' due times were cleared by the claim; the expected order is read back
+    # from the ones still due: none of them may outrank the last one claimed.
+    priorities_claimed = [p for p, _ in order]
+    in_order = all(a >= b for a, b in itertools.pairwise(priorities_claimed))
+    outranked = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND priority > %s",
+                        [priorities_claimed[-1]])[0][0]
+    return {"backlog": backlog, "claims": claims, "dequeue_exec_first_ms": first_exec,
+            "dequeue_exec_after_ms": last_exec, "dequeue_client_p50_ms": _pct(times, 50) * 1000,
+            "dequeue_client_first_100_p50_ms": _pct(times[:100], 50) * 1000,
+            "dequeue_client_last_100_p50_ms": _pct(times[-100:], 50) * 1000,
+            "priority_order_held": in_order and outranked == 0, "pending_outranking_last_claim": outranked}
+
+
+# ---------------------------------------------------------------------------------------
+# memory: worker RSS over many jobs
+# ---------------------------------------------------------------------------------------
+
+def _vm_rss_kib(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _tree_pids(pid: int) -> list[int]:
+    """``pid`` and its children (a slot's handler process in process execution). Every
+    thread's list: a handler process is the child of the slot thread that started it."""
+    out = [pid]
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                children = handle.read().split()
+        except OSError:
+            continue
+        for child in children:
+            out.extend(_tree_pids(int(child)))
+    return out
+
+
+def memory(ctx: Ctx, n: int, *, slots: int, chunk: int, tag: str) -> dict:
+    """One long-running worker drains ``n`` no-op jobs, started in chunks of ``chunk`` as it goes;
+    the RSS of the worker (and of its handler processes) after each chunk."""
+    reset()
+    cmd = ctx.worker_cmd(slots, burst=False, verbosity=1)
+    group = procs.Group([cmd], env=ctx.worker_env(), cwd=REPO, logs=[ctx.logs / f"durable-memory-{tag}.log"])
+    curve = []
+    try:
+        problem = _warm_up(ctx, group, notify=True)
+        if problem:
+            return {"error": problem}
+        pid = group.procs[0].pid
+        done = 0
+        began = time.perf_counter()
+        while done < n:
+            size = min(chunk, n - done)
+            fill_pending_sql_quiet(ctx, size)
+            deadline = time.monotonic() + 600
+            while ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0]:
+                if time.monotonic() > deadline or not group.alive():
+                    return {"error": f"worker stalled after {done} jobs", "curve": curve}
+                time.sleep(0.05)
+            done += size
+            ctx.sql(f"DELETE FROM {TABLE} WHERE status = 'completed'")  # keep the table small
+            pids = _tree_pids(pid)
+            curve.append({"jobs": done, "worker_rss_mib": _vm_rss_kib(pid) / 1024,
+                          "total_rss_mib": sum(_vm_rss_kib(p) for p in pids) / 1024, "processes": len(pids)})
+        seconds = time.perf_counter() - began
+    finally:
+        group.stop()
+    warm = curve[max(0, len(curve) // 10 - 1)] if curve else None
+    last = curve[-1] if curve else None
+    return {"n": n, "chunk": chunk, "slots": slots, "seconds": seconds, "curve": curve,
+            "rss_after_warmup_mib": warm["total_rss_mib"] if warm else None,
+            "rss_at_end_mib": last["total_rss_mib"] if last else None,
+            "growth_mib": (last["total_rss_mib"] - warm["total_rss_mib"]) if warm and last else None}
+
+
+def fill_pending_sql_quiet(ctx: Ctx, n: int) -> None:
+    """``fill_pending_sql`` without the VACUUM (the worker is draining meanwhile), and the
+    wake-up ``start()`` would send."""
+    ctx.sql(FILL_PENDING, {"kind": KIND, "n": n})
+    ctx.sql("SELECT pg_notify(%s, %s)", [conf.get().NOTIFY_CHANNEL or "durable_jobs", conf.get().DEFAULT_QUEUE])

@@ -24,12 +24,19 @@ def _sql(peer: Peer, query: str, params=None):
 
 # Per peer: how to empty it, count it, and read its clocks.
 RESET = {
+    "pgqueuer": "TRUNCATE pgqueuer, pgqueuer_log RESTART IDENTITY",
     "procrastinate": "TRUNCATE procrastinate_events, procrastinate_periodic_defers, procrastinate_jobs, "
                      "procrastinate_workers RESTART IDENTITY CASCADE",
     "tasks_db": "TRUNCATE django_tasks_database_dbtaskresult",
 }
 # completed, rows, window from first start to last finish (seconds)
 THROUGHPUT = {
+    # pgqueuer deletes a finished job and logs each status change in pgqueuer_log.
+    "pgqueuer": """
+        SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'),
+               (SELECT count(*) FROM pgqueuer_log WHERE status = 'queued'),
+               extract(epoch FROM (SELECT max(created) FROM pgqueuer_log WHERE status = 'successful')
+                                - (SELECT min(created) FROM pgqueuer_log WHERE status = 'picked'))""",
     "procrastinate": """
         SELECT (SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'),
                (SELECT count(*) FROM procrastinate_jobs),
@@ -42,6 +49,12 @@ THROUGHPUT = {
 }
 # (id, latency seconds) of every job: start - enqueue
 LATENCIES = {
+    "pgqueuer": """
+        SELECT q.job_id, extract(epoch FROM p.created - q.created), s.job_id IS NOT NULL
+          FROM pgqueuer_log q
+          LEFT JOIN pgqueuer_log p ON p.job_id = q.job_id AND p.status = 'picked'
+          LEFT JOIN pgqueuer_log s ON s.job_id = q.job_id AND s.status = 'successful'
+         WHERE q.status = 'queued'""",
     "procrastinate": """
         SELECT j.id, extract(epoch FROM s.at - d.at), j.status = 'succeeded'
           FROM procrastinate_jobs j
@@ -52,6 +65,7 @@ LATENCIES = {
           FROM django_tasks_database_dbtaskresult""",
 }
 UNFINISHED = {
+    "pgqueuer": "SELECT count(*) FROM pgqueuer",
     "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
     "tasks_db": "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status <> 'SUCCESSFUL'",
 }
@@ -63,6 +77,18 @@ def reset(peer: Peer) -> None:
 
 def _worker_cmds(peer: Peer, *, processes: int, slots: int, burst: bool, notify: bool,
                  poll_interval: float) -> list[list[str]]:
+    if peer.spec.key == "pgqueuer":
+        # Its own worker command with its defaults (no concurrency limit, dequeue timeout 30 s,
+        # always LISTENs, logs at INFO) but for K slots: --batch-size K, so each dequeue picks at
+        # most K jobs (it dequeues again at once while jobs are due). Not an entrypoint
+        # concurrency_limit: a limited entrypoint dequeues again only after the finished jobs'
+        # status buffer is flushed and a minimum poll interval has passed (measured: 9-34 jobs/s
+        # at a limit of 1), which is not how pgqueuer is meant to run; --max-concurrent-tasks
+        # refuses anything below twice the batch size. `--mode drain` exits once the queue is empty.
+        # slots=0: its default worker command as is (batch of 10).
+        args = (["run", "pgqueuer_peer:create"] + (["--batch-size", str(slots)] if slots else [])
+                + (["--mode", "drain"] if burst else []))
+        return [peer.tool("pgq", *args) for _ in range(processes)]
     if peer.spec.key == "procrastinate":
         args = ["worker", "--concurrency", str(slots), "--poll-interval", repr(poll_interval)]
         if burst:
@@ -108,7 +134,7 @@ def throughput(peer: Peer, n: int, *, processes: int, slots: int, env: dict, log
     completed, total, window = _sql(peer, THROUGHPUT[peer.spec.key])[0]
     window = float(window or 0)
     out = {
-        "n": n, "processes": len(cmds), "slots_per_process": slots if peer.spec.key == "procrastinate" else 1,
+        "n": n, "processes": len(cmds), "slots_per_process": slots if peer.spec.key != "tasks_db" else 1,
         "completed": completed, "rows": total, "db_window_seconds": window,
         "per_second": completed / window if window else None,
         "wall_seconds": max(r.wall_seconds for r in results),
@@ -160,7 +186,9 @@ def _wait_done(peer: Peer, group: procs.Group, *, timeout: float, notify: bool) 
         if not group.alive():
             return False
         left = _sql(peer, UNFINISHED[peer.spec.key])[0][0]
-        listening = (not notify) or _sql(
+        # pgqueuer LISTENs on the connection it also queries on: pg_stat_activity shows its last
+        # statement, not the LISTEN; its warm-up jobs completing is the readiness signal.
+        listening = (not notify) or peer.spec.key == "pgqueuer" or _sql(
             peer, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                   "AND query ILIKE 'LISTEN %%'")[0][0] > 0
         if left == 0 and listening:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-COLUMNS = ("scenario", "durable_jobs", "procrastinate", "tasks_db", "target", "status")
+COLUMNS = ("scenario", "durable_jobs", "pgqueuer", "procrastinate", "tasks_db", "target", "status")
 
 
 class Table:
@@ -18,17 +18,17 @@ class Table:
         self.rows: list[dict[str, str]] = []
 
     def add(self, scenario: str, durable: str = "", procrastinate: str = "", tasks_db: str = "",
-            target: str = "", status: str = "") -> None:
-        self.rows.append({"scenario": scenario, "durable_jobs": durable,
+            target: str = "", status: str = "", *, pgqueuer: str = "-") -> None:
+        self.rows.append({"scenario": scenario, "durable_jobs": durable, "pgqueuer": pgqueuer,
                           "procrastinate": procrastinate, "tasks_db": tasks_db, "target": target,
                           "status": status})
 
     def render(self) -> str:
-        widths = {c: max(len(self.headers[c]), *(len(r[c]) for r in self.rows)) if self.rows else len(self.headers[c])
+        widths = {c: max(len(self.headers[c]), *(len(r.get(c, "-")) for r in self.rows)) if self.rows else len(self.headers[c])
                   for c in COLUMNS}
         line = "  ".join(self.headers[c].ljust(widths[c]) for c in COLUMNS)
         rule = "  ".join("-" * widths[c] for c in COLUMNS)
-        body = ["  ".join(r[c].ljust(widths[c]) for c in COLUMNS).rstrip() for r in self.rows]
+        body = ["  ".join(r.get(c, "-").ljust(widths[c]) for c in COLUMNS).rstrip() for r in self.rows]
         return "\n".join([line.rstrip(), rule, *body])
 
 

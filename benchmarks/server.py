@@ -22,6 +22,7 @@ import psycopg
 
 DATABASES = {
     "durable": "durable_jobs_bench",
+    "pgqueuer": "durable_jobs_bench_pgqueuer",
     "procrastinate": "durable_jobs_bench_procrastinate",
     "tasks_db": "durable_jobs_bench_tasks_db",
 }

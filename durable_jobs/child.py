@@ -90,26 +90,49 @@ def _apply(context, op: str) -> None:
 def encode_row(job) -> dict[str, Any]:
     """The claimed row as JSON-ready values, so the child need not read it again."""
     values = {}
-    for field in job._meta.concrete_fields:
-        value = getattr(job, field.attname)
-        if isinstance(value, datetime.datetime):
-            value = value.isoformat()
-        elif isinstance(value, uuid.UUID):
-            value = str(value)
-        values[field.attname] = value
+    for name in _row_typers()[0]:
+        value = getattr(job, name)
+        if value is None:
+            continue  # most columns of a claimed row are NULL: absent means NULL
+        if isinstance(value, (datetime.datetime, uuid.UUID)):
+            value = value.isoformat() if isinstance(value, datetime.datetime) else str(value)
+        values[name] = value
     return values
 
 
 def decode_row(values: dict[str, Any], using: str):
     """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back)."""
-    from django.db import models
-
     from durable_jobs.models import Job
 
-    fields = Job._meta.concrete_fields
-    typed = [field.to_python(values[field.attname]) if isinstance(field, (models.DateTimeField, models.UUIDField))
-             else values[field.attname] for field in fields]
-    return Job.from_db(using, [field.attname for field in fields], typed)
+    names, typers = _row_typers()
+    typed = []
+    for name, typer in zip(names, typers):
+        value = values.get(name)
+        typed.append(value if typer is None or value is None else typer(value))
+    return Job.from_db(using, names, typed)
+
+
+_TYPERS: tuple[list[str], list[Any]] | None = None
+
+
+def _row_typers() -> tuple[list[str], list[Any]]:
+    """Per column, how its JSON value becomes the Python value again (None: as it is).
+
+    ``datetime.fromisoformat`` reads back exactly what ``isoformat()`` wrote (offset
+    included), and at a fraction of ``DateTimeField.to_python``'s cost: the row crosses
+    the pipe once per slice (issue #14).
+    """
+    global _TYPERS
+    if _TYPERS is None:
+        from django.db import models
+
+        from durable_jobs.models import Job
+
+        fields = Job._meta.concrete_fields
+        _TYPERS = ([field.attname for field in fields],
+                   [datetime.datetime.fromisoformat if isinstance(field, models.DateTimeField)
+                    else uuid.UUID if isinstance(field, models.UUIDField) else None for field in fields])
+    return _TYPERS
 
 
 def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, Any]:

@@ -243,7 +243,10 @@ class Job(models.Model):
                 name="durable_jobs_pending",
             ),
             models.Index(fields=["tenant_id", "-created_at"], name="durable_jobs_tenant_recent"),
-            models.Index(fields=["subject_type", "subject_id"], name="durable_jobs_subject"),
+            # Only jobs started with a subject: a start without one maintains no entry here
+            # (issue #14); a lookup names a subject type, so it can use the partial index.
+            models.Index(fields=["subject_type", "subject_id"], name="durable_jobs_subject",
+                         condition=Q(subject_type__isnull=False)),
             models.Index(
                 F("finished_at"),
                 condition=Q(finished_at__isnull=False, parked_at__isnull=True),

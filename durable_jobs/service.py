@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, models, transaction
 
-from durable_jobs import conf, metrics, registry, signals, store, validation
+from durable_jobs import conf, ids, metrics, registry, signals, store, validation
 from durable_jobs.exceptions import (
     BatchTooLarge,
     IdempotencyConflict,
@@ -133,7 +133,7 @@ def _prepare(
     if queue is None:
         queue = (handler.queue if handler else None) or settings.DEFAULT_QUEUE
     return {
-        "id": uuid.uuid4(),
+        "id": ids.uuid7(),
         "kind": kind,
         "input": input_json,
         "meta": meta_json,

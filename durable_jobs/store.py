@@ -27,11 +27,13 @@ The fencing protocol, in short:
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
+from django.db.models import NOT_PROVIDED
 
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
@@ -156,6 +158,73 @@ SELECT {COLUMNS} FROM inserted, LATERAL (SELECT pg_notify(%(channel)s, inserted.
 """
 
 
+# A new row is not read back whole (issue #14): a column the insert sets from a plain
+# parameter is that parameter, a column it does not name is NULL or its zero default, and
+# only what the server decides (its clock, the jsonb forms, the casts) comes back. Derived
+# from INSERT_JOB's own two lists, so a column added there is returned unless it is a
+# plain parameter.
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char == "," and depth == 0:
+            parts.append("".join(current).strip())
+            current = []
+            continue
+        depth += (char == "(") - (char == ")")
+        current.append(char)
+    parts.append("".join(current).strip())
+    return parts
+
+
+def _inserted_columns(sql: str) -> list[tuple[str, str]]:
+    head, tail = sql.split(") VALUES (", 1)
+    columns = _split_top_level(head.split(f"INSERT INTO {TABLE} (", 1)[1])
+    values = _split_top_level(tail.rsplit(")", 1)[0].split("RETURNING")[0].rstrip().rstrip(")"))
+    assert len(columns) == len(values), "INSERT_JOB: a column without its value"
+    return list(zip(columns, values))
+
+
+_PLAIN_PARAMETER = re.compile(r"%\((\w+)\)s")
+_INSERT_PAIRS = _inserted_columns(INSERT_JOB)
+#: column -> the parameter that is its value, for the columns the server does not decide
+_INSERT_PARAMS = {column: m.group(1) for column, value in _INSERT_PAIRS
+                  if (m := _PLAIN_PARAMETER.fullmatch(value)) and column not in _JSON_COLUMNS}
+_INSERT_BACK = tuple(column for column, _ in _INSERT_PAIRS if column not in _INSERT_PARAMS)
+_FIELD_BY_COLUMN = {f.column: f for f in _FIELDS}
+_UNSET_DEFAULTS = {
+    # db_default is the literal (0) or a Value() wrapping it, depending on how it was given
+    f.column: None if f.db_default is NOT_PROVIDED else getattr(f.db_default, "value", f.db_default)
+    for f in _FIELDS if f.column not in dict(_INSERT_PAIRS)
+}
+assert all(value is None or isinstance(value, int) for value in _UNSET_DEFAULTS.values()), _UNSET_DEFAULTS
+
+INSERT_NEW_JOB = INSERT_JOB.replace(f"RETURNING {COLUMNS}", "RETURNING " + ", ".join(_INSERT_BACK))
+INSERT_NEW_JOB_AND_NOTIFY = f"""
+WITH inserted AS ({INSERT_NEW_JOB})
+SELECT {", ".join(_INSERT_BACK)} FROM inserted,
+       LATERAL (SELECT pg_notify(%(channel)s, %(queue)s)) AS wake
+"""
+assert _INSERT_PARAMS.get("queue_name") == "queue"  # the wake-up names the row's queue
+
+
+def _new_job(row: Sequence[Any], params: dict[str, Any], using: str) -> Job:
+    """The ``Job`` an ``INSERT_NEW_JOB`` row stands for, as ``_to_job`` would build it."""
+    back = dict(zip(_INSERT_BACK, row))
+    values = []
+    for field in _FIELDS:
+        column = field.column
+        if column in back:
+            value = back[column]
+            if column in _JSON_COLUMNS and isinstance(value, str):
+                value = json.loads(value)
+        elif column in _INSERT_PARAMS:
+            value = params[_INSERT_PARAMS[column]]
+        else:
+            value = _UNSET_DEFAULTS[column]
+        values.append(value)
+    return Job.from_db(using, _FIELD_NAMES, values)
+
+
 class InsertResult:
     """The job a start produced or found, whether this call created it, and whether it
     was found as the holder of the start's wait key (coalesced, invariant 22)."""
@@ -188,15 +257,14 @@ def insert_job(
     Raises ``LockKeyHeld`` when a live job holds the lock key.
     """
     params = {**fields, **_scope(scope), "channel": notify_channel}
-    insert = INSERT_JOB_AND_NOTIFY if notify_channel else INSERT_JOB
+    insert = INSERT_NEW_JOB_AND_NOTIFY if notify_channel else INSERT_NEW_JOB
     key = fields.get("idempotency_key")
     lock_key = fields.get("lock_key")
     wait_key = fields.get("wait_key")
     if key is None and lock_key is None and wait_key is None:
         # No unique key to race on: one statement, atomic by itself, in the caller's
         # transaction when there is one.
-        job = _one(using, insert, params)
-        assert job is not None
+        job = _insert_new(using, insert, params)
         return InsertResult(job, created=True)
     with transaction.atomic(using=using):
         if key is not None:
@@ -213,7 +281,7 @@ def insert_job(
                 raise LockKeyHeld(lock_key, holder.id)
         try:
             with transaction.atomic(using=using):
-                job = _one(using, insert, params)
+                job = _insert_new(using, insert, params)
         except IntegrityError as error:
             constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
             # Whichever index refused, a job under this idempotency key is the answer: a
@@ -235,6 +303,13 @@ def insert_job(
             raise
     assert job is not None
     return InsertResult(job, created=True)
+
+
+def _insert_new(using: str, sql: str, params: dict[str, Any]) -> Job:
+    with _execute(using, sql, params) as cursor:
+        row = cursor.fetchone()
+    assert row is not None
+    return _new_job(row, params, using)
 
 
 # The bulk twin of INSERT_JOB: one statement for the whole batch, the rows travelling as

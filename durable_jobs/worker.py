@@ -127,6 +127,8 @@ class Worker:
         self._wakes = [threading.Event() for _ in range(concurrency)]
         self._idle = [False] * concurrency
         self._idle_lock = threading.Lock()
+        self._sleepers: dict[int, None] = {}  # slots asleep waiting for work, oldest first
+        self._missed_wakes = 0  # wake-ups that found no slot asleep (guarded by _idle_lock)
         self._heartbeater = Heartbeater(using=using)
         # Wait conditions: this worker's bound on checks running at once, and the moments
         # (monotonic) at which jobs it held become due, so an idle slot never sleeps past
@@ -389,6 +391,10 @@ class Worker:
                     continue
                 if claimed:
                     self._set_idle(slot.number, False)
+                    if len(claimed) == slot.batch:
+                        # Maybe more is due (one notification can stand for a whole batch of
+                        # starts): pass the wake-up on to one more sleeping slot.
+                        self._wake_one(chained=True)
                     try:
                         quick = self._run_claimed(slot, claimed, ttl_ms, runner)
                     except (DatabaseError, InterfaceError) as error:
@@ -411,8 +417,7 @@ class Worker:
                     self.stopping.set()  # every slot found nothing due: the burst is over
                     self._wake_all()  # the sleeping slots need not wait out their poll
                     break
-                wake.wait(self._idle_wait(settings.POLL_INTERVAL))
-                wake.clear()
+                self._sleep(slot.number, wake, self._idle_wait(settings.POLL_INTERVAL))
         finally:
             if runner is not None:
                 runner.close()
@@ -498,7 +503,7 @@ class Worker:
             return all(self._idle)
 
     def _listen(self, channel: str) -> None:
-        """Wake the slots when a start commits; reconnect with backoff when cut.
+        """Wake one idle slot per committed start; reconnect with backoff when cut.
 
         The listener connects through ``LISTEN_DATABASE`` (default: the worker's own
         database). The backoff is reset only after a connection has stayed up for a
@@ -531,7 +536,7 @@ class Worker:
                     while not self.stopping.is_set():
                         for notification in raw.notifies(timeout=0.5, stop_after=1):
                             if not probe.seen(notification.payload):
-                                self._wake_all()
+                                self._wake_one()
                         hearing = self._judge_probe(probe, hearing, listen_using, settings)
                         if probe.due():
                             probe.send()
@@ -577,6 +582,44 @@ class Worker:
     def _wake_all(self) -> None:
         for wake in self._wakes:
             wake.set()
+
+    # --- one wake-up per notification (no thundering herd) ---
+    def _sleep(self, number: int, wake: threading.Event, timeout: float) -> None:
+        """Sleep until woken or ``timeout``; not at all when a wake-up found nobody asleep.
+
+        A notification that arrives while every slot is busy, or while this one is between
+        an empty dequeue and its sleep, is kept as a missed wake-up: the next slot about to
+        sleep dequeues once more instead, so no committed start waits out a poll interval.
+        """
+        with self._idle_lock:
+            if self._missed_wakes:
+                self._missed_wakes -= 1
+                return
+            self._sleepers[number] = None
+        try:
+            wake.wait(timeout)
+            wake.clear()
+        finally:
+            with self._idle_lock:
+                self._sleepers.pop(number, None)
+
+    def _wake_one(self, *, chained: bool = False) -> None:
+        """Wake one sleeping slot for one notification, or (``chained``) for a full claim.
+
+        PostgreSQL folds identical notifications of one transaction into one, so a
+        transaction starting many jobs wakes one slot; a slot whose claim came back full
+        wakes the next, so the whole batch is picked up, one slot more at a time.
+        """
+        with self._idle_lock:
+            for number in self._sleepers:
+                if not self._wakes[number].is_set():
+                    self._wakes[number].set()
+                    return
+            if chained:
+                return
+            # Nobody asleep and not already woken: every slot is busy and dequeues again on
+            # its own when its batch ends; remember it for a slot about to sleep.
+            self._missed_wakes = min(self._missed_wakes + 1, self.concurrency)
 
     def _reconcile_loop(self) -> None:
         # Every worker takes part; only the holder of the leader row runs passes, and it

@@ -34,6 +34,17 @@ class PeerSpec:
 
 SPECS = [
     PeerSpec(
+        key="pgqueuer",
+        label="pgqueuer",
+        # asyncpg: pgqueuer's own default driver (its README and `pgq` examples use it).
+        # typer 0.29 breaks pgqueuer 1.6.0's `pgq run` (its log-level option arrives as a str).
+        requirements=["pgqueuer==1.6.0", "asyncpg>=0.29", "typer<0.29"],
+        script="pgqueuer_peer.py",
+        database="pgqueuer",
+        setup_command=["schema"],
+        dists=["pgqueuer", "asyncpg"],
+    ),
+    PeerSpec(
         key="procrastinate",
         label="Procrastinate",
         requirements=["procrastinate==3.10.0", "psycopg[binary]>=3.1"],
@@ -73,9 +84,15 @@ class Peer:
         assert self.python is not None
         return [str(self.python), str(HERE / self.spec.script), *args]
 
+    def tool(self, name: str, *args: str) -> list[str]:
+        """A console script of the peer's own venv (pgqueuer's ``pgq``)."""
+        assert self.python is not None
+        return [str(self.python.with_name(name)), *args]
+
     def env(self, base: dict) -> dict:
         env = {k: v for k, v in base.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH")}
         env["PEER_DATABASE_URL"] = self.url or ""
+        env["PYTHONPATH"] = str(HERE)  # so a peer's own worker command imports its factory module
         return env
 
 
@@ -131,15 +148,15 @@ def installed_versions(python: Path, dists: list[str]) -> dict:
         return {"error": str(error)}
 
 
-def prepare(server, *, env: dict, logs: Path, skip: bool) -> dict[str, Peer]:
+def prepare(server, *, env: dict, logs: Path, skip: bool, only: list[str] | None = None) -> dict[str, Peer]:
     from benchmarks.server import DATABASES
 
     peers: dict[str, Peer] = {}
     for spec in SPECS:
         peer = Peer(spec=spec)
         peers[spec.key] = peer
-        if skip:
-            peer.problem = "skipped (--no-peers)"
+        if skip or (only is not None and spec.key not in only):
+            peer.problem = "skipped (--no-peers)" if skip else "skipped (--peers)"
             continue
         print(f"  peer {spec.label}: preparing {VENVS / spec.key} ...", flush=True)
         python, problem = ensure_venv(spec.key, spec.requirements, log=logs / f"venv-{spec.key}.log")

@@ -33,7 +33,7 @@ AUTOVACUUM = {
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("durable_jobs", "0005_console"),
+        ("durable_jobs", "0006_perf"),
     ]
 
     operations = [

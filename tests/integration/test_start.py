@@ -7,7 +7,7 @@ import math
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
 
 import durable_jobs as durable
@@ -78,6 +78,37 @@ def test_start__writes_a_pending_job_due_now(kind):
     )
     assert (row.lease_epoch, row.continuation_seq, row.redrives) == (0, 0, 0)
     assert before - SLACK <= row.next_run_at <= db_now()
+
+
+@pytest.mark.django_db
+def test_start__ids_are_time_ordered_so_the_primary_key_grows_at_its_right_edge(kind):
+    """Issue #14: version 7 ids, in start order, for start() and start_many() alike."""
+    one = durable.start(kind)
+    many = durable.start_many([{"kind": kind} for _ in range(3)])
+    two = durable.start(kind)
+    ids = [one.id, *many, two.id]
+    assert all(job_id.version == 7 for job_id in ids)
+    assert ids == sorted(ids)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id FROM durable_jobs_job ORDER BY id")
+        assert [row[0] for row in cursor.fetchall()] == ids
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("extra", [
+    {},
+    {"input": {"b": 1, "a": [1.5, None, "ü"], "n": 10**20}, "meta": {"z": {"y": True}}, "priority": -3,
+     "total_count": 7, "created_by": "alice", "lock_key": "k1", "idempotency_key": "i1", "queue": "other"},
+    {"subject": ("demo.report", "42"), "run_after": 30, "scope": ("acme", "org-1")},
+])
+def test_start__returns_exactly_the_row_it_wrote(kind, extra):
+    """Issue #14: the insert reads back only what the server decides; the job start()
+    returns must still equal the stored row, field by field."""
+    job = durable.start(kind, **extra)
+    stored = durable.get(job.id, scope=extra.get("scope"))
+    fields = [f.attname for f in type(job)._meta.concrete_fields]
+    assert {f: getattr(job, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+    assert job.id.version == 7
 
 
 @pytest.mark.django_db

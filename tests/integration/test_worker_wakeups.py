@@ -1,0 +1,86 @@
+"""One committed start wakes one idle slot, not all of them (issue #14: no thundering herd
+on NOTIFY), and a transaction that starts many jobs (one folded notification) still gets
+them all run without waiting for the poll interval."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import transaction
+
+import durable_jobs as durable
+from durable_jobs import store
+from durable_jobs.models import Job
+from durable_jobs.worker import Worker
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+POLL = 60.0  # far longer than any wait below: only a notification can explain a prompt run
+
+
+@pytest.fixture
+def idle_worker(settings, monkeypatch):
+    """A 4-slot worker (thread execution) asleep on a long poll, counting its dequeues."""
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "POLL_INTERVAL": POLL, "NOTIFY_CHANNEL": "durable_jobs"}
+    calls: list[int] = []
+    real_dequeue = store.dequeue
+
+    def counted(*args, **kwargs):
+        claimed = real_dequeue(*args, **kwargs)
+        calls.append(len(claimed))
+        return claimed
+
+    monkeypatch.setattr(store, "dequeue", counted)
+    worker = Worker(concurrency=4, execution="thread", reconcile=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    _wait(lambda: len(worker._sleepers) == 4 and _listening(), "four sleeping slots and a LISTEN")
+    time.sleep(0.3)  # the wake-up pass after LISTEN is over
+    _wait(lambda: len(worker._sleepers) == 4, "four sleeping slots again")
+    calls.clear()
+    yield worker, calls
+    worker.stopping.set()
+    worker._wake_all()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+
+
+def test_one_start_wakes_one_slot(idle_worker):
+    worker, calls = idle_worker
+    job = durable.start("demo.noop")
+    _wait(lambda: Job.objects.get(id=job.id).status == "completed", "the job to run")
+    time.sleep(0.3)  # any other slot woken by the same notification would have dequeued by now
+    # The woken slot claims the job and looks once more before sleeping; its full claim (one
+    # of one) passes the wake-up on to one more slot, which finds nothing. Waking every slot
+    # would make five dequeues.
+    assert sum(1 for n in calls if n) == 1
+    assert len(calls) <= 3, f"{len(calls)} dequeues for one start: every slot woke"
+    assert len(worker._sleepers) == 4
+
+
+def test_one_transaction_of_many_starts_runs_them_all_without_the_poll(idle_worker):
+    _worker, calls = idle_worker
+    with transaction.atomic():  # its identical notifications reach the worker as one
+        ids = [durable.start("demo.noop").id for _ in range(40)]
+    _wait(lambda: Job.objects.filter(id__in=ids, status="completed").count() == 40, "all 40 jobs to run",
+          timeout=20)
+    assert sum(calls) == 40
+
+
+def _listening() -> bool:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN %%'")
+        return cursor.fetchone()[0] > 0
+
+
+def _wait(check, message: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {message}")
