@@ -63,8 +63,9 @@ class Ctx:
 
 
 def reset() -> None:
+    # CASCADE: the Tasks backend's attempt table references the job table.
     with connection.cursor() as cur:
-        cur.execute(f"TRUNCATE {TABLE}")
+        cur.execute(f"TRUNCATE {TABLE} CASCADE")
 
 
 def fill(n: int, *, batch: int = 500) -> float:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from benchmarks import procs, report
 from benchmarks import server as server_mod
+from benchmarks.django_env import setup_django
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -243,18 +244,7 @@ def _interrupt(signum, frame):
 
 
 def _setup_django(server) -> dict:
-    url = server.url(server_mod.DATABASES["durable"])
-    os.environ["DATABASE_URL"] = url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings_bench"
-    os.environ.setdefault("DURABLE_JOBS_LOG_LEVEL", "WARNING")
-    os.environ["PGAPPNAME"] = "durable_jobs_bench"
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    setup_django(server.url(server_mod.DATABASES["durable"]), "durable_jobs_bench")
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO)
     return env

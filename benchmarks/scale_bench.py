@@ -39,6 +39,8 @@ import uuid
 from datetime import datetime, timezone
 from pathlib import Path
 
+from benchmarks.django_env import setup_django
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
@@ -164,17 +166,7 @@ def _drop(server, db: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 def run_phase(args) -> int:
-    os.environ["DATABASE_URL"] = args.url
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings_bench"
-    os.environ.setdefault("DURABLE_JOBS_LOG_LEVEL", "WARNING")
-    os.environ["PGAPPNAME"] = "durable_jobs_scale"
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    import django
-    from django.core.management import call_command
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    setup_django(args.url, "durable_jobs_scale")
     phase = {"size": phase_size, "ingest": phase_ingest, "pooler": phase_pooler}[args.phase]
     try:
         out = phase(args)
