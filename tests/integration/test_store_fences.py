@@ -34,6 +34,11 @@ HOLDER_WRITES = {
     "yield_slice": lambda lease: store.yield_slice(lease) is not None,
     "fail_slice": lambda lease: fail(lease) is not None,
     "release_lease": lambda lease: store.release_lease(lease, delay_ms=0) is not None,
+    # The wait gate's statements (invariant 4 holds before the first slice too).
+    "hold_job": lambda lease: store.hold_job(lease, delay_ms=30_000, checks=1) is not None,
+    "count_wait_fault": lambda lease: store.count_wait_fault(lease, checks=1, max_faults=5) is not None,
+    "count_wait_checks": lambda lease: store.count_wait_checks(lease, checks=1) is not None,
+    "satisfy_wait": lambda lease: store.satisfy_wait(lease, checks=1) is not None,
 }
 
 TERMINAL_WRITES = {
