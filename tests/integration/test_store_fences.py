@@ -36,7 +36,9 @@ HOLDER_WRITES = {
     "release_lease": lambda lease: store.release_lease(lease, delay_ms=0) is not None,
     # The wait gate's statements (invariant 4 holds before the first slice too).
     "hold_job": lambda lease: store.hold_job(lease, delay_ms=30_000, checks=1) is not None,
-    "count_wait_fault": lambda lease: store.count_wait_fault(lease, checks=1, max_faults=5) is not None,
+    "count_wait_fault": lambda lease: (
+        store.count_wait_fault(lease, checks=1, max_faults=5) is not None
+    ),
     "count_wait_checks": lambda lease: store.count_wait_checks(lease, checks=1) is not None,
     "satisfy_wait": lambda lease: store.satisfy_wait(lease, checks=1) is not None,
 }
