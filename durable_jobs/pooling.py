@@ -37,6 +37,11 @@ PROBE_EVERY = 300.0
 #: A probe's payload starts with this; a space is never part of a queue name, so no
 #: wake-up is ever mistaken for a probe, nor a probe for a wake-up.
 PROBE_PREFIX = "probe "
+#: How long the listener's and the probe's own connections may take to connect (seconds),
+#: unless the database's ``OPTIONS`` set ``connect_timeout``: a server that accepts the
+#: socket and never answers must not hold the listener thread (and with it every wake-up)
+#: for good. The reconnect loop retries with its backoff.
+RAW_CONNECT_TIMEOUT = 10
 
 
 def role_name(role: str) -> str:
@@ -71,6 +76,7 @@ def new_raw_connection(using: str, role: str):
     connection = connections[using]
     params = connection.get_connection_params()
     params["application_name"] = role_name(role)
+    params.setdefault("connect_timeout", RAW_CONNECT_TIMEOUT)
     raw = connection.get_new_connection(params)
     raw.autocommit = True
     return raw

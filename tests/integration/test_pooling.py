@@ -85,3 +85,34 @@ def test_a_probe_nobody_hears_is_reported_deaf_after_the_timeout(monkeypatch):
         assert probe.check() is False
     finally:
         probe.close()
+
+
+def test_a_raw_connection_to_a_server_that_never_answers_gives_up(monkeypatch):
+    """The listener's connect has a timeout: a half-open server cannot hold its thread."""
+    import socket
+
+    import psycopg
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # the kernel completes the handshake; nobody ever speaks
+    monkeypatch.setattr(pooling, "RAW_CONNECT_TIMEOUT", 2)  # libpq's smallest
+    settings = connections["default"].settings_dict
+    monkeypatch.setitem(settings, "HOST", "127.0.0.1")
+    monkeypatch.setitem(settings, "PORT", str(silent.getsockname()[1]))
+    outcome: dict = {}
+
+    def connect():
+        try:
+            outcome["raw"] = pooling.new_raw_connection("default", "durable-listener")
+        except psycopg.OperationalError as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=connect, daemon=True)
+    try:
+        thread.start()
+        thread.join(30)
+        assert not thread.is_alive(), "the connect is still waiting on a server that never answers"
+        assert "error" in outcome and "timeout" in str(outcome["error"]).lower(), outcome
+    finally:
+        silent.close()
