@@ -556,6 +556,10 @@ class Results:
                            "yes" if r["priority_order_held"] else
                            f"NO ({r['pending_outranking_last_claim']} pending outrank the last claim)", "-", "-",
                            "order holds", report.verdict(r["priority_order_held"]))
+        later = r["dequeue_exec_with_later_ms"]
+        self.table_obj.add(f"  + {r['backlog']:,} more due tomorrow at priority 10: DEQUEUE server ms",
+                           f"{later:.3f}", "-", "-", "flat",
+                           report.verdict(later <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])))
 
     def scenario_memory(self) -> None:
         """Issue #14: worker RSS flat over many jobs (no growth after warm-up)."""

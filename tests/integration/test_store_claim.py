@@ -170,6 +170,52 @@ def test_dequeue__takes_higher_priority_first_then_earlier_run_time():
 
 
 @pytest.mark.django_db
+def test_dequeue__one_batch_spans_priority_levels_and_queues_in_order():
+    """DESIGN §6: a batch walks the levels highest first, passing over rows not yet due."""
+    top = JobFactory(priority=9, next_run_at=-5)
+    JobFactory(priority=9, next_run_at=60)  # not due: must not end the walk of its level
+    JobFactory(priority=5, next_run_at=60)  # a level with nothing due
+    mid_old = JobFactory(priority=3, next_run_at=-40, queue_name="mail")
+    mid_new = JobFactory(priority=3, next_run_at=-20)
+    low = JobFactory(priority=-4, next_run_at=-90)
+    JobFactory(priority=-4, next_run_at=-100, queue_name="elsewhere")  # a queue not asked for
+
+    claimed = store.dequeue(["default", "mail"], "host-1", 30_000, limit=3)
+    rest = store.dequeue(["default", "mail"], "host-1", 30_000, limit=3)
+
+    assert [j.id for j in claimed] == [top.id, mid_old.id, mid_new.id]
+    assert [j.id for j in rest] == [low.id]
+
+
+@pytest.mark.django_db
+def test_dequeue__does_not_read_the_rows_scheduled_later_at_a_higher_priority():
+    """A claim costs the same beside a mass of future work (retries, held waits, schedules).
+
+    20,000 rows due tomorrow at priority 7 sit before the one due priority-0 row in the
+    dequeue index. Reading them all on every claim (as a single scan in priority order
+    does) turned each claim into a scan of the whole future. Counted in buffers, not time.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {store.TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name,"
+            " priority, next_run_at, pending_since)"
+            " SELECT gen_random_uuid(), 'default', 'test.later', 'pending', now(), now(), 'default', 7,"
+            "        now() + interval '1 day', now() FROM generate_series(1, 20000)")
+        cursor.execute(f"ANALYZE {store.TABLE}")
+    due = JobFactory(priority=0, next_run_at=-1)
+    params = {"queues": ["default"], "owner": "host-1", "ttl_ms": 30_000, "limit": 1}
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.DEQUEUE, params)
+        plan = cursor.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+    buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
+
+    assert buffers < 200, f"the claim read {buffers} pages for one due row"
+    assert [j.id for j in store.dequeue(**params)] == [due.id]
+
+
+@pytest.mark.django_db
 def test_dequeue__skips_a_job_whose_run_time_has_not_come():
     """Invariant 2 / DESIGN §6: due means ``next_run_at <= clock_timestamp()``."""
     future = JobFactory(next_run_at=30)
