@@ -320,6 +320,17 @@ class Results:
                            "(as above)", "(as above)", f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
                            report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
                            + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer="(as above)")
+        # The opt-in: a connection that prepares statements (OPTIONS["prepare_threshold"]),
+        # for a direct connection or a pooler that keeps prepared statements.
+        for atomic, label in ((True, "in atomic()"), (False, "in autocommit")):
+            prepared = durable_bench.start_rate(self.plan.start_n, atomic=atomic, prepare_threshold=0)
+            self.raw["start_rate_prepared" + ("" if atomic else "_autocommit")] = prepared
+            ratio = (prepared["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
+            self.table_obj.add(f"start rate: 1 start() {label}, prepared statements (opt-in) (/s)",
+                               f"{report.num(prepared['per_second'])} (p99 {prepared['p99_ms']:.1f} ms)",
+                               "(as above)", "(as above)", f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
+                               report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
+                               + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer="(as above)")
         from benchmarks import start_profile
 
         print("    start profile: where one start() per transaction spends its time", flush=True)

@@ -10,11 +10,20 @@ what the added thing costs:
   psycopg connection, into a copy of the job table with its primary key only, then with
   every index of the real table (the index cost), with a random UUIDv4 or a time-ordered
   (v7-style) key;
-* the real table: + the NOTIFY, + ``RETURNING`` every column, through Django's cursor
-  inside ``transaction.atomic()``, and finally ``durable.start()`` itself (validation,
-  the model instance, the signal).
+* the real table: + the NOTIFY as a second statement, then the start's own statement
+  (``INSERT_NEW_JOB_AND_NOTIFY``: the server-decided columns back, the NOTIFY inside);
+* the leads for the wire: that statement in autocommit with client-side binding (Django's
+  default cursor), server-side binding, and a prepared statement; in a transaction with
+  BEGIN sent alone (as psycopg does) or pipelined with the statement;
+* Django's cursor in autocommit and in ``transaction.atomic()``, and ``durable.start()``
+  itself in both (validation, the id, the Job, the signal).
 
-Every step runs with ``synchronous_commit = off`` on both connections: the commit's WAL
+Besides the wall time, every step shows this thread's CPU time and the server process's
+(``/proc/<pid>/schedstat``, where the server runs on this machine) per job: on a shared
+2-core machine the wall time swings with other people's load, the CPU times much less.
+The server's own planning and execution times of one row come from EXPLAIN ANALYZE.
+
+Every step runs with ``synchronous_commit = off`` on its connections: the commit's WAL
 flush is the same for every step (the server floor of the results table shows it), and on
 a shared disk it varies more than everything else together, so it would hide the costs
 being compared. A cProfile of ``durable.start()`` (cumulative, top entries, with the flush)
