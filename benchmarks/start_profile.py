@@ -312,7 +312,9 @@ def explain(result: dict) -> list[str]:
     def d(table: dict, a: str, b: str) -> float:
         return table[a] - table[b]
 
-    out = []
+    out = ["the raw psycopg steps down to the start's own statement run prepared (psycopg's default "
+           "prepare_threshold, 5), so they show the row, the indexes and the NOTIFY without parse and plan; "
+           "Django's cursor binds on the client and prepares nothing, so its steps pay both on every start"]
     floor = "floor: 1-row INSERT + COMMIT (bigserial key)"
     pk = "job row, copy table, primary key only, UUIDv7"
     every = "job row, copy table, every index, UUIDv7"
@@ -324,7 +326,7 @@ def explain(result: dict) -> list[str]:
         (fp, fe), (jp, je) = timings["floor row"], timings["job row, copy table, no index at all"]
         out.append(f"  of which the server plans the 23-column insert in {jp * 1000:.0f} "
                    f"(floor {fp * 1000:.0f}) and executes it in {je * 1000:.0f} (floor {fe * 1000:.0f}); "
-                   "the rest is the extended protocol's parse/bind of 22 parameters and the row's WAL")
+                   "the rest: binding 22 parameters, the wider row and its WAL")
     if every in wall and pk in wall:
         extra = result.get("indexes_touched", result["indexes"]) - 1
         out.append(f"indexes: {result['indexes']} on the table, {extra + 1} take an entry from a plain start "
@@ -343,6 +345,8 @@ def explain(result: dict) -> list[str]:
     if all(b in wall for b in binds):
         out.append("binding (one statement, autocommit): " + "; ".join(
             f"{b.split(': ')[1]} {wall[b]:.0f} wall / {client[b]:.0f} client / {server[b]:.0f} server" for b in binds))
+        out.append(f"  parse, analysis and plan of the unprepared statement: {d(server, binds[1], binds[2]):+.0f} "
+                   f"server CPU, {d(wall, binds[1], binds[2]):+.0f} wall (what OPTIONS['prepare_threshold'] removes)")
     begin = ("transaction: BEGIN alone, statement, COMMIT (3 round trips)",
              "transaction: BEGIN pipelined with the statement, COMMIT (2)")
     if all(b in wall for b in begin):
