@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             "scenario": "server floor: 1-row INSERT + COMMIT, 1 client, at start / end (/s)",
             "durable_jobs": f"{report.num(floor_start['per_second'])} / {report.num(floor_end['per_second'])}",
             "pgqueuer": "-", "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
+        start_arithmetic(raw, notes)
         table = results.table()
     except KeyboardInterrupt:
         procs.kill_all()
@@ -248,6 +249,31 @@ def _setup_django(server) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO)
     return env
+
+
+def start_arithmetic(raw: dict, notes: list[str]) -> None:
+    """Say what the start target asks of a start in this run, against the server's floor."""
+    pgq = (raw.get("start_rate_peers") or {}).get("pgqueuer") or {}
+    floor = raw.get("commit_floor") or {}
+    if not pgq.get("per_second") or not floor.get("start"):
+        return
+    target = TARGETS["start_vs_pgqueuer"] * pgq["per_second"]
+    budget = 1e6 / target
+    floors = [floor[k]["per_second"] for k in ("start", "end") if floor.get(k)]
+    shares = " / ".join(f"{target / f:.0%}" for f in floors)
+    us = " / ".join(f"{1e6 / f:.0f}" for f in floors)
+    text = (f"start target arithmetic: {TARGETS['start_vs_pgqueuer']:g} x pgqueuer's {pgq['per_second']:,.0f}/s is "
+            f"{target:,.0f} starts/s, {budget:.0f} us per start, which is {shares} of the server's 1-row "
+            f"INSERT + COMMIT floor at the start / end of the run ({us} us per commit): a start may cost "
+            + " / ".join(f"{budget - 1e6 / f:+.0f}" for f in floors) + " us over a 1-column insert.")
+    profile = raw.get("start_profile") or {}
+    client, server = profile.get("client_cpu_us") or {}, profile.get("server_cpu_us") or {}
+    floor_step, ours = "floor: 1-row INSERT + COMMIT (bigserial key)", "durable.start(), autocommit"
+    if floor_step in client and ours in client:
+        text += (f" The start profile (synchronous_commit off) puts durable.start() in autocommit at "
+                 f"{client[ours] - client[floor_step]:+.0f} us of client CPU and "
+                 f"{server[ours] - server[floor_step]:+.0f} us of server CPU over that floor.")
+    notes.append(text)
 
 
 class Results:
