@@ -321,42 +321,59 @@ class Results:
     def scenario_start(self) -> None:
         from benchmarks import durable_bench, peer_bench
 
-        ours = durable_bench.start_rate(self.plan.start_n)
-        self.raw["start_rate"] = ours
-        cells = self._peer_cells(
-            lambda p: peer_bench.start_rate(p, self.plan.start_n, env=self.env, logs=self.logs),
-            lambda r: _rate_cell(r, ours["per_second"]))
-        # The peers' enqueues commit on their own (autocommit): so does start() outside atomic().
-        alone = durable_bench.start_rate(self.plan.start_n, atomic=False)
-        self.raw["start_rate_autocommit"] = alone
-        self.raw["start_rate_peers"] = {k: v["runs"][-1] for k, v in self.raw.items()
-                                        if k in self.peers and v.get("runs")}
+        # Rounds interleaved (ours, each peer, ours again in autocommit and with prepared
+        # statements), the median run of each reported: a shared machine's load swings by
+        # a factor of several within a minute, and one sequential pass would hand that
+        # swing to whichever system ran in the quiet moment.
+        n = self.plan.start_n
+        variants = {  # raw key -> (atomic, prepare_threshold, row label)
+            "start_rate": (True, None, "start rate: 1 start() in atomic()/transaction, 1 client (/s)"),
+            "start_rate_autocommit": (False, None,
+                                      "start rate: 1 start() in autocommit (its own transaction), 1 client (/s)"),
+            # The opt-in: a connection that prepares statements (OPTIONS["prepare_threshold"]),
+            # for a direct connection or a pooler that keeps prepared statements.
+            "start_rate_prepared": (True, 0, "start rate: 1 start() in atomic(), prepared statements (opt-in) (/s)"),
+            "start_rate_prepared_autocommit": (False, 0,
+                                               "start rate: 1 start() in autocommit, prepared statements (opt-in) (/s)"),
+        }
+        mine: dict[str, list[dict]] = {key: [] for key in variants}
+        theirs: dict[str, list[dict]] = {key: [] for key, peer in self.peers.items() if peer.ok}
+        for round_ in range(self.plan.repeat):
+            print(f"    start rates (round {round_ + 1}/{self.plan.repeat})", flush=True)
+            for position, (key, (atomic, threshold, _)) in enumerate(variants.items()):
+                mine[key].append(durable_bench.start_rate(n, atomic=atomic, prepare_threshold=threshold))
+                if position:
+                    continue
+                for peer_key in theirs:  # right after ours in atomic(), then ours in autocommit
+                    try:
+                        result = peer_bench.start_rate(self.peers[peer_key], n, env=self.env, logs=self.logs)
+                    except Exception as error:  # noqa: BLE001
+                        result = {"error": f"{type(error).__name__}: {error}"}
+                        self.raw.setdefault("errors", {})[peer_key] = traceback.format_exc()
+                        procs.kill_all()
+                    theirs[peer_key].append(result)
+        for key in variants:
+            self.raw[key] = {**_median_run(mine[key]), "rounds": [r.get("per_second") for r in mine[key]]}
+        ours = self.raw["start_rate"]
+        cells = {}
+        for peer_key, peer in self.peers.items():
+            if peer_key not in theirs:
+                cells[peer_key] = "not measured: " + _short(peer.problem)
+                continue
+            self.raw.setdefault(peer_key, {}).setdefault("runs", []).extend(theirs[peer_key])
+            cells[peer_key] = _rate_cell(_median_run(theirs[peer_key]), ours["per_second"])
+        self.raw["start_rate_peers"] = {k: {**_median_run(v), "rounds": [r.get("per_second") for r in v]}
+                                        for k, v in theirs.items()}
         pgq = self.raw["start_rate_peers"].get("pgqueuer") or {}
-        ratio = (ours["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
-        self.table_obj.add("start rate: 1 start() in atomic()/transaction, 1 client (/s)",
-                           f"{report.num(ours['per_second'])} (p99 {ours['p99_ms']:.1f} ms)",
-                           cells["procrastinate"], cells["tasks_db"],
-                           f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
-                           report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
-                           + ("" if ratio is None else f" ({ratio:.2f}x)"),
-                           pgqueuer=cells["pgqueuer"])
-        ratio = (alone["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
-        self.table_obj.add("start rate: 1 start() in autocommit (its own transaction), 1 client (/s)",
-                           f"{report.num(alone['per_second'])} (p99 {alone['p99_ms']:.1f} ms)",
-                           "(as above)", "(as above)", f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
-                           report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
-                           + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer="(as above)")
-        # The opt-in: a connection that prepares statements (OPTIONS["prepare_threshold"]),
-        # for a direct connection or a pooler that keeps prepared statements.
-        for atomic, label in ((True, "in atomic()"), (False, "in autocommit")):
-            prepared = durable_bench.start_rate(self.plan.start_n, atomic=atomic, prepare_threshold=0)
-            self.raw["start_rate_prepared" + ("" if atomic else "_autocommit")] = prepared
-            ratio = (prepared["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
-            self.table_obj.add(f"start rate: 1 start() {label}, prepared statements (opt-in) (/s)",
-                               f"{report.num(prepared['per_second'])} (p99 {prepared['p99_ms']:.1f} ms)",
-                               "(as above)", "(as above)", f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
+        for position, (key, (_, _, label)) in enumerate(variants.items()):
+            figure = self.raw[key]
+            ratio = (figure["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
+            peer_cells = (cells.get("pgqueuer", "-"), cells.get("procrastinate", "-"), cells.get("tasks_db", "-")) \
+                if position == 0 else ("(as above)",) * 3
+            self.table_obj.add(label, f"{report.num(figure['per_second'])} (p99 {figure['p99_ms']:.1f} ms)",
+                               peer_cells[1], peer_cells[2], f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
                                report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
-                               + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer="(as above)")
+                               + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer=peer_cells[0])
         from benchmarks import start_profile
 
         print("    start profile: where one start() per transaction spends its time", flush=True)

@@ -332,9 +332,10 @@ def explain(result: dict) -> list[str]:
         out.append(f"indexes: {result['indexes']} on the table, {extra + 1} take an entry from a plain start "
                    f"(the primary key and {extra} more): {d(wall, every, pk):+.0f} wall, "
                    f"~{d(wall, every, pk) / max(extra, 1):.0f} each; server CPU {d(server, every, pk):+.0f}")
-    if {"job row, copy table, every index", "job row, copy table, no index at all"} <= timings.keys():
+    indexed, bare = "job row, copy table, every index", "job row, copy table, no index at all"
+    if {indexed, bare} <= timings.keys():
         out.append(f"  the server's execution time with every index vs none: "
-                   f"{(timings['job row, copy table, every index'][1] - timings['job row, copy table, no index at all'][1]) * 1000:+.0f}")
+                   f"{(timings[indexed][1] - timings[bare][1]) * 1000:+.0f}")
     notify = "  + NOTIFY (second statement)"
     plain = "job row, real table (every index), UUIDv4"
     if notify in wall:

@@ -35,6 +35,11 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
 from django.db.models import NOT_PROVIDED
 
+try:
+    from django.db.backends.postgresql.base import ServerBindingCursor as _ServerBindingCursor
+except ImportError:  # psycopg2: no server-side binding, so nothing is prepared
+    _ServerBindingCursor = None  # type: ignore[assignment,misc]
+
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     IDEMPOTENCY_INDEX,
@@ -152,7 +157,6 @@ RETURNING {COLUMNS}
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 
 
-
 # A new row is not read back whole (issue #14): a column the insert sets from a plain
 # parameter is that parameter, a column it does not name is NULL or its zero default, and
 # only what the server decides (its clock, the jsonb forms, the casts) comes back. Derived
@@ -188,9 +192,7 @@ _STRING_LITERAL = re.compile(r"'([a-z_]*)'")
 #: column -> its value, for the columns the insert sets to a string literal ('pending')
 _INSERT_LITERALS = {column: m.group(1) for column, value in _INSERT_PAIRS if (m := _STRING_LITERAL.fullmatch(value))}
 #: column -> the first column with the same value expression (now(): one stamp, read back once)
-_SAME_AS = {}
-for _column, _value in _INSERT_PAIRS:
-    _SAME_AS[_column] = next(c for c, v in _INSERT_PAIRS if v == _value)
+_SAME_AS = {column: next(c for c, v in _INSERT_PAIRS if v == value) for column, value in _INSERT_PAIRS}
 _INSERT_BACK = tuple(column for column, _ in _INSERT_PAIRS
                      if column not in _INSERT_PARAMS and column not in _INSERT_LITERALS and _SAME_AS[column] == column)
 _FIELD_BY_COLUMN = {f.column: f for f in _FIELDS}
@@ -342,12 +344,6 @@ def _start_cursor(using: str):
     with connection.wrap_database_errors:
         cursor = _ServerBindingCursor(connection.connection)
     return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
-
-
-try:
-    from django.db.backends.postgresql.base import ServerBindingCursor as _ServerBindingCursor
-except ImportError:  # psycopg2: no server-side binding, nothing is prepared
-    _ServerBindingCursor = None
 
 
 # The bulk twin of INSERT_JOB: one statement for the whole batch, the rows travelling as
