@@ -338,20 +338,26 @@ class Results:
         }
         mine: dict[str, list[dict]] = {key: [] for key in variants}
         theirs: dict[str, list[dict]] = {key: [] for key, peer in self.peers.items() if peer.ok}
+        # One sequence per round, started one place further each round, so that no
+        # measurement always follows the same one (a peer's run leaves its autovacuum
+        # and checkpoint I/O to whoever comes next).
+        sequence = [("ours", key) for key in variants]
+        sequence[1:1] = [("peer", key) for key in theirs]
         for round_ in range(self.plan.repeat):
             print(f"    start rates (round {round_ + 1}/{self.plan.repeat})", flush=True)
-            for position, (key, (atomic, threshold, _)) in enumerate(variants.items()):
-                mine[key].append(durable_bench.start_rate(n, atomic=atomic, prepare_threshold=threshold))
-                if position:
+            shift = round_ % len(sequence)
+            for who, key in sequence[shift:] + sequence[:shift]:
+                if who == "ours":
+                    atomic, threshold, _ = variants[key]
+                    mine[key].append(durable_bench.start_rate(n, atomic=atomic, prepare_threshold=threshold))
                     continue
-                for peer_key in theirs:  # right after ours in atomic(), then ours in autocommit
-                    try:
-                        result = peer_bench.start_rate(self.peers[peer_key], n, env=self.env, logs=self.logs)
-                    except Exception as error:  # noqa: BLE001
-                        result = {"error": f"{type(error).__name__}: {error}"}
-                        self.raw.setdefault("errors", {})[peer_key] = traceback.format_exc()
-                        procs.kill_all()
-                    theirs[peer_key].append(result)
+                try:
+                    result = peer_bench.start_rate(self.peers[key], n, env=self.env, logs=self.logs)
+                except Exception as error:  # noqa: BLE001
+                    result = {"error": f"{type(error).__name__}: {error}"}
+                    self.raw.setdefault("errors", {})[key] = traceback.format_exc()
+                    procs.kill_all()
+                theirs[key].append(result)
         for key in variants:
             self.raw[key] = {**_median_run(mine[key]), "rounds": [r.get("per_second") for r in mine[key]]}
         ours = self.raw["start_rate"]
