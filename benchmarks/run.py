@@ -343,8 +343,11 @@ class Results:
         # and checkpoint I/O to whoever comes next).
         sequence = [("ours", key) for key in variants]
         sequence[1:1] = [("peer", key) for key in theirs]
-        for round_ in range(self.plan.repeat):
-            print(f"    start rates (round {round_ + 1}/{self.plan.repeat})", flush=True)
+        # Cheap (a second or two each), so at least five rounds: with three, one slow patch
+        # of the machine in one round still moved a median.
+        rounds = self.plan.repeat if self.plan.quick else max(self.plan.repeat, 5)
+        for round_ in range(rounds):
+            print(f"    start rates (round {round_ + 1}/{rounds})", flush=True)
             shift = round_ % len(sequence)
             for who, key in sequence[shift:] + sequence[:shift]:
                 if who == "ours":
