@@ -87,14 +87,26 @@ def fill(n: int, *, batch: int = 500) -> float:
 # start rate
 # ---------------------------------------------------------------------------------------
 
-def start_rate(n: int, *, atomic: bool = True) -> dict:
+def start_rate(n: int, *, atomic: bool = True, prepare_threshold: int | None = None) -> dict:
     """One ``durable.start()`` per transaction, one client (this process).
 
     ``atomic``: inside ``transaction.atomic()``, as beside domain rows (BEGIN, the insert,
     COMMIT: three round trips); otherwise in autocommit, where the start is one statement
     and its own transaction (one round trip), as a peer's enqueue is.
+    ``prepare_threshold``: the connection's, as ``DATABASES[...]["OPTIONS"]["prepare_threshold"]``
+    sets it (the opt-in to prepared statements; Django's default None prepares nothing).
     """
     reset()
+    connection.ensure_connection()
+    before = connection.connection.prepare_threshold
+    connection.connection.prepare_threshold = prepare_threshold
+    try:
+        return _start_rate(n, atomic=atomic)
+    finally:
+        connection.connection.prepare_threshold = before
+
+
+def _start_rate(n: int, *, atomic: bool) -> dict:
     with transaction.atomic() if atomic else contextlib.nullcontext():
         durable.start(KIND)  # warm the connection and the code paths
     times = []

@@ -182,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             "scenario": "server floor: 1-row INSERT + COMMIT, 1 client, at start / end (/s)",
             "durable_jobs": f"{report.num(floor_start['per_second'])} / {report.num(floor_end['per_second'])}",
             "pgqueuer": "-", "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
+        start_arithmetic(raw, notes)
         table = results.table()
     except KeyboardInterrupt:
         procs.kill_all()
@@ -250,6 +251,31 @@ def _setup_django(server) -> dict:
     return env
 
 
+def start_arithmetic(raw: dict, notes: list[str]) -> None:
+    """Say what the start target asks of a start in this run, against the server's floor."""
+    pgq = (raw.get("start_rate_peers") or {}).get("pgqueuer") or {}
+    floor = raw.get("commit_floor") or {}
+    if not pgq.get("per_second") or not floor.get("start"):
+        return
+    target = TARGETS["start_vs_pgqueuer"] * pgq["per_second"]
+    budget = 1e6 / target
+    floors = [floor[k]["per_second"] for k in ("start", "end") if floor.get(k)]
+    shares = " / ".join(f"{target / f:.0%}" for f in floors)
+    us = " / ".join(f"{1e6 / f:.0f}" for f in floors)
+    text = (f"start target arithmetic: {TARGETS['start_vs_pgqueuer']:g} x pgqueuer's {pgq['per_second']:,.0f}/s is "
+            f"{target:,.0f} starts/s, {budget:.0f} us per start, which is {shares} of the server's 1-row "
+            f"INSERT + COMMIT floor at the start / end of the run ({us} us per commit): a start may cost "
+            + " / ".join(f"{budget - 1e6 / f:+.0f}" for f in floors) + " us over a 1-column insert.")
+    profile = raw.get("start_profile") or {}
+    client, server = profile.get("client_cpu_us") or {}, profile.get("server_cpu_us") or {}
+    floor_step, ours = "floor: 1-row INSERT + COMMIT (bigserial key)", "durable.start(), autocommit"
+    if floor_step in client and ours in client:
+        text += (f" The start profile (synchronous_commit off) puts durable.start() in autocommit at "
+                 f"{client[ours] - client[floor_step]:+.0f} us of client CPU and "
+                 f"{server[ours] - server[floor_step]:+.0f} us of server CPU over that floor.")
+    notes.append(text)
+
+
 class Results:
     """Runs the scenarios and turns their figures into table rows."""
 
@@ -295,31 +321,68 @@ class Results:
     def scenario_start(self) -> None:
         from benchmarks import durable_bench, peer_bench
 
-        ours = durable_bench.start_rate(self.plan.start_n)
-        self.raw["start_rate"] = ours
-        cells = self._peer_cells(
-            lambda p: peer_bench.start_rate(p, self.plan.start_n, env=self.env, logs=self.logs),
-            lambda r: _rate_cell(r, ours["per_second"]))
-        # The peers' enqueues commit on their own (autocommit): so does start() outside atomic().
-        alone = durable_bench.start_rate(self.plan.start_n, atomic=False)
-        self.raw["start_rate_autocommit"] = alone
-        self.raw["start_rate_peers"] = {k: v["runs"][-1] for k, v in self.raw.items()
-                                        if k in self.peers and v.get("runs")}
+        # Rounds interleaved (ours, each peer, ours again in autocommit and with prepared
+        # statements), the median run of each reported: a shared machine's load swings by
+        # a factor of several within a minute, and one sequential pass would hand that
+        # swing to whichever system ran in the quiet moment.
+        n = self.plan.start_n
+        variants = {  # raw key -> (atomic, prepare_threshold, row label)
+            "start_rate": (True, None, "start rate: 1 start() in atomic()/transaction, 1 client (/s)"),
+            "start_rate_autocommit": (False, None,
+                                      "start rate: 1 start() in autocommit (its own transaction), 1 client (/s)"),
+            # The opt-in: a connection that prepares statements (OPTIONS["prepare_threshold"]),
+            # for a direct connection or a pooler that keeps prepared statements.
+            "start_rate_prepared": (True, 0, "start rate: 1 start() in atomic(), prepared statements (opt-in) (/s)"),
+            "start_rate_prepared_autocommit": (False, 0,
+                                               "start rate: 1 start() in autocommit, prepared statements (opt-in) (/s)"),
+        }
+        mine: dict[str, list[dict]] = {key: [] for key in variants}
+        theirs: dict[str, list[dict]] = {key: [] for key, peer in self.peers.items() if peer.ok}
+        # One sequence per round, started one place further each round, so that no
+        # measurement always follows the same one (a peer's run leaves its autovacuum
+        # and checkpoint I/O to whoever comes next).
+        sequence = [("ours", key) for key in variants]
+        sequence[1:1] = [("peer", key) for key in theirs]
+        # Cheap (a second or two each), so at least five rounds: with three, one slow patch
+        # of the machine in one round still moved a median.
+        rounds = self.plan.repeat if self.plan.quick else max(self.plan.repeat, 5)
+        for round_ in range(rounds):
+            print(f"    start rates (round {round_ + 1}/{rounds})", flush=True)
+            shift = round_ % len(sequence)
+            for who, key in sequence[shift:] + sequence[:shift]:
+                if who == "ours":
+                    atomic, threshold, _ = variants[key]
+                    mine[key].append(durable_bench.start_rate(n, atomic=atomic, prepare_threshold=threshold))
+                    continue
+                try:
+                    result = peer_bench.start_rate(self.peers[key], n, env=self.env, logs=self.logs)
+                except Exception as error:  # noqa: BLE001
+                    result = {"error": f"{type(error).__name__}: {error}"}
+                    self.raw.setdefault("errors", {})[key] = traceback.format_exc()
+                    procs.kill_all()
+                theirs[key].append(result)
+        for key in variants:
+            self.raw[key] = {**_median_run(mine[key]), "rounds": [r.get("per_second") for r in mine[key]]}
+        ours = self.raw["start_rate"]
+        cells = {}
+        for peer_key, peer in self.peers.items():
+            if peer_key not in theirs:
+                cells[peer_key] = "not measured: " + _short(peer.problem)
+                continue
+            self.raw.setdefault(peer_key, {}).setdefault("runs", []).extend(theirs[peer_key])
+            cells[peer_key] = _rate_cell(_median_run(theirs[peer_key]), ours["per_second"])
+        self.raw["start_rate_peers"] = {k: {**_median_run(v), "rounds": [r.get("per_second") for r in v]}
+                                        for k, v in theirs.items()}
         pgq = self.raw["start_rate_peers"].get("pgqueuer") or {}
-        ratio = (ours["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
-        self.table_obj.add("start rate: 1 start() in atomic()/transaction, 1 client (/s)",
-                           f"{report.num(ours['per_second'])} (p99 {ours['p99_ms']:.1f} ms)",
-                           cells["procrastinate"], cells["tasks_db"],
-                           f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
-                           report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
-                           + ("" if ratio is None else f" ({ratio:.2f}x)"),
-                           pgqueuer=cells["pgqueuer"])
-        ratio = (alone["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
-        self.table_obj.add("start rate: 1 start() in autocommit (its own transaction), 1 client (/s)",
-                           f"{report.num(alone['per_second'])} (p99 {alone['p99_ms']:.1f} ms)",
-                           "(as above)", "(as above)", f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
-                           report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
-                           + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer="(as above)")
+        for position, (key, (_, _, label)) in enumerate(variants.items()):
+            figure = self.raw[key]
+            ratio = (figure["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
+            peer_cells = (cells.get("pgqueuer", "-"), cells.get("procrastinate", "-"), cells.get("tasks_db", "-")) \
+                if position == 0 else ("(as above)",) * 3
+            self.table_obj.add(label, f"{report.num(figure['per_second'])} (p99 {figure['p99_ms']:.1f} ms)",
+                               peer_cells[1], peer_cells[2], f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
+                               report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
+                               + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer=peer_cells[0])
         from benchmarks import start_profile
 
         print("    start profile: where one start() per transaction spends its time", flush=True)

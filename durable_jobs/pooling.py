@@ -15,7 +15,8 @@ nothing may live in a server session between two transactions:
   instead of silently living on its poll interval.
 
 Prepared statements are left to Django, which turns psycopg's automatic preparation off
-(``prepare_threshold = None``) unless ``OPTIONS`` asks for it; advisory locks are not used.
+(``prepare_threshold = None``) unless ``OPTIONS`` asks for it (``start()``'s insert follows
+that same setting, see ``store._start_cursor``); advisory locks are not used.
 """
 
 from __future__ import annotations

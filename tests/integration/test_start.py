@@ -111,6 +111,48 @@ def test_start__returns_exactly_the_row_it_wrote(kind, extra):
     assert job.id.version == 7
 
 
+@pytest.fixture
+def prepare_threshold():
+    """Set the connection's ``prepare_threshold`` (what ``OPTIONS["prepare_threshold"]``
+    sets) for one test, and put Django's default back."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+
+    def set_to(value):
+        raw.prepare_threshold = value
+
+    yield set_to
+    raw.prepare_threshold = before
+
+
+def _prepared_inserts() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                       ["%INSERT INTO durable_jobs_job%"])
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("extra", [{}, {"input": {"a": [1, "ü"]}, "lock_key": "k1", "idempotency_key": "i1",
+                                        "subject": ("demo.report", "42"), "run_after": 30, "priority": 3}])
+def test_start__prepares_its_insert_only_where_the_connection_prepares_statements(kind, prepare_threshold,
+                                                                                  extra):
+    """Django's default (no ``prepare_threshold``) prepares nothing, so a transaction-mode
+    pooler that loses prepared statements between transactions is safe; a connection that
+    prepares statements gets the start's insert prepared, and the same rows."""
+    for _ in range(3):
+        durable.start(kind)
+    assert _prepared_inserts() == 0
+    prepare_threshold(0)
+    job = durable.start(kind, **extra)
+    durable.start(kind)
+    assert _prepared_inserts() == 1
+    stored = durable.get(job.id)
+    fields = [f.attname for f in type(job)._meta.concrete_fields]
+    assert {f: getattr(job, f) for f in fields} == {f: getattr(stored, f) for f in fields}
+
+
 @pytest.mark.django_db
 def test_start__uses_the_handler_queue_unless_told(kind):
     """DESIGN §1: the handler's queue is the default."""
