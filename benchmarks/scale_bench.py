@@ -114,7 +114,8 @@ def main(argv=None) -> int:
             _create(server, db, fresh=fresh)
             out = output.with_suffix(f".{phase}.json")
             cmd = [sys.executable, "-m", "benchmarks.scale_bench", "--phase", phase, "--url", server.url(db),
-                   "--json", str(out), "--sizes", args.sizes, "--backlog", str(args.backlog), "--ingest-rate", str(args.ingest_rate),
+                   "--json", str(out), "--sizes", args.sizes, "--backlog", str(args.backlog),
+                   "--ingest-rate", str(args.ingest_rate),
                    "--ingest-seconds", str(args.ingest_seconds), "--ingest-retention", str(args.ingest_retention),
                    "--n", str(args.n), "--repeat", str(args.repeat)]
             if args.ingest_table_defaults:
@@ -637,9 +638,9 @@ def render_summary(results: dict) -> str:
                      "call / server (ms) | < 100 ms | statements per call | finished counts |")
         lines.append("|---:|---:|---|---:|---|---:|---|")
         for entry in size["sizes"]:
+            live = entry.get("backlog", {}).get("jobs", 0)
             for key, label in (("stats_scrape", f"{entry['size']:,}"),
-                               ("stats_scrape_backlog", f"{entry['size']:,} + {entry.get('backlog', {}).get('jobs', 0):,} "
-                                                        "live")):
+                               ("stats_scrape_backlog", f"{entry['size']:,} + {live:,} live")):
                 if key not in entry:
                     continue
                 lines.append(_stats_row(label, entry[key]))
