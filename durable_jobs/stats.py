@@ -17,8 +17,8 @@ WINDOWS = (1, 5, 15)  # minutes, for throughput
 #: Below this many rows (the planner's estimate of the whole table) every count is exact;
 #: above it, finished jobs are counted from the planner's statistics instead of read. The
 #: exact count reads the whole table: 50-140 ms at 85,000 rows on a loaded 2-core machine
-#: (benchmarks/scale_bench.py), a few ms at this size. Up to 30,000 rows ANALYZE's sample
-#: is the whole table, so just past the threshold the estimate is the count as of the
+#: (benchmarks/scale_bench.py), so about a tenth of that here. Up to 30,000 rows ANALYZE's
+#: sample is the whole table: just past the threshold the estimate is the count as of the
 #: last ANALYZE.
 EXACT_BELOW = 10_000
 
