@@ -5,8 +5,11 @@ Three phases, each in a subprocess of its own (each binds Django to its own data
 ``size``     finished rows grown by ``INSERT … SELECT generate_series`` through ``--sizes``
              (default 0, 1M, 10M); at each size: DEQUEUE (1 and 8 rows), a full reconciler
              pass, and retention (a pass with nothing to delete, then batches of real
-             deletes), each as client time and as server time (EXPLAIN ANALYZE execution
-             time), with the plans written to the results file.
+             deletes), ``durable_jobs stats`` (``stats.collect``) and the Prometheus scrape
+             (``GET /metrics/durable-jobs`` with a bearer token), each as client time and
+             as server time (EXPLAIN ANALYZE execution time), with the plans written to the
+             results file; at the largest size stats and the scrape again over a live
+             backlog of ``--backlog`` jobs (pending, held, running, retrying, parked).
 ``ingest``   a sustained ``--ingest-rate`` jobs/s (default 5,000) for ``--ingest-seconds``,
              each job written as a worker writes it (insert pending, claim, complete: three
              row versions), with the reconciler running its real passes and a short
@@ -60,6 +63,8 @@ def parse_args(argv):
     parser.add_argument("--only", default="size,ingest,pooler", help="phases among size, ingest, pooler")
     parser.add_argument("--sizes", default="0,1000000,10000000", help="finished rows to measure at, ascending")
     parser.add_argument("--keep", action="store_true", help="keep the size database (reuse its rows next time)")
+    parser.add_argument("--backlog", type=int, default=20000,
+                        help="live jobs added over the largest size to time stats and the scrape again (0: none)")
     parser.add_argument("--size-db", default=SIZE_DB, help=f"database of the size phase (default {SIZE_DB})")
     parser.add_argument("--ingest-rate", type=int, default=5000)
     parser.add_argument("--ingest-seconds", type=float, default=180.0)
@@ -109,7 +114,8 @@ def main(argv=None) -> int:
             _create(server, db, fresh=fresh)
             out = output.with_suffix(f".{phase}.json")
             cmd = [sys.executable, "-m", "benchmarks.scale_bench", "--phase", phase, "--url", server.url(db),
-                   "--json", str(out), "--sizes", args.sizes, "--ingest-rate", str(args.ingest_rate),
+                   "--json", str(out), "--sizes", args.sizes, "--backlog", str(args.backlog),
+                   "--ingest-rate", str(args.ingest_rate),
                    "--ingest-seconds", str(args.ingest_seconds), "--ingest-retention", str(args.ingest_retention),
                    "--n", str(args.n), "--repeat", str(args.repeat)]
             if args.ingest_table_defaults:
@@ -214,7 +220,8 @@ def phase_size(args) -> dict:
     from durable_jobs import conf, store
 
     out = {"sizes": []}
-    for size in [int(s) for s in args.sizes.split(",")]:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    for size in sizes:
         print(f"-- {size:,} finished rows", flush=True)
         grown = bench.grow_finished(_ctx(), size) if size else {"finished_rows": 0}
         entry = {"size": size, "grown": grown}
@@ -228,8 +235,14 @@ def phase_size(args) -> dict:
                    "ttl_ms": ttl_ms, "limit": 8}
         entry["dequeue8_exec_ms"] = _pct([bench._explain_time(store.DEQUEUE, params8) for _ in range(20)], 50)
         entry["dequeue8_plan"] = bench._explain_text(store.DEQUEUE, params8)
+        # Before retention deletes rows: the planner's statistics are those of the VACUUM
+        # (ANALYZE) after the fill, as autovacuum would keep them (it is off on the service).
+        entry["stats_scrape"] = _stats_and_scrape(bench, size)
         entry["retention"] = _retention_at_size(bench, store, conf)
         entry["table"] = _sizes()
+        if args.backlog and size == sizes[-1]:
+            entry["backlog"] = _add_backlog(args.backlog)
+            entry["stats_scrape_backlog"] = _stats_and_scrape(bench, size)
         out["sizes"].append(entry)
         print(json.dumps({k: v for k, v in summarize_size(entry).items()}), flush=True)
     return out
@@ -267,6 +280,122 @@ def _retention_at_size(bench, store, conf) -> dict:
                 "batch_p50_ms": _pct(seconds, 50) * 1000,
                 "rows_per_second": sum(b[1] for b in batches) / sum(seconds)})
     return out
+
+
+STATS_REPEAT = 9
+METRICS_TOKEN = "scale-bench-token-0123456789"
+
+
+def _stats_and_scrape(bench, size: int) -> dict:
+    """Time ``stats.collect()`` and the metrics view: the whole call (median of warm calls)
+    and each statement it runs on the server (EXPLAIN ANALYZE, median), with their plans."""
+    from django.conf import settings
+    from django.test import Client
+
+    from durable_jobs import stats
+
+    settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "METRICS_TOKEN": METRICS_TOKEN}
+    client = Client()
+
+    def scrape():
+        response = client.get("/metrics/durable-jobs", HTTP_AUTHORIZATION=f"Bearer {METRICS_TOKEN}")
+        assert response.status_code == 200, response.status_code
+        return response.content
+
+    out = {}
+    for name, call in (("stats", stats.collect), ("scrape", scrape)):
+        call()  # warm-up: connection, caches
+        times = []
+        for _ in range(STATS_REPEAT):
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1000)
+        out[name] = {"client_p50_ms": _pct(times, 50), "client_ms": times,
+                     "statements": _statements_of(bench, call)}
+        out[name]["server_ms"] = sum(s.get("exec_p50_ms") or 0 for s in out[name]["statements"])
+    answer = stats.collect()
+    completed = sum(counts.get("completed", 0) for counts in answer["by_kind"].values())
+    out["answer"] = {"estimated": answer["estimated"], "completed": completed, "pending": answer["pending"],
+                     "running": answer["running"], "held": answer["held"],
+                     "running_expired_leases": answer["running_expired_leases"], "retrying": answer["retrying"],
+                     "parked_by_reason": answer["parked_by_reason"], "finished_last": answer["finished_last"]}
+    out["exact"] = dict(_sql(f"SELECT status, count(*) FROM {TABLE} GROUP BY status"))
+    out["scrape_lines"] = len(scrape().splitlines())
+    print(f"   stats {out['stats']['client_p50_ms']:.1f} ms (server {out['stats']['server_ms']:.1f} ms), "
+          f"scrape {out['scrape']['client_p50_ms']:.1f} ms (server {out['scrape']['server_ms']:.1f} ms) "
+          f"at {size:,}", flush=True)
+    return out
+
+
+def _statements_of(bench, call) -> list[dict]:
+    """Each statement ``call`` runs: its client time there, and its EXPLAIN ANALYZE time and plan."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as captured:
+        call()
+    out = []
+    for query in captured.captured_queries:
+        sql = query["sql"]
+        entry = {"sql": sql, "client_ms": float(query["time"]) * 1000}
+        head = sql.lstrip().split(None, 1)[0].upper() if sql.strip() else ""
+        # The planner's own estimates (EXPLAIN) are not explained again; the transaction
+        # control around the statistics read has no plan.
+        if head in ("SELECT", "WITH"):
+            try:
+                entry["exec_p50_ms"] = _pct([bench._explain_time(sql, None) for _ in range(5)], 50)
+                entry["plan"] = bench._explain_text(sql, None)
+            except Exception as error:  # noqa: BLE001 - report instead of failing
+                entry["plan"] = f"(EXPLAIN failed: {type(error).__name__}: {error})"
+        out.append(entry)
+    return out
+
+
+# Live jobs over the finished history: pending (a tenth held by a wait condition), running
+# under a lease (a tenth expired), running with a released lease after a failed slice
+# (retrying), and parked. ``stats`` counts every one of them exactly.
+BACKLOG = f"""
+INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, priority, lease_owner,
+                     lease_epoch, lease_expires_at, heartbeat_at, next_run_at, pending_since, started_at,
+                     finished_at, parked_at, error_class, error_code, held_since, wait_for)
+SELECT gen_random_uuid(), 'default', 'bench.backlog.' || (g %% 10), b.status, now() - interval '1 minute', now(),
+       'default', 0, b.owner, 1, b.expires, b.beat, b.next_run, b.pending_since, b.started, b.finished, b.parked,
+       b.error_class, b.error_code, b.held, b.wait_for
+  FROM generate_series(1, %(n)s) g
+ CROSS JOIN LATERAL (
+     SELECT * FROM (VALUES
+         -- of every 20: pending (0-9), pending and held (10), running under a lease (11-15),
+         -- running with an expired lease (16), retrying (17-18), parked (19)
+         (g %% 20 < 10, 'pending', NULL, NULL::timestamptz, NULL::timestamptz, now() + interval '1 hour',
+          now() - interval '1 minute', NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL, NULL,
+          NULL::timestamptz, NULL::jsonb),
+         (g %% 20 = 10, 'pending', NULL, NULL, NULL, now() + interval '1 hour', now() - interval '1 minute',
+          NULL, NULL, NULL, NULL, NULL, now() - interval '1 minute', '{{"after": "2099-01-01T00:00:00Z"}}'),
+         (g %% 20 BETWEEN 11 AND 15, 'running', 'bench:' || g, now() + interval '1 minute', now(), NULL, NULL,
+          now(), NULL, NULL, NULL, NULL, NULL, NULL),
+         (g %% 20 = 16, 'running', 'bench:' || g, now() - interval '1 minute', now() - interval '2 minutes', NULL,
+          NULL, now(), NULL, NULL, NULL, NULL, NULL, NULL),
+         (g %% 20 IN (17, 18), 'running', NULL, NULL, NULL, now() + interval '1 hour', NULL, now(), NULL, NULL,
+          'transient', NULL, NULL, NULL),
+         (g %% 20 = 19, 'failed', NULL, NULL, NULL, NULL, NULL, now(), now(), now(), 'transient', 'poison', NULL,
+          NULL)
+     ) AS v(pick, status, owner, expires, beat, next_run, pending_since, started, finished, parked,
+            error_class, error_code, held, wait_for)
+     WHERE v.pick
+ ) AS b
+"""
+
+
+def _add_backlog(n: int) -> dict:
+    """Add ``n`` live and parked jobs (not due for an hour: the next size's cleanup removes them)."""
+    t0 = time.perf_counter()
+    _sql(BACKLOG, {"n": n})
+    # What autovacuum's insert threshold would do after such a burst (it is off on the service).
+    _sql(f"VACUUM (ANALYZE) {TABLE}")
+    return {"jobs": n, "seconds": time.perf_counter() - t0,
+            "by_status": dict(_sql(f"SELECT status, count(*) FROM {TABLE} WHERE status <> 'completed' "
+                                   "GROUP BY status"))}
 
 
 def _ctx():
@@ -476,6 +605,10 @@ def summarize_size(entry: dict) -> dict:
         "retention_idle_exec_ms": ret.get("idle_exec_p50_ms"), "retention_idle_pass_ms": ret.get("idle_pass_p50_ms"),
         "retention_batch_ms": ret.get("batch_p50_ms"), "retention_rows_per_s": ret.get("rows_per_second"),
         "total_mb": entry.get("table", {}).get("total_mb"),
+        "stats_ms": entry.get("stats_scrape", {}).get("stats", {}).get("client_p50_ms"),
+        "stats_server_ms": entry.get("stats_scrape", {}).get("stats", {}).get("server_ms"),
+        "scrape_ms": entry.get("stats_scrape", {}).get("scrape", {}).get("client_p50_ms"),
+        "scrape_server_ms": entry.get("stats_scrape", {}).get("scrape", {}).get("server_ms"),
     }
 
 
@@ -500,6 +633,17 @@ def render_summary(results: dict) -> str:
                          f"{_f(s['reconcile_pass_ms'])} | {_f(s['retention_idle_exec_ms'], 3)} / "
                          f"{_f(s['retention_idle_pass_ms'])} | {_f(s['retention_batch_ms'], 0)} | "
                          f"{_f(s['retention_rows_per_s'], 0)} | {_f(s['total_mb'], 0)} |")
+        lines.append("")
+        lines.append("| finished rows | `durable_jobs stats`: call / server (ms) | < 100 ms | Prometheus scrape: "
+                     "call / server (ms) | < 100 ms | statements per call | finished counts |")
+        lines.append("|---:|---:|---|---:|---|---:|---|")
+        for entry in size["sizes"]:
+            live = entry.get("backlog", {}).get("jobs", 0)
+            for key, label in (("stats_scrape", f"{entry['size']:,}"),
+                               ("stats_scrape_backlog", f"{entry['size']:,} + {live:,} live")):
+                if key not in entry:
+                    continue
+                lines.append(_stats_row(label, entry[key]))
     elif "size" in results:
         lines.append(f"size: {size}")
     ingest = results.get("ingest")
@@ -534,6 +678,41 @@ def render_summary(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _verdict(ms) -> str:
+    return "—" if ms is None else ("PASS" if ms < 100 else "**MISS**")
+
+
+def _stats_row(label: str, data: dict) -> str:
+    if "stats" not in data:
+        return f"| {label} | {data} | | | | | |"
+    st, sc = data["stats"], data["scrape"]
+    answer = data.get("answer", {})
+    counts = "estimated" if answer.get("estimated") else "exact"
+    return (f"| {label} | {_f(st['client_p50_ms'], 1)} / {_f(st['server_ms'], 1)} | {_verdict(st['client_p50_ms'])} | "
+            f"{_f(sc['client_p50_ms'], 1)} / {_f(sc['server_ms'], 1)} | {_verdict(sc['client_p50_ms'])} | "
+            f"{len(st['statements'])} / {len(sc['statements'])} | {counts} "
+            f"(completed {_f(answer.get('completed'))} of {_f(data.get('exact', {}).get('completed'))}) |")
+
+
+def _statement_plans(title: str, data: dict) -> list[str]:
+    parts = []
+    for name in ("stats", "scrape"):
+        call = data.get(name)
+        if not call:
+            continue
+        parts += [f"### {title}: {'durable_jobs stats' if name == 'stats' else 'Prometheus scrape'}, "
+                  f"call {call['client_p50_ms']:.1f} ms (median of {len(call['client_ms'])}), server "
+                  f"{call['server_ms']:.2f} ms over {len(call['statements'])} statements", ""]
+        for i, st in enumerate(call["statements"], 1):
+            exec_ms = st.get("exec_p50_ms")
+            parts += [f"{i}. client {st['client_ms']:.2f} ms, server "
+                      f"{'—' if exec_ms is None else f'{exec_ms:.3f} ms'}", "", "```", st["sql"].strip()]
+            if st.get("plan"):
+                parts += ["", st["plan"]]
+            parts += ["```", ""]
+    return parts
+
+
 def render(results: dict) -> str:
     parts = [f"# Scale and pooler benchmark, {results['started']}", "",
              "Shared machine (2 cores, other jobs running): figures are noisy; compare within the run.", "",
@@ -548,6 +727,12 @@ def render(results: dict) -> str:
         for name, plan in plans.items():
             if plan:
                 parts += [f"### {name}", "", "```", plan, "```", ""]
+        if entry.get("stats_scrape"):
+            parts += _statement_plans(f"{entry['size']:,} finished rows", entry["stats_scrape"])
+        if entry.get("stats_scrape_backlog"):
+            parts += [f"Live backlog added: `{json.dumps(entry.get('backlog'))}`", ""]
+            parts += _statement_plans(f"{entry['size']:,} finished rows + live backlog",
+                                      entry["stats_scrape_backlog"])
     ingest = results.get("ingest")
     if ingest and ingest.get("samples"):
         header = ("| t (s) | inserted | deleted | live | dead | past retention | heap MB | indexes MB | total MB "

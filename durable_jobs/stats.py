@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Count, Q
-from django.db.models.functions import Now
+from django.db.models import Count
 
 from durable_jobs import console, store
 from durable_jobs.models import Job
@@ -17,8 +15,12 @@ WINDOWS = (1, 5, 15)  # minutes, for throughput
 
 
 #: Below this many rows (the planner's estimate of the whole table) every count is exact;
-#: above it, finished jobs are counted from the planner's statistics instead of read.
-EXACT_BELOW = 100_000
+#: above it, finished jobs are counted from the planner's statistics instead of read. The
+#: exact count reads the whole table: 50-140 ms at 85,000 rows on a loaded 2-core machine
+#: (benchmarks/scale_bench.py), so about a tenth of that here. Up to 30,000 rows ANALYZE's
+#: sample is the whole table: just past the threshold the estimate is the count as of the
+#: last ANALYZE.
+EXACT_BELOW = 10_000
 
 
 def collect(*, tenant: str | None = None, scope: Scope | None = None,
@@ -41,7 +43,6 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
         jobs = jobs.filter(tenant_id=scope.tenant)
         jobs = jobs.filter(organization_id=scope.organization) if scope.organization is not None \
             else jobs.filter(organization_id__isnull=True)
-    now = store.database_now(using=using)
     table_rows, _ = console.estimate_count(Job.objects.using(using), exact_below=0)
     estimated = table_rows >= EXACT_BELOW
     by_kind: dict[str, dict[str, int]] = {}
@@ -53,19 +54,11 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
     else:
         for row in jobs.values("kind", "status").annotate(n=Count("id")).order_by("kind", "status"):
             by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
-    oldest, expired, retrying = store.backlog_figures(tenant=tenant, scope=scope, using=using)
+    # The clock, the backlog's figures, held jobs and the throughput windows: one statement.
+    figures = store.stats_figures(WINDOWS, tenant=tenant, scope=scope, using=using)
     parked = store.parked_counts(tenant=tenant, scope=scope, using=using)
-    throughput = {}
-    for minutes in WINDOWS:
-        since = Now() - timedelta(minutes=minutes)
-        # Two index ranges: finished and not parked (durable_jobs_finished), and parked.
-        finished = jobs.filter(finished_at__gte=since, parked_at__isnull=True).aggregate(
-            completed=Count("id", filter=Q(status="completed")),
-            failed=Count("id", filter=Q(status="failed")),
-            cancelled=Count("id", filter=Q(status="cancelled")),
-        )
-        finished["failed"] += jobs.filter(parked_at__isnull=False, status="failed", finished_at__gte=since).count()
-        throughput[f"{minutes}m"] = finished
+    now, oldest = figures["now"], figures["oldest_pending"]
+    throughput = {f"{minutes}m": counts for minutes, counts in figures["finished"].items()}
     live = {status: 0 for status in ("pending", "running")}
     for counts in by_kind.values():
         for status in live:
@@ -77,10 +70,10 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
         "pending": live["pending"],
         "oldest_pending_seconds": round((now - oldest).total_seconds(), 1) if oldest else None,
         "running": live["running"],
-        "running_expired_leases": expired,
-        "retrying": retrying,
+        "running_expired_leases": figures["expired"],
+        "retrying": figures["retrying"],
         # Held by a wait condition (a subset of pending): read off durable_jobs_held.
-        "held": jobs.held().count(),
+        "held": figures["held"],
         "parked_by_reason": parked,
         "finished_last": throughput,
     }

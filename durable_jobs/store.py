@@ -30,6 +30,7 @@ import json
 import re
 import uuid
 from collections.abc import Sequence
+from contextlib import nullcontext
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
@@ -1978,8 +1979,11 @@ def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str,
     Only the table's owner (or a superuser) sees these statistics; for anyone else, and
     before the first ANALYZE, the list is empty and callers fall back to estimates per status.
     """
+    # A savepoint only inside the caller's transaction, where a refused read would abort
+    # it; in autocommit it would cost two more round trips (BEGIN, COMMIT) for nothing.
+    contained = transaction.atomic(using=using) if connections[using].in_atomic_block else nullcontext()
     try:
-        with transaction.atomic(using=using), _execute(using, KIND_STATUS_FREQUENCIES, {}) as cursor:
+        with contained, _execute(using, KIND_STATUS_FREQUENCIES, {}) as cursor:
             return [(row[0], row[1], float(row[2])) for row in cursor.fetchall()]
     except Exception:  # noqa: BLE001 — no rights to the statistics: fall back, never fail a scrape
         return []
@@ -1999,13 +2003,34 @@ SELECT error_code, count(*) FROM {TABLE}
  GROUP BY error_code
 """
 
-BACKLOG_FIGURES = f"""
-SELECT (SELECT min(pending_since) FROM {TABLE} WHERE status = 'pending' {{scope}}),
+# Everything else `durable_jobs stats` and the scrape report, in one statement (one round
+# trip, however loaded the machine): the database's clock, the pending backlog's oldest
+# entry (durable_jobs_pending), running jobs whose lease expired (durable_jobs_leased),
+# retrying jobs (durable_jobs_deliverable: each predicate written as that index's own),
+# held jobs (durable_jobs_held), and jobs finished in the last 1, 5 and 15 minutes:
+# unparked ones through durable_jobs_finished, parked ones through the parked index. Every
+# read is proportional to the live backlog, the parked jobs or the last 15 minutes'
+# finished jobs, never to the history.
+STATS_FIGURES = f"""
+SELECT clock_timestamp(),
+       (SELECT min(pending_since) FROM {TABLE} WHERE status = 'pending' {{scope}}),
        (SELECT count(*) FROM {TABLE} WHERE status = 'running' AND lease_owner IS NOT NULL
            AND lease_expires_at < now() {{scope}}),
        (SELECT count(*) FROM {TABLE} WHERE status IN {_LIVE} AND lease_owner IS NULL
-           AND next_run_at IS NOT NULL AND status = 'running' {{scope}})
+           AND next_run_at IS NOT NULL AND status = 'running' {{scope}}),
+       (SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND held_since IS NOT NULL
+           AND wait_satisfied_at IS NULL {{scope}}),
+       {{windows}}
+  FROM (SELECT status, finished_at FROM {TABLE}
+         WHERE finished_at IS NOT NULL AND parked_at IS NULL
+           AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}
+        UNION ALL
+        SELECT status, finished_at FROM {TABLE}
+         WHERE parked_at IS NOT NULL AND status = 'failed'
+           AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}) AS finished
 """
+
+_FINISHED_STATUSES = ("completed", "failed", "cancelled")
 
 
 def _scope_clause(tenant: str | None, scope: Scope | None) -> tuple[str, dict[str, Any]]:
@@ -2032,13 +2057,26 @@ def parked_counts(*, tenant: str | None = None, scope: Scope | None = None,
         return {row[0]: int(row[1]) for row in cursor.fetchall()}
 
 
-def backlog_figures(*, tenant: str | None = None, scope: Scope | None = None,
-                    using: str = DEFAULT_DB_ALIAS) -> tuple[Any, int, int]:
-    """Return ``(oldest pending_since, running with an expired lease, retrying)``."""
+def stats_figures(windows: Sequence[int], *, tenant: str | None = None, scope: Scope | None = None,
+                  using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+    """Return the database's clock, the backlog figures and finished counts per window (minutes).
+
+    Keys: ``now``, ``oldest_pending`` (pending_since, or None), ``expired`` (running with an
+    expired lease), ``retrying``, ``held``, and ``finished``: ``{minutes: {status: count}}``.
+    """
     clause, params = _scope_clause(tenant, scope)
-    with _execute(using, BACKLOG_FIGURES.format(scope=clause), params) as cursor:
-        oldest, expired, retrying = cursor.fetchone()
-    return oldest, int(expired), int(retrying)
+    columns = ",\n       ".join(
+        f"count(*) FILTER (WHERE status = '{status}' AND finished_at >= statement_timestamp() - "
+        f"{int(minutes)} * interval '1 minute')"
+        for minutes in windows for status in _FINISHED_STATUSES)
+    sql = STATS_FIGURES.format(scope=clause, windows=columns)
+    with _execute(using, sql, {**params, "widest": max(int(m) for m in windows)}) as cursor:
+        row = cursor.fetchone()
+    counts = iter(row[5:])
+    return {"now": row[0], "oldest_pending": row[1], "expired": int(row[2]), "retrying": int(row[3]),
+            "held": int(row[4]),
+            "finished": {minutes: {status: int(next(counts)) for status in _FINISHED_STATUSES}
+                         for minutes in windows}}
 
 
 # The admin's bulk cancel ("all N matching", run by the durable_jobs.bulk_action job): one

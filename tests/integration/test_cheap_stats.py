@@ -62,3 +62,24 @@ def test_a_small_table_is_counted_exactly():
     fill_finished("tests.a", "completed", 5)
     data = stats.collect()
     assert data["estimated"] is False and data["by_kind"] == {"tests.a": {"completed": 5}}
+
+
+def test_the_backlog_figures_and_throughput_windows_come_from_one_statement(django_assert_max_num_queries):
+    JobFactory(kind="tests.a", status="completed", finished_at=-30, pending_since=None)
+    JobFactory(kind="tests.a", status="cancelled", finished_at=-180, pending_since=None)
+    JobFactory(kind="tests.a", status="completed", finished_at=-1200, pending_since=None)  # before every window
+    JobFactory(kind="tests.a", status="failed", parked_at=-10, finished_at=-10, error_code="poison",
+               pending_since=None)
+    running(kind="tests.a", lease_owner=None, lease_expires_at=None, next_run_at=30)  # retrying
+    JobFactory(kind="tests.a", held_since=-60, next_run_at=60)
+    JobFactory(kind="tests.a", tenant_id="other", status="completed", finished_at=-30, pending_since=None)
+    with django_assert_max_num_queries(5):
+        data = stats.collect(tenant="default")
+    assert data["finished_last"] == {
+        "1m": {"completed": 1, "failed": 1, "cancelled": 0},
+        "5m": {"completed": 1, "failed": 1, "cancelled": 1},
+        "15m": {"completed": 1, "failed": 1, "cancelled": 1},
+    }
+    assert data["retrying"] == 1 and data["held"] == 1 and data["running_expired_leases"] == 0
+    assert data["pending"] == 1 and data["running"] == 1
+    assert stats.collect()["finished_last"]["1m"]["completed"] == 2
