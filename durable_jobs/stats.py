@@ -76,6 +76,8 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
         "held": figures["held"],
         "parked_by_reason": parked,
         "finished_last": throughput,
+        # Windows past store.FINISHED_SAMPLE rows are the newest rows' rate, not a count.
+        "finished_last_estimated": [f"{minutes}m" for minutes in figures["finished_estimated"]],
     }
 
 

@@ -2020,15 +2020,27 @@ SELECT clock_timestamp(),
            AND next_run_at IS NOT NULL AND status = 'running' {{scope}}),
        (SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND held_since IS NOT NULL
            AND wait_satisfied_at IS NULL {{scope}}),
+       count(*), min(finished_at),
        {{windows}}
-  FROM (SELECT status, finished_at FROM {TABLE}
-         WHERE finished_at IS NOT NULL AND parked_at IS NULL
-           AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}
-        UNION ALL
-        SELECT status, finished_at FROM {TABLE}
-         WHERE parked_at IS NOT NULL AND status = 'failed'
-           AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}) AS finished
+  FROM (SELECT status, finished_at FROM (
+            (SELECT status, finished_at FROM {TABLE}
+              WHERE finished_at IS NOT NULL AND parked_at IS NULL
+                AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}
+              ORDER BY finished_at DESC LIMIT %(sample)s)
+            UNION ALL
+            (SELECT status, finished_at FROM {TABLE}
+              WHERE parked_at IS NOT NULL AND status = 'failed'
+                AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}
+              ORDER BY finished_at DESC LIMIT %(sample)s)
+        ) AS both_kinds ORDER BY finished_at DESC LIMIT %(sample)s) AS finished
 """
+
+#: The throughput windows read at most this many of the newest finished rows. Below about
+#: 11 jobs/s over the widest window (15 minutes) every count is exact; above it the rows
+#: finished before the sample's oldest are not read, and a window reaching past it is the
+#: sample's rate over the window (flagged as an estimate): at 5,000 jobs/s a 15-minute
+#: window is 4.5 million rows, which no scrape should read.
+FINISHED_SAMPLE = 10_000
 
 _FINISHED_STATUSES = ("completed", "failed", "cancelled")
 
@@ -2062,7 +2074,9 @@ def stats_figures(windows: Sequence[int], *, tenant: str | None = None, scope: S
     """Return the database's clock, the backlog figures and finished counts per window (minutes).
 
     Keys: ``now``, ``oldest_pending`` (pending_since, or None), ``expired`` (running with an
-    expired lease), ``retrying``, ``held``, and ``finished``: ``{minutes: {status: count}}``.
+    expired lease), ``retrying``, ``held``, ``finished``: ``{minutes: {status: count}}``, and
+    ``finished_estimated``: the windows counted from the newest ``FINISHED_SAMPLE`` rows'
+    rate rather than row by row (none below about 11 jobs/s).
     """
     clause, params = _scope_clause(tenant, scope)
     columns = ",\n       ".join(
@@ -2070,13 +2084,23 @@ def stats_figures(windows: Sequence[int], *, tenant: str | None = None, scope: S
         f"{int(minutes)} * interval '1 minute')"
         for minutes in windows for status in _FINISHED_STATUSES)
     sql = STATS_FIGURES.format(scope=clause, windows=columns)
-    with _execute(using, sql, {**params, "widest": max(int(m) for m in windows)}) as cursor:
+    widest = max(int(m) for m in windows)
+    with _execute(using, sql, {**params, "widest": widest, "sample": FINISHED_SAMPLE}) as cursor:
         row = cursor.fetchone()
-    counts = iter(row[5:])
-    return {"now": row[0], "oldest_pending": row[1], "expired": int(row[2]), "retrying": int(row[3]),
-            "held": int(row[4]),
-            "finished": {minutes: {status: int(next(counts)) for status in _FINISHED_STATUSES}
-                         for minutes in windows}}
+    now, sampled, oldest_sampled = row[0], int(row[5]), row[6]
+    counts = iter(row[7:])
+    finished, estimated = {}, []
+    for minutes in windows:
+        in_sample = {status: int(next(counts)) for status in _FINISHED_STATUSES}
+        covered = (now - oldest_sampled).total_seconds() if oldest_sampled is not None else 0.0
+        if sampled >= FINISHED_SAMPLE and covered < minutes * 60:
+            # The sample ends inside this window: its rate, carried over the whole window.
+            scale = minutes * 60 / max(covered, 0.001)
+            in_sample = {status: round(n * scale) for status, n in in_sample.items()}
+            estimated.append(minutes)
+        finished[minutes] = in_sample
+    return {"now": now, "oldest_pending": row[1], "expired": int(row[2]), "retrying": int(row[3]),
+            "held": int(row[4]), "finished": finished, "finished_estimated": estimated}
 
 
 # The admin's bulk cancel ("all N matching", run by the durable_jobs.bulk_action job): one

@@ -83,3 +83,36 @@ def test_the_backlog_figures_and_throughput_windows_come_from_one_statement(djan
     assert data["retrying"] == 1 and data["held"] == 1 and data["running_expired_leases"] == 0
     assert data["pending"] == 1 and data["running"] == 1
     assert stats.collect()["finished_last"]["1m"]["completed"] == 2
+    assert data["finished_last_estimated"] == []
+
+
+def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypatch):
+    """At thousands of jobs a second a 15-minute window is millions of rows: read a sample.
+
+    600 jobs finished over the last two minutes, one every 200 ms. Sampled 200 at a time,
+    the sample spans the last 40 seconds, so every window reaches past it: each is the
+    sample's rate carried over the window, and flagged. With a sample that holds every
+    row, the windows are exact counts again.
+    """
+    from durable_jobs import store
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at, updated_at,"
+            " finished_at) SELECT gen_random_uuid(), 'default', 'tests.a', 'completed', 'default', now(), now(),"
+            " statement_timestamp() - i * interval '200 milliseconds' FROM generate_series(1, 600) AS i")
+    monkeypatch.setattr(store, "FINISHED_SAMPLE", 200)
+
+    data = stats.collect()
+
+    assert data["finished_last_estimated"] == ["1m", "5m", "15m"]
+    # 200 rows in 40 s is 5 a second: about 300 a minute (the clock moves a little between
+    # the insert and the read, so allow a few percent).
+    assert 285 <= data["finished_last"]["1m"]["completed"] <= 315, data["finished_last"]
+    assert 1425 <= data["finished_last"]["5m"]["completed"] <= 1575, data["finished_last"]
+
+    monkeypatch.setattr(store, "FINISHED_SAMPLE", 1000)  # now the sample holds every row
+    data = stats.collect()
+    assert data["finished_last_estimated"] == []
+    assert data["finished_last"]["1m"]["completed"] in (299, 300)  # the clock moved a few ms since the insert
+    assert data["finished_last"]["15m"]["completed"] == 600

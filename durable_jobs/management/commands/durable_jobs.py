@@ -256,6 +256,7 @@ class Command(BaseCommand):
             "parked: " + (", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items()) or "none"),
             "finished: " + "; ".join(
                 f"last {window}: {c['completed']} completed, {c['failed']} failed, {c['cancelled']} cancelled"
+                + (" (estimated from the newest rows' rate)" if window in data["finished_last_estimated"] else "")
                 for window, c in data["finished_last"].items()
             ),
         ]
