@@ -363,7 +363,9 @@ class Worker:
         had queued may start once its claim is released.
         """
         lost_before = set()
-        for holder in self._heartbeater.held():
+        # Taken once, before the kills: a slot that sees its child die untracks its slice.
+        holders = self._heartbeater.held()
+        for holder in holders:
             if isinstance(holder, Slice):
                 if holder.lease_lost:
                     lost_before.add(id(holder))
@@ -374,7 +376,8 @@ class Worker:
         for slot in self._slots:
             if not slot.abandoned and (slot.waiting or slot.completions):
                 self._hand_back(slot, take_back=False)  # the children are dead by now
-        for holder in self._heartbeater.held():
+        seen = {id(holder) for holder in holders}
+        for holder in holders + [holder for holder in self._heartbeater.held() if id(holder) not in seen]:
             self._heartbeater.untrack(holder)
             if id(holder) in lost_before if isinstance(holder, Slice) else holder.lease_lost:
                 continue
