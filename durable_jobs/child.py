@@ -5,9 +5,12 @@ in a session (process group) of its own, with the worker's settings module in it
 environment. It reads one JSON line per message from CMD_FD and writes one per answer
 to RESULT_FD; the handler's own stdout and stderr stay the worker's.
 
-Messages in: ``run`` (the claimed row and the lease it was claimed under), and, about
-the slice running now, ``cancel``, ``lease_lost`` and ``stop`` (the worker is shutting
-down). Answers out: ``ready`` once Django is set up, then one ``Ran`` per ``run``.
+Messages in: ``run`` (a claimed row, the lease it was claimed under and a sequence
+number; several may queue up, and run one after the other in the order sent), about a
+slice, ``cancel`` and ``lease_lost``, and ``withdraw`` (take back every queued run not
+started yet) and ``stop`` (the worker is shutting down: withdraw too). Answers out:
+``ready`` once Django is set up, one ``ran`` per started run (with the moment it ended,
+which is when the next queued run started), and ``withdrawn`` naming the runs taken back.
 
 The child holds no lease of its own: the worker keeps the lease alive, records the
 outcome, and kills this process group at the time limit, on a cancel or a shutdown past
@@ -19,14 +22,15 @@ exits at once: it never runs on unsupervised.
 
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -34,30 +38,70 @@ log = logging.getLogger("durable_jobs.child")
 
 
 class Mailbox:
-    """Messages from the worker: ``run`` requests queued, slice flags applied as they arrive."""
+    """Messages from the worker, read on a thread of their own while a handler runs.
 
-    def __init__(self, stream) -> None:
-        self.runs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    ``run`` requests queue up in order (the worker may send the next claims of its batch
+    while a slice runs, so the child goes from one to the next without waiting for the
+    worker); slice flags (``cancel``, ``lease_lost``) are applied as they arrive.
+    ``withdraw``, and ``stop``, take back every run not started yet and answer which
+    (``withdrawn``): a run is either started or withdrawn, decided under one lock, so
+    the worker never hands back a claim this process is running, nor runs one twice.
+    """
+
+    def __init__(self, stream, results_fd: int | None = None) -> None:
+        self.runs: collections.deque[dict[str, Any]] = collections.deque()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._current = None  # (job id, Slice) of the slice running now
         self._early: dict[tuple[str, int], set[str]] = {}  # flags for a slice not started yet
         self._stream = stream
+        self._results_fd = results_fd
 
     def read_forever(self) -> None:
         for line in self._stream:
             message = json.loads(line)
             op = message["op"]
             if op == "run":
-                self.runs.put(message)
+                with self._lock:
+                    self.runs.append(message)
+                    self._arrived.notify()
+            elif op == "withdraw":
+                self._withdraw()
             elif op == "stop":
                 self.stopping.set()
+                self._withdraw()  # shutting down: nothing queued starts any more
             else:
                 self._flag((message["job_id"], message["epoch"]), op)
         # End of file: the worker is gone (or asked us to leave). Nobody supervises the
         # handler any more, so neither it nor anything it started may run on: this
         # process leads its own process group.
         os.killpg(0, signal.SIGKILL)
+
+    def take(self) -> dict[str, Any]:
+        """The next run, in the order sent; blocks while there is none."""
+        with self._lock:
+            while not self.runs:
+                self._arrived.wait()
+            return self.runs.popleft()
+
+    def answer(self, payload: dict[str, Any]) -> None:
+        with self._lock:
+            self._write(payload)
+
+    def _withdraw(self) -> None:
+        with self._lock:
+            taken = list(self.runs)
+            self.runs.clear()
+            for message in taken:
+                self._early.pop((message["job_id"], message["epoch"]), None)
+            self._write({"op": "withdrawn", "seqs": [message["seq"] for message in taken]})
+
+    def _write(self, payload: dict[str, Any]) -> None:
+        # Under the lock: answers from both threads stay whole and in the order decided.
+        data = (json.dumps(payload, separators=(",", ":")) + "\n").encode()
+        while data:
+            data = data[os.write(self._results_fd, data):]
 
     def _flag(self, delivery: tuple[str, int], op: str) -> None:
         # Keyed by job and epoch: a flag that arrives after its slice ended must not
@@ -89,13 +133,17 @@ def _apply(context, op: str) -> None:
 
 def encode_row(job) -> dict[str, Any]:
     """The claimed row as JSON-ready values, so the child need not read it again."""
+    columns = _row_typers()[0]
     values = {}
-    for name in _row_typers()[0]:
-        value = getattr(job, name)
-        if value is None:
-            continue  # most columns of a claimed row are NULL: absent means NULL
-        if isinstance(value, (datetime.datetime, uuid.UUID)):
-            value = value.isoformat() if isinstance(value, datetime.datetime) else str(value)
+    # The instance's own attributes rather than one getattr per column: the row crosses
+    # the pipe once per slice (issue #14). Absent means NULL (most columns of a claim are).
+    for name, value in job.__dict__.items():
+        if value is None or name not in columns:
+            continue
+        if isinstance(value, datetime.datetime):
+            value = value.isoformat()
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
         values[name] = value
     return values
 
@@ -104,19 +152,20 @@ def decode_row(values: dict[str, Any], using: str):
     """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back)."""
     from durable_jobs.models import Job
 
-    names, typers = _row_typers()
-    typed = []
-    for name, typer in zip(names, typers):
-        value = values.get(name)
-        typed.append(value if typer is None or value is None else typer(value))
+    columns, names = _row_typers()
+    typed = [None] * len(names)
+    for name, value in values.items():
+        index, typer = columns[name]
+        typed[index] = value if typer is None else typer(value)
     return Job.from_db(using, names, typed)
 
 
-_TYPERS: tuple[list[str], list[Any]] | None = None
+_TYPERS: tuple[dict[str, tuple[int, Any]], list[str]] | None = None
 
 
-def _row_typers() -> tuple[list[str], list[Any]]:
-    """Per column, how its JSON value becomes the Python value again (None: as it is).
+def _row_typers() -> tuple[dict[str, tuple[int, Any]], list[str]]:
+    """Per column, its position and how its JSON value becomes the Python value again
+    (None: as it is); and the columns in order.
 
     ``datetime.fromisoformat`` reads back exactly what ``isoformat()`` wrote (offset
     included), and at a fraction of ``DateTimeField.to_python``'s cost: the row crosses
@@ -129,9 +178,10 @@ def _row_typers() -> tuple[list[str], list[Any]]:
         from durable_jobs.models import Job
 
         fields = Job._meta.concrete_fields
-        _TYPERS = ([field.attname for field in fields],
-                   [datetime.datetime.fromisoformat if isinstance(field, models.DateTimeField)
-                    else uuid.UUID if isinstance(field, models.UUIDField) else None for field in fields])
+        _TYPERS = ({field.attname: (index, datetime.datetime.fromisoformat if isinstance(field, models.DateTimeField)
+                                    else uuid.UUID if isinstance(field, models.UUIDField) else None)
+                    for index, field in enumerate(fields)},
+                   [field.attname for field in fields])
     return _TYPERS
 
 
@@ -151,9 +201,24 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
     context = Slice(job, handler, lease, stopping=mailbox.stopping, using=using)
     mailbox.begin((message["job_id"], message["epoch"]), context)
     try:
-        return executor.invoke(context, using=using).as_dict()
+        if context.lease_lost:
+            # Lost while it waited in the queue: not ours to run (the worker records it).
+            return {"end": "lease_lost"}
+        return _as_answer(executor.invoke(context, using=using))
     finally:
         mailbox.end()
+
+
+def _as_answer(ran) -> dict[str, Any]:
+    # Not dataclasses.asdict (a deep copy): only the fields set, once per slice.
+    fields = {"end": ran.end}
+    for name in ("result_json", "error_class", "code", "message"):
+        value = getattr(ran, name)
+        if value is not None:
+            fields[name] = value
+    if ran.interrupted:
+        fields["interrupted"] = True
+    return fields
 
 
 #: How soon the server ends a killed child's query (and frees its row locks).
@@ -183,7 +248,6 @@ def main(argv: list[str]) -> None:
     logsetup.configure(None)  # the worker's console handler, when the project configured none
     logging.getLogger("durable_jobs").setLevel(os.environ.get("DURABLE_JOBS_CHILD_LOG_LEVEL", "INFO"))
 
-    results = os.fdopen(result_fd, "w", buffering=1)
     commands = os.fdopen(command_fd, "r")
     # First word from the worker: the database as it reaches it.
     database = json.loads(commands.readline() or "null")
@@ -192,16 +256,12 @@ def main(argv: list[str]) -> None:
     using = database["alias"]
     connections[using].settings_dict.update(database["settings"])
     connection_created.connect(_watch_for_a_dead_client, dispatch_uid="durable_jobs.child.watch")
-    mailbox = Mailbox(commands)
+    mailbox = Mailbox(commands, result_fd)
     threading.Thread(target=mailbox.read_forever, name="durable-child-mailbox", daemon=True).start()
 
-    def answer(payload: dict[str, Any]) -> None:
-        results.write(json.dumps(payload, separators=(",", ":")) + "\n")
-        results.flush()
-
-    answer({"op": "ready", "pid": os.getpid()})
+    mailbox.answer({"op": "ready", "pid": os.getpid()})
     while True:
-        message = mailbox.runs.get()
+        message = mailbox.take()
         try:
             ran = run_one(message, mailbox, using)
         except (OperationalError, InterfaceError) as error:
@@ -212,7 +272,9 @@ def main(argv: list[str]) -> None:
             log.exception("child: slice bookkeeping failed")
             ran = {"end": "failed", "error_class": "transient", "code": "child_error",
                    "message": f"{type(error).__name__}: {error}"[:2000]}
-        answer({"op": "ran", **ran})
+        # "at": when this slice ended, which is when the next queued run starts (the
+        # worker's time limit for that one counts from here; CLOCK_MONOTONIC is the host's).
+        mailbox.answer({"op": "ran", "seq": message.get("seq"), "at": time.monotonic(), **ran})
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ row lock it held, ends with its connection. The next slice gets a fresh child.
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import json
 import logging
 import os
@@ -39,6 +41,7 @@ from durable_jobs import conf
 from durable_jobs.child import encode_row
 from durable_jobs.context import Slice
 from durable_jobs.executor import ENDS, Ran, time_limit_failure
+from durable_jobs.states import Lease
 
 log = logging.getLogger("durable_jobs.worker")
 
@@ -46,6 +49,9 @@ log = logging.getLogger("durable_jobs.worker")
 BOOT_TIMEOUT = 120.0
 #: How often the slot looks at its child and the slice's flags while a slice runs.
 POLL = 0.05
+#: How long the slot waits for the child to say which queued runs it took back. Its
+#: mailbox thread answers at once, whatever the handler is doing.
+WITHDRAW_TIMEOUT = 5.0
 
 
 class ChildFailed(Exception):
@@ -63,6 +69,10 @@ class ChildRunner:
         self._commands = None
         self._results_fd: int | None = None
         self._buffer = b""
+        self._inflight: collections.deque[_Sent] = collections.deque()  # sent, not yet collected
+        self._seq = 0
+        self._withdrawals = 0  # withdraw (or stop) messages not answered yet
+        self._ready: dict[str, Any] | None = None
 
     # --- lifecycle ---
     def ensure_started(self) -> None:
@@ -92,6 +102,9 @@ class ChildRunner:
         self._commands = os.fdopen(command_w, "w", buffering=1)
         self._results_fd = result_r
         self._buffer = b""
+        self._inflight.clear()
+        self._withdrawals = 0
+        self._ready = None
         # The database exactly as this worker reaches it (a test run renames it, a
         # project may route the worker to another alias): the child must not guess.
         database = connections[self.using].settings_dict
@@ -120,6 +133,8 @@ class ChildRunner:
             log.error("%s: child %d did not die after SIGKILL", self.role, proc.pid)
         self._close_pipes()
         self._proc = None
+        self._forget_queue()
+        self._withdrawals = 0
 
     def close(self) -> None:
         """Let an idle child leave (end of file on its commands), killing it if it lingers."""
@@ -137,37 +152,141 @@ class ChildRunner:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    # --- runs queued in the child ---
+    def holds(self, job_id: Any) -> bool:
+        """True while a run of ``job_id`` was sent to the child and neither answered nor withdrawn."""
+        key = str(job_id)
+        return any(sent.job_id == key for sent in self._inflight)
+
+    def holds_any(self) -> bool:
+        return bool(self._inflight)
+
+    def forget(self) -> None:
+        """Drop every run this runner still tracks (after ``kill``: none of them runs any more)."""
+        self._inflight.clear()
+
+    def send_ahead(self, claims: list[tuple[Any, Lease]]) -> bool:
+        """Queue the runs of ``claims`` (job, lease) in the child, in order, in one write.
+
+        The child starts each as soon as the one before it ends, so a batch of quick
+        slices costs it one wake-up instead of one per slice. Each is still supervised on
+        its own by ``run`` (its time limit counts from the moment it started), and what it
+        has not started can be taken back (``take_back``). False when the child could not
+        take them (nothing is queued then).
+        """
+        try:
+            self.ensure_started()
+        except (ChildFailed, OSError):
+            return False
+        return self._queue(claims)
+
+    def take_back(self, *, timeout: float = WITHDRAW_TIMEOUT) -> None:
+        """Withdraw every queued run the child has not started, and wait for its answer.
+
+        Afterwards ``holds`` is true only of the run the child had already started (at
+        most one: it runs them in order), which ``run`` supervises and records as usual.
+        A child that does not answer within ``timeout`` keeps its queue: those runs still
+        run, one after the other, each exactly once.
+        """
+        if len(self._inflight) == 0:
+            return
+        if not self._send({"op": "withdraw"}):
+            self._forget_queue()
+            return
+        self._withdrawals += 1
+        deadline = time.monotonic() + timeout
+        while self._withdrawals and time.monotonic() < deadline:
+            if not self._pump(timeout=POLL) and (self._proc is None or self._proc.poll() is not None
+                                                 or self._results_fd is None):
+                self._died()  # the run it had started is charged by ``run``; the rest never began
+                return
+
+    def _queue(self, claims: list[tuple[Any, Lease]]) -> bool:
+        lines = []
+        now = time.monotonic()
+        for job, lease in claims:
+            self._seq += 1
+            # The first run of an idle child starts now; a queued one when the one before it ends.
+            self._inflight.append(_Sent(seq=self._seq, job_id=str(job.id), epoch=lease.epoch,
+                                        started_at=None if self._inflight else now))
+            lines.append(json.dumps({"op": "run", "seq": self._seq, "job_id": str(job.id), "owner": lease.owner,
+                                     "epoch": lease.epoch, "ttl_ms": lease.ttl_ms, "row": encode_row(job)},
+                                    separators=(",", ":")))
+        if self._write("\n".join(lines) + "\n"):
+            return True
+        self._forget_queue()
+        return False
+
+    def _forget_queue(self) -> None:
+        """The child is gone: what it answered stands, the run it had started is charged
+        by ``run`` (as a death), and what still waited behind that never started."""
+        kept: collections.deque[_Sent] = collections.deque()
+        for sent in self._inflight:
+            if sent.answer is not None:
+                kept.append(sent)
+            else:
+                sent.dead = True
+                kept.append(sent)
+                break
+        self._inflight = kept
+
     # --- one slice ---
     def run(self, context: Slice, *, on_slow: Callable[[], None] | None = None, slow_after: float = 0.0) -> Ran:
         """Run ``context``'s slice in the child; return how it ended. Never raises for the handler.
 
+        The slice may already be queued there (``send_ahead``); otherwise it is sent now.
         ``on_slow`` is called once, on this thread, when the slice has run ``slow_after``
         seconds (the slot hands back the claims waiting behind it).
         """
+        key = str(context.id)
+        if not self.holds(key):
+            if self._inflight:  # runs are answered in order: an older one still open is a bug of ours
+                raise RuntimeError(f"{self.role}: a run was sent ahead of {key} and never collected")
+            try:
+                self.ensure_started()
+            except (ChildFailed, OSError) as error:
+                return Ran(end="interrupted", message=f"interrupted: {error}")
+            if not self._queue([(context.job, context.lease)]):
+                self._inflight.clear()
+                return self._died()
+        sent = self._inflight[0]
+        if sent.job_id != key:
+            raise RuntimeError(f"{self.role}: {key} is queued behind a run not collected")
         try:
-            self.ensure_started()
-        except (ChildFailed, OSError) as error:
-            return Ran(end="interrupted", message=f"interrupted: {error}")
-        lease = context.lease
-        job_id = str(context.id)
-        if not self._send({"op": "run", "job_id": job_id, "owner": lease.owner, "epoch": lease.epoch,
-                           "ttl_ms": lease.ttl_ms, "row": encode_row(context.job)}):
+            return self._supervise(context, sent, on_slow, slow_after)
+        finally:
+            if self._inflight and self._inflight[0] is sent:
+                self._inflight.popleft()
+
+    def _supervise(self, context: Slice, sent: _Sent, on_slow: Callable[[], None] | None,
+                   slow_after: float) -> Ran:
+        if sent.dead:
             return self._died()
+        key = sent.job_id
+        lease = context.lease
+        job_id = key
         settings = conf.get()
         began = time.monotonic()
         told: set[str] = set()
         stop_seen: float | None = None
         lost_seen: float | None = None
         while True:
-            answer = self._receive(timeout=POLL)
-            if answer is not None:
-                return _ran_of(answer)
+            if sent.answer is not None:
+                return _ran_of(sent.answer)
+            if sent.started_at is not None:
+                # The time limit counts from when the child started it (it may have waited
+                # in the queue, or run while this thread recorded the slice before it).
+                context.time_limit_at = min(context.time_limit_at,
+                                            sent.started_at + context.handler.time_limit_seconds())
+            if self._pump(timeout=POLL) and sent.answer is not None:
+                continue
             if self._proc is None or self._proc.poll() is not None or self._results_fd is None:
                 return self._died()  # dead, or it closed its answers: it cannot answer this slice
             now = time.monotonic()
             if on_slow is not None and now - began > slow_after:
                 on_slow()
                 on_slow = None
+                continue  # taking the queue back may have read this slice's answer
             if context.past_time_limit(now):
                 self.kill()
                 return Ran(end="time_limit", message=time_limit_failure(context).message)
@@ -192,7 +311,8 @@ class ChildRunner:
                 if "stop" not in told:
                     told.add("stop")
                     stop_seen = now
-                    self._send({"op": "stop"})
+                    self._send({"op": "stop"})  # the child also withdraws what it has queued
+                    self._withdrawals += 1
                 elif now - stop_seen > settings.SHUTDOWN_GRACE:
                     log.warning("[%s %s] handler did not yield within the shutdown grace: killed", context.kind,
                                 context.id)
@@ -212,33 +332,64 @@ class ChildRunner:
 
     # --- the pipes ---
     def _send(self, message: dict[str, Any]) -> bool:
+        return self._write(json.dumps(message, separators=(",", ":")) + "\n")
+
+    def _write(self, text: str) -> bool:
         try:
-            self._commands.write(json.dumps(message, separators=(",", ":")) + "\n")
+            self._commands.write(text)
             self._commands.flush()
             return True
         except (BrokenPipeError, ValueError, OSError, AttributeError):
             return False
 
-    def _receive(self, *, timeout: float) -> dict[str, Any] | None:
-        """One answer from the child, or None when none arrives within ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while b"\n" not in self._buffer:
-            if self._results_fd is None:
-                return None
-            remaining = deadline - time.monotonic()
-            if remaining < 0:
-                return None
-            readable, _, _ = select.select([self._results_fd], [], [], remaining)
+    def _pump(self, *, timeout: float) -> bool:
+        """Read what the child has answered (waiting up to ``timeout``) and file it; False if nothing came."""
+        if self._results_fd is None:
+            return False
+        if b"\n" not in self._buffer:
+            readable, _, _ = select.select([self._results_fd], [], [], timeout)
             if not readable:
-                return None
+                return False
             chunk = os.read(self._results_fd, 1 << 16)
             if not chunk:  # the child closed its end: it is dying or dead
                 os.close(self._results_fd)
                 self._results_fd = None
-                return None
+                return False
             self._buffer += chunk
-        line, _, self._buffer = self._buffer.partition(b"\n")
-        return json.loads(line)
+        lines = self._buffer.split(b"\n")
+        self._buffer = lines.pop()
+        for line in lines:
+            self._file(json.loads(line))
+        return True
+
+    def _file(self, answer: dict[str, Any]) -> None:
+        op = answer.get("op")
+        if op == "ran":
+            waiting = (sent for sent in self._inflight if sent.answer is None)
+            sent = next(waiting, None)
+            if sent is None or sent.seq != answer.get("seq"):
+                raise ChildFailed(f"{self.role}: answer for run {answer.get('seq')} out of order")
+            sent.answer = answer
+            following = next(waiting, None)
+            if following is not None:  # the next queued run started as this one ended
+                following.started_at = float(answer.get("at") or time.monotonic())
+        elif op == "withdrawn":
+            withdrawn = set(answer.get("seqs") or ())
+            self._inflight = collections.deque(sent for sent in self._inflight
+                                               if sent.seq not in withdrawn or sent.answer is not None)
+            self._withdrawals = max(0, self._withdrawals - 1)
+        elif op == "ready":
+            self._ready = answer
+
+    def _receive(self, *, timeout: float) -> dict[str, Any] | None:
+        """The child's ``ready``, or None when it does not say it within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while self._ready is None:
+            remaining = deadline - time.monotonic()
+            if remaining < 0 or (not self._pump(timeout=min(remaining, 1.0)) and self._results_fd is None):
+                return None
+        ready, self._ready = self._ready, None
+        return ready
 
     def _close_pipes(self) -> None:
         if self._commands is not None:
@@ -250,6 +401,18 @@ class ChildRunner:
         if self._results_fd is not None:
             os.close(self._results_fd)
             self._results_fd = None
+
+
+@dataclasses.dataclass(eq=False, slots=True, kw_only=True)
+class _Sent:
+    """A run sent to the child and not yet answered or withdrawn."""
+
+    seq: int
+    job_id: str
+    epoch: int
+    started_at: float | None  # monotonic; None while it waits behind another run
+    answer: dict[str, Any] | None = None  # how it ended, once the child said so
+    dead: bool = False  # the child died with it started: ``run`` charges it
 
 
 def _ran_of(answer: dict[str, Any]) -> Ran:

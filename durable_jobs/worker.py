@@ -38,12 +38,12 @@ from collections.abc import Sequence
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
-from durable_jobs import conf, faults, pooling, store, validation
+from durable_jobs import conf, faults, pooling, registry, store, validation
 from durable_jobs.context import Slice
 from durable_jobs.executor import DeferredCompletion, complete_deferred, run_slice, time_limit_failure
 from durable_jobs.heartbeat import Heartbeater, HeldLease
 from durable_jobs.runner import ChildRunner
-from durable_jobs.states import Lease
+from durable_jobs.states import VERDICT_CODES, Lease
 from durable_jobs.waits import gate as waits_gate
 
 log = logging.getLogger("durable_jobs.worker")
@@ -51,6 +51,15 @@ log = logging.getLogger("durable_jobs.worker")
 
 #: A slice this short (seconds) lets its slot claim more than one job at a time.
 QUICK_SLICE = 0.05
+
+
+def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:
+    """True when ``run_slice`` would hand ``job`` to its handler with nothing written first,
+    and its outcome is recorded without user code (no mirror): such a job may be queued
+    in the slot's child behind the one running there."""
+    handler = registry.get(job.kind)
+    return (handler is not None and handler.mirror is None and job.error_code not in VERDICT_CODES
+            and not waits_gate.pending(job) and conf.ms(handler.setting("LEASE_TTL")) == ttl_ms)
 
 
 def _lease_of(job, ttl_ms: int) -> Lease:
@@ -204,9 +213,6 @@ class Worker:
         finally:
             self.stopping.set()
             self._hand_back_everything()
-            for slot in self._slots:
-                if slot.runner is not None:
-                    slot.runner.kill()  # a handler process (and its own children) never outlives its worker
             self._heartbeater.stop()
             if reconciler is not None:
                 reconciler.join(timeout=2)  # let a leader resign, so leadership moves at once
@@ -310,13 +316,23 @@ class Worker:
         return True
 
     # --- shutdown ---
-    def _hand_back(self, slot: SlotState) -> None:
-        """Complete a slot's finished batch and release its unstarted claims, uncharged."""
+    def _hand_back(self, slot: SlotState, *, take_back: bool = True) -> None:
+        """Complete a slot's finished batch and release its unstarted claims, uncharged.
+
+        Claims queued in the slot's child are taken back first (``ChildRunner.take_back``);
+        one the child had already started stays in ``slot.waiting``, to be run (told to
+        stop, on a shutdown) and recorded like any slice: handed back or run, never both.
+        """
+        runner = slot.runner
+        if runner is not None and take_back and not slot.abandoned:
+            runner.take_back()  # on the slot's own thread, the only one that talks to its child
         # Emptied in place: a slice still running holds the completions list and appends
         # to it when it finishes, so the list object must stay the slot's.
-        completions, waiting, finished = list(slot.completions), list(slot.waiting), list(slot.finished)
+        completions, finished = list(slot.completions), list(slot.finished)
+        kept = [entry for entry in slot.waiting if runner is not None and runner.holds(entry.id)]
+        waiting = [entry for entry in slot.waiting if entry not in kept]
         slot.completions.clear()
-        slot.waiting.clear()
+        slot.waiting[:] = kept
         slot.finished.clear()
         try:
             if completions:
@@ -340,13 +356,30 @@ class Worker:
         A slice still running is recorded as interrupted (invariant 6: a shutdown spends
         no budget); a claim never started is released. Busy rows (a fence still open)
         are left to their lease.
+
+        In process execution the handler processes are killed first (a handler process,
+        and its own children, never outlives its worker), after their running slices are
+        marked abandoned so that no slot records the kill as a death: nothing a child
+        had queued may start once its claim is released.
         """
+        lost_before = set()
+        # Taken once, before the kills: a slot that sees its child die untracks its slice.
+        holders = self._heartbeater.held()
+        for holder in holders:
+            if isinstance(holder, Slice):
+                if holder.lease_lost:
+                    lost_before.add(id(holder))
+                holder.abandon()  # which marks it lost: lost_before says whether it was
+        for slot in self._slots:
+            if slot.runner is not None:
+                slot.runner.kill()
         for slot in self._slots:
             if not slot.abandoned and (slot.waiting or slot.completions):
-                self._hand_back(slot)
-        for holder in self._heartbeater.held():
+                self._hand_back(slot, take_back=False)  # the children are dead by now
+        seen = {id(holder) for holder in holders}
+        for holder in holders + [holder for holder in self._heartbeater.held() if id(holder) not in seen]:
             self._heartbeater.untrack(holder)
-            if holder.lease_lost:
+            if id(holder) in lost_before if isinstance(holder, Slice) else holder.lease_lost:
                 continue
             if isinstance(holder, Slice):
                 holder.abandon()
@@ -432,30 +465,47 @@ class Worker:
         its neighbours' leases expire. Kinds without a mirror are completed together
         after the batch (one statement, each row on its own epoch fence). A claim left
         unstarted (shutdown, or a slow slice) is handed back at once, uncharged.
+
+        In process execution a batch whose slices all go straight to their handler is
+        sent to the child in one go (``ChildRunner.send_ahead``): it runs them one after
+        the other while this thread records each outcome, and what it has not started is
+        taken back before a hand-back, so a claim is run by the child or handed back,
+        never both.
         """
         interval = conf.get().HEARTBEAT_INTERVAL
         batched = len(claimed) > 1
         slot.waiting = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
+        entries = {entry.id: entry for entry in slot.waiting}
         for entry in slot.waiting:
             self._heartbeater.track(entry)
+        if runner is not None:
+            slot.runner = runner
+        if runner is not None and batched and all(_goes_straight_to_its_handler(job, ttl_ms) for job in claimed):
+            runner.send_ahead([(job, entries[job.id].lease) for job in claimed])
         quick = True
         try:
             for job in claimed:
                 if slot.abandoned:
                     return False
+                entry = entries.get(job.id)
+                if entry is not None and entry not in slot.waiting:
+                    continue  # handed back while the slice before it ran
                 if self.stopping.is_set() or not quick:
-                    self._hand_back(slot)
-                    return False
-                entry = slot.waiting.pop(0) if batched else None
+                    self._hand_back(slot)  # takes back first what the child has not started
+                    if runner is None or not runner.holds(job.id):
+                        return False
+                    # Started in the child before the hand-back: supervised and recorded below.
                 if entry is not None:
+                    slot.waiting.remove(entry)
                     self._heartbeater.untrack(entry)
-                    if entry.lease_lost:
+                    if entry.lease_lost and not (runner is not None and runner.holds(job.id)):
                         continue  # taken over while it waited: not ours to run
+                lost = entry is not None and entry.lease_lost  # queued in the child: it is told at once
                 report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
                                    completions=slot.completions if batched else None,
                                    runner=self._runner_for(slot, runner) if runner is not None else None,
-                                   check_slots=self.check_slots,
-                                   using=self.using, on_start=lambda context: setattr(slot, "current", context))
+                                   check_slots=self.check_slots, using=self.using,
+                                   on_start=functools.partial(self._on_start, slot, lost))
                 slot.current = None
                 if report.recheck_in is not None:
                     self._note_due(report.recheck_in)
@@ -469,14 +519,27 @@ class Worker:
                 if slot.completions:
                     faults.point("before_batched_completion")
                 self._hand_back(slot)
+            if runner is not None and runner.holds_any():
+                # Left mid-batch by an error: nothing may run in the child unsupervised.
+                log.warning("slot %s: runs still queued in the handler process after a batch; killing it",
+                            slot.owner)
+                runner.kill()
+                runner.forget()
         return quick
+
+    @staticmethod
+    def _on_start(slot: SlotState, lost: bool, context: Slice) -> None:
+        slot.current = context
+        if lost:
+            context.mark_lease_lost()
 
     def _runner_for(self, slot: SlotState, runner: ChildRunner):
         """Run a slice in the slot's child; once it proves slow, hand the rest of the batch back.
 
-        The slot thread is free while the child works: the claims waiting their turn go
-        back to the queue for other slots, and finished ones are completed now, instead
-        of all of them waiting out one long slice.
+        The slot thread is free while the child works: the claims waiting their turn
+        (taken back from the child's queue first) go back to the queue for other slots,
+        and finished ones are completed now, instead of all of them waiting out one long
+        slice.
         """
         return functools.partial(runner.run, on_slow=functools.partial(self._hand_back, slot),
                                  slow_after=QUICK_SLICE)

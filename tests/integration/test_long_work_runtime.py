@@ -4,6 +4,8 @@ classification, time-limit policy and the worker's per-slot prefetch state."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 
@@ -252,3 +254,123 @@ def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_a
     assert reload(slow).status == "completed"
     assert all(reload(job).status == "running" and reload(job).redrives == 0 for job in quick), \
         "released uncharged, deliverable again"
+
+
+# ---------------------------------------------------------------------------------------
+# Process execution queues a batch's runs in the child: each is started or taken back,
+# never both, and never run twice (issue #14)
+# ---------------------------------------------------------------------------------------
+
+
+def _slice_of(job):
+    from durable_jobs.context import Slice
+    from durable_jobs.states import Lease
+
+    return Slice(job, registry.get(job.kind), Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
+                                                    ttl_ms=60_000))
+
+
+def _ttl():
+    return conf.ms(conf.get().LEASE_TTL)
+
+
+def _claim(count):
+    claimed = store.dequeue(["default"], "slot", _ttl(), limit=count)
+    assert len(claimed) == count
+    return claimed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_is_handed_back_unstarted(settings):
+    """The queued claim goes back to the queue while the slow slice runs; the time limit
+    kills the slow one only, and the queued one never started in the child."""
+    from durable_jobs.runner import ChildRunner
+    from durable_jobs.worker import SlotState, Worker
+
+    settings.DURABLE_JOBS = {**getattr(settings, "DURABLE_JOBS", {}), "TIME_LIMIT": 1.0}
+    slow = durable.start("demo.sleep", input={"seconds": 30, "stubborn": True}, priority=10)
+    queued = durable.start("demo.progress_then_fail", input={"steps": 1})
+    worker = Worker(concurrency=1, execution="process")
+    slot = SlotState(number=0, generation=0, owner="slot")
+    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
+    try:
+        assert worker._run_claimed(slot, _claim(2), _ttl(), runner) is False
+        assert not runner.holds_any()
+    finally:
+        runner.close()
+    assert reload(slow).error_code == "time_limit"
+    row = reload(queued)
+    assert row.lease_owner is None and row.redrives == 0 and row.consecutive_failures == 0, "released uncharged"
+    assert row.checkpoint is None, "it never started in the child"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_execution__a_shutdown_takes_back_the_runs_queued_in_the_child():
+    from durable_jobs.runner import ChildRunner
+
+    running_one, queued = durable.start("demo.sleep", input={"seconds": 30}, priority=10), \
+        durable.start("demo.progress_then_fail", input={"steps": 1})
+    stopping = threading.Event()
+    runner = ChildRunner(role="durable-child-test", stopping=stopping)
+    first, second = _claim(2)
+    assert first.id == running_one.id
+    try:
+        assert runner.send_ahead([(first, _slice_of(first).lease), (second, _slice_of(second).lease)])
+        timer = threading.Timer(0.3, stopping.set)
+        timer.start()
+        ran = runner.run(_slice_of(first))
+        timer.join()
+        assert (ran.end, ran.interrupted) == ("yield", True)
+        assert not runner.holds(second.id), "withdrawn by the child on the stop"
+    finally:
+        runner.close()
+    assert reload(queued).checkpoint is None, "it never started"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_execution__a_child_killed_with_a_run_queued_charges_the_running_one_and_the_queued_one_runs_once():
+    from durable_jobs.runner import ChildRunner
+
+    durable.start("demo.sleep", input={"seconds": 30, "stubborn": True}, priority=10)
+    queued = durable.start("demo.progress_then_fail", input={"steps": 1})
+    runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
+    first, second = _claim(2)
+    try:
+        assert runner.send_ahead([(first, _slice_of(first).lease), (second, _slice_of(second).lease)])
+        pid = runner.pid
+        timer = threading.Timer(0.3, lambda: os.killpg(pid, signal.SIGKILL))
+        timer.start()
+        ran = runner.run(_slice_of(first))
+        timer.join()
+        assert ran.end == "interrupted" and "signal 9" in ran.message
+        assert not runner.holds(second.id), "it never started: sent again to the next child"
+        assert reload(queued).checkpoint is None
+        again = runner.run(_slice_of(second))
+        assert runner.pid != pid
+    finally:
+        runner.close()
+    assert (again.end, again.code) == ("failed", "after_progress")
+    assert reload(queued).checkpoint == {"step": 1}, "ran exactly once"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_execution__a_quick_batch_queued_in_the_child_completes_each_job_once():
+    from durable_jobs.runner import ChildRunner
+    from durable_jobs.worker import SlotState, Worker
+
+    jobs = [durable.start("demo.noop") for _ in range(6)]
+    worker = Worker(concurrency=1, execution="process")
+    slot = SlotState(number=0, generation=0, owner="slot")
+    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
+    try:
+        quick = worker._run_claimed(slot, _claim(6), _ttl(), runner)
+        assert not runner.holds_any()
+    finally:
+        runner.close()
+    rows = [reload(job) for job in jobs]
+    # On a loaded machine a slice may take longer than QUICK_SLICE: the rest are then
+    # handed back unstarted. Either way each job ran at most once, under its one claim.
+    assert all(row.lease_owner is None for row in rows)
+    assert all(row.lease_epoch == 1 and row.redrives == 0 for row in rows)
+    completed = [row for row in rows if row.status == "completed"]
+    assert completed and (len(completed) == 6 or not quick)
