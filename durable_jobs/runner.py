@@ -273,6 +273,13 @@ class ChildRunner:
         while True:
             if sent.answer is not None:
                 return _ran_of(sent.answer)
+            if not any(other is sent for other in self._inflight):
+                # The child withdrew it before starting it: a withdrawal it answered late
+                # (after ``take_back`` gave up waiting), or one that reached it between the
+                # end of the run before and the start of this one. Never started, it is
+                # handed back uncharged, as every withdrawn claim is; waiting for its
+                # answer would wait forever.
+                return Ran(end="lease_lost", message="taken back from the handler process before it started")
             if sent.started_at is not None:
                 # The time limit counts from when the child started it (it may have waited
                 # in the queue, or run while this thread recorded the slice before it).

@@ -374,3 +374,40 @@ def test_process_execution__a_quick_batch_queued_in_the_child_completes_each_job
     assert all(row.lease_epoch == 1 and row.redrives == 0 for row in rows)
     completed = [row for row in rows if row.status == "completed"]
     assert completed and (len(completed) == 6 or not quick)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_waited_for():
+    """A withdrawal the child answers after ``take_back`` stopped waiting must not wedge the slot.
+
+    The child is stopped (SIGSTOP) while the run is queued and the withdrawal sent, so
+    ``take_back`` gives up; once the child resumes it reads both and withdraws the run
+    before starting it. The slot supervising that run then sees it withdrawn and hands
+    it back, instead of waiting for an answer that never comes. (Should the child start
+    it first, it runs exactly once; either way the call returns.)
+    """
+    from durable_jobs.runner import ChildRunner
+
+    job = durable.start("demo.progress_then_fail", input={"steps": 1})
+    runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
+    [claimed] = _claim(1)
+    outcome: dict = {}
+    try:
+        runner.ensure_started()
+        os.kill(runner.pid, signal.SIGSTOP)
+        assert runner.send_ahead([(claimed, _slice_of(claimed).lease)])
+        runner.take_back(timeout=0.2)
+        assert runner.holds(claimed.id), "no answer yet: the child is stopped"
+        os.kill(runner.pid, signal.SIGCONT)
+        supervisor = threading.Thread(target=lambda: outcome.update(ran=runner.run(_slice_of(claimed))),
+                                      daemon=True)
+        supervisor.start()
+        supervisor.join(20)
+        assert not supervisor.is_alive(), "the slot waits forever for a run the child withdrew"
+    finally:
+        runner.kill()
+    ran, row = outcome["ran"], reload(job)
+    if ran.end == "lease_lost":
+        assert row.checkpoint is None, "withdrawn: it never started"
+    else:
+        assert (ran.end, ran.code, row.checkpoint) == ("failed", "after_progress", {"step": 1})
