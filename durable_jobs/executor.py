@@ -78,7 +78,7 @@ class Ran:
     turns each into exactly one transition.
     """
 
-    end: str  # done | yield | cancel | lease_lost | failed | interrupted | time_limit
+    end: str  # done | yield | cancel | lease_lost | failed | interrupted | time_limit | withdrawn
     result_json: str | None = None  # done: the validated result as JSON text
     interrupted: bool = False  # yield: the worker was shutting down
     error_class: str | None = None  # failed
@@ -90,7 +90,9 @@ class Ran:
 
 
 #: The ends of ``Ran``: what ``record`` knows how to write.
-ENDS = frozenset({"done", "yield", "cancel", "lease_lost", "failed", "interrupted", "time_limit"})
+#: ``withdrawn``: process execution took the run back from the handler process before it
+#: started (``ChildRunner``); the claim is handed back uncharged, as an unstarted claim is.
+ENDS = frozenset({"done", "yield", "cancel", "lease_lost", "failed", "interrupted", "time_limit", "withdrawn"})
 
 
 def run_slice(
@@ -247,6 +249,9 @@ def record(
         # is still ours, so the job need not wait out its expiry.
         _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
         return "lease_lost", None
+    if ran.end == "withdrawn":
+        _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
+        return "handed_back", None
     if ran.end == "cancel":
         return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
     if ran.end == "done":

@@ -279,7 +279,7 @@ class ChildRunner:
                 # end of the run before and the start of this one. Never started, it is
                 # handed back uncharged, as every withdrawn claim is; waiting for its
                 # answer would wait forever.
-                return Ran(end="lease_lost", message="taken back from the handler process before it started")
+                return Ran(end="withdrawn", message="taken back from the handler process before it started")
             if sent.started_at is not None:
                 # The time limit counts from when the child started it (it may have waited
                 # in the queue, or run while this thread recorded the slice before it).

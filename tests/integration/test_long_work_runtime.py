@@ -388,9 +388,12 @@ def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_wa
     """
     from durable_jobs.runner import ChildRunner
 
+    from durable_jobs import executor
+
     job = durable.start("demo.progress_then_fail", input={"steps": 1})
     runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
     [claimed] = _claim(1)
+    context = _slice_of(claimed)
     outcome: dict = {}
     try:
         runner.ensure_started()
@@ -399,15 +402,18 @@ def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_wa
         runner.take_back(timeout=0.2)
         assert runner.holds(claimed.id), "no answer yet: the child is stopped"
         os.kill(runner.pid, signal.SIGCONT)
-        supervisor = threading.Thread(target=lambda: outcome.update(ran=runner.run(_slice_of(claimed))),
-                                      daemon=True)
+        supervisor = threading.Thread(target=lambda: outcome.update(ran=runner.run(context)), daemon=True)
         supervisor.start()
         supervisor.join(20)
         assert not supervisor.is_alive(), "the slot waits forever for a run the child withdrew"
     finally:
         runner.kill()
     ran, row = outcome["ran"], reload(job)
-    if ran.end == "lease_lost":
+    if ran.end == "withdrawn":
         assert row.checkpoint is None, "withdrawn: it never started"
+        assert executor.record(context, ran) == ("handed_back", None)
+        row = reload(job)
+        assert row.lease_owner is None and row.next_run_at is not None, "released: deliverable again"
+        assert (row.redrives, row.consecutive_failures, row.interruptions) == (0, 0, 0), "nothing charged"
     else:
         assert (ran.end, ran.code, row.checkpoint) == ("failed", "after_progress", {"step": 1})
