@@ -24,6 +24,7 @@ exits.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import heapq
 import logging
@@ -51,6 +52,33 @@ log = logging.getLogger("durable_jobs.worker")
 
 #: A slice this short (seconds) lets its slot claim more than one job at a time.
 QUICK_SLICE = 0.05
+#: How long (seconds) a prefetched claim may wait behind its batch-mates: a batch still
+#: running after this hands the rest back, and the slot claims half as many next time.
+#: It bounds the wait whatever MAX_PREFETCH is, so a large batch only ever forms from
+#: slices that together finish well inside it.
+PREFETCH_WINDOW = 0.1
+
+
+class Pace(enum.Enum):
+    """How a slot's last batch went, which sets how many jobs it claims next."""
+
+    QUICK = "quick"  # every slice quick and the batch inside PREFETCH_WINDOW: may grow
+    LONG = "long"  # quick slices, but together past PREFETCH_WINDOW: halve
+    SLOW = "slow"  # a slice took QUICK_SLICE or more (or the batch was cut short): one at a time
+
+
+def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int) -> int:
+    """How many jobs a slot claims next, after claiming ``claimed`` of ``batch`` at ``pace``.
+
+    Grows (doubling, up to ``ceiling``, i.e. ``MAX_PREFETCH``) only when the claim came
+    back full, so a thin queue keeps batches small; halves after a long batch; drops to
+    one after a slow slice, since the claims behind a slow slice are what prefetch costs.
+    """
+    if pace is Pace.SLOW:
+        return 1
+    if pace is Pace.LONG:
+        return max(1, batch // 2)
+    return min(ceiling, batch * 2) if claimed == batch else min(ceiling, batch)
 
 
 def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:
@@ -106,7 +134,7 @@ class SlotState:
     completions: list[DeferredCompletion] = dataclasses.field(default_factory=list)
     abandoned: bool = False
     runner: ChildRunner | None = None  # process execution: the slot's handler process
-    batch: int = 1  # how many jobs it claims at once: grows while its own slices are quick
+    batch: int = 1  # how many jobs it claims at once: grows while its batches are quick (next_batch)
 
 
 class Worker:
@@ -429,22 +457,20 @@ class Worker:
                         # starts): pass the wake-up on to one more sleeping slot.
                         self._wake_one(chained=True)
                     try:
-                        quick = self._run_claimed(slot, claimed, ttl_ms, runner)
+                        pace = self._run_claimed(slot, claimed, ttl_ms, runner)
                     except (DatabaseError, InterfaceError) as error:
                         # Between slices (a lease extension or hand-back): the claims left
                         # keep their leases, which expire and are re-driven.
                         log.warning("slot %s: database error between slices (%s)", slot.owner, type(error).__name__)
                         connections[self.using].close()
-                        quick = False
+                        pace = Pace.SLOW
                     except Exception:  # noqa: BLE001 - a slot must outlive any one batch
                         log.exception("slot %s: unexpected error between slices", slot.owner)
-                        quick = False
-                    # Claim several at a time only while this slot's slices are quick: the
+                        pace = Pace.SLOW
+                    # Claim several at a time only while this slot's batches are quick: the
                     # claims wait their turn holding leases, and a deep queue of no-op-like
                     # jobs should not pay one claim transaction per job.
-                    full = len(claimed) == slot.batch
-                    slot.batch = (min(settings.MAX_PREFETCH, slot.batch * 2) if quick and full
-                                  else 1 if not quick else slot.batch)
+                    slot.batch = next_batch(slot.batch, len(claimed), pace, settings.MAX_PREFETCH)
                     continue
                 if self.burst and self._set_idle(slot.number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over
@@ -457,8 +483,8 @@ class Worker:
             if not slot.abandoned:
                 connections[self.using].close()
 
-    def _run_claimed(self, slot: SlotState, claimed: list, ttl_ms: int, runner: ChildRunner | None) -> bool:
-        """Run a slot's claims in order; return True when every slice was quick.
+    def _run_claimed(self, slot: SlotState, claimed: list, ttl_ms: int, runner: ChildRunner | None) -> Pace:
+        """Run a slot's claims in order; return how quickly they went (see ``next_batch``).
 
         The claims' leases are kept alive while they wait their turn and, once finished,
         until their batched completion commits: a slow slice in the batch must not let
@@ -470,8 +496,10 @@ class Worker:
         sent to the child in one go (``ChildRunner.send_ahead``): it runs them one after
         the other while this thread records each outcome, and what it has not started is
         taken back before a hand-back, so a claim is run by the child or handed back,
-        never both.
+        never both. Once the batch has run for ``PREFETCH_WINDOW`` the claims still waiting
+        are handed back the same way, for any slot to take.
         """
+        began = time.monotonic()
         interval = conf.get().HEARTBEAT_INTERVAL
         batched = len(claimed) > 1
         slot.waiting = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
@@ -482,18 +510,21 @@ class Worker:
             slot.runner = runner
         if runner is not None and batched and all(_goes_straight_to_its_handler(job, ttl_ms) for job in claimed):
             runner.send_ahead([(job, entries[job.id].lease) for job in claimed])
-        quick = True
+        pace = Pace.QUICK
+        ran = 0
         try:
             for job in claimed:
                 if slot.abandoned:
-                    return False
+                    return Pace.SLOW
                 entry = entries.get(job.id)
                 if entry is not None and entry not in slot.waiting:
                     continue  # handed back while the slice before it ran
-                if self.stopping.is_set() or not quick:
+                if pace is Pace.QUICK and ran and time.monotonic() - began > PREFETCH_WINDOW:
+                    pace = Pace.LONG  # the claims left have waited long enough behind the ones run
+                if self.stopping.is_set() or pace is not Pace.QUICK:
                     self._hand_back(slot)  # takes back first what the child has not started
                     if runner is None or not runner.holds(job.id):
-                        return False
+                        return Pace.SLOW if self.stopping.is_set() else pace
                     # Started in the child before the hand-back: supervised and recorded below.
                 if entry is not None:
                     slot.waiting.remove(entry)
@@ -513,7 +544,9 @@ class Worker:
                     slot.finished.append(entry)
                     self._heartbeater.track(entry)
                 self._slices_per_slot[slot.number] += 1  # one live thread per slot number writes its cell
-                quick = report.duration < QUICK_SLICE
+                ran += 1
+                if report.duration >= QUICK_SLICE:
+                    pace = Pace.SLOW
         finally:
             if not slot.abandoned:  # an abandoned slot's claims were handed back by the supervisor
                 if slot.completions:
@@ -525,7 +558,9 @@ class Worker:
                             slot.owner)
                 runner.kill()
                 runner.forget()
-        return quick
+        if pace is Pace.QUICK and ran > 1 and time.monotonic() - began > PREFETCH_WINDOW:
+            pace = Pace.LONG
+        return pace
 
     @staticmethod
     def _on_start(slot: SlotState, lost: bool, context: Slice) -> None:

@@ -100,6 +100,13 @@ def noop(job: durable.Slice):
     return durable.DONE
 
 
+@durable.handler("demo.brief")
+def brief(job: durable.Slice):
+    """Sleep ``input.seconds`` (default 0) in one go and finish: a short slice of a set length."""
+    time.sleep(float(job.input.get("seconds", 0)))
+    return durable.DONE
+
+
 def sleeping_mirror(job, outcome: str) -> None:
     """A mirror that holds the job's row (the terminal transaction) for ``input.mirror_seconds``."""
     time.sleep(float(job.input.get("mirror_seconds", 0)))

@@ -225,7 +225,7 @@ def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_a
     """A slot's batch is claimed while slices are quick; when one turns out slow, the jobs
     queued behind it go back to the queue while it runs, not after."""
     from durable_jobs.runner import ChildRunner
-    from durable_jobs.worker import SlotState, Worker
+    from durable_jobs.worker import Pace, SlotState, Worker
 
     slow = durable.start("demo.sleep", input={"seconds": 3}, priority=10)
     quick = [durable.start("demo.noop") for _ in range(2)]
@@ -246,7 +246,7 @@ def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_a
 
     watcher = in_thread(watch)
     try:
-        assert worker._run_claimed(slot, claimed, 60_000, runner) is False
+        assert worker._run_claimed(slot, claimed, 60_000, runner) is Pace.SLOW
     finally:
         runner.close()
         watcher.join()
@@ -285,7 +285,7 @@ def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_is_h
     """The queued claim goes back to the queue while the slow slice runs; the time limit
     kills the slow one only, and the queued one never started in the child."""
     from durable_jobs.runner import ChildRunner
-    from durable_jobs.worker import SlotState, Worker
+    from durable_jobs.worker import Pace, SlotState, Worker
 
     settings.DURABLE_JOBS = {**getattr(settings, "DURABLE_JOBS", {}), "TIME_LIMIT": 1.0}
     slow = durable.start("demo.sleep", input={"seconds": 30, "stubborn": True}, priority=10)
@@ -294,7 +294,7 @@ def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_is_h
     slot = SlotState(number=0, generation=0, owner="slot")
     runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
     try:
-        assert worker._run_claimed(slot, _claim(2), _ttl(), runner) is False
+        assert worker._run_claimed(slot, _claim(2), _ttl(), runner) is Pace.SLOW
         assert not runner.holds_any()
     finally:
         runner.close()
@@ -356,14 +356,14 @@ def test_process_execution__a_child_killed_with_a_run_queued_charges_the_running
 @pytest.mark.django_db(transaction=True)
 def test_process_execution__a_quick_batch_queued_in_the_child_completes_each_job_once():
     from durable_jobs.runner import ChildRunner
-    from durable_jobs.worker import SlotState, Worker
+    from durable_jobs.worker import Pace, SlotState, Worker
 
     jobs = [durable.start("demo.noop") for _ in range(6)]
     worker = Worker(concurrency=1, execution="process")
     slot = SlotState(number=0, generation=0, owner="slot")
     runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
     try:
-        quick = worker._run_claimed(slot, _claim(6), _ttl(), runner)
+        pace = worker._run_claimed(slot, _claim(6), _ttl(), runner)
         assert not runner.holds_any()
     finally:
         runner.close()
@@ -373,7 +373,7 @@ def test_process_execution__a_quick_batch_queued_in_the_child_completes_each_job
     assert all(row.lease_owner is None for row in rows)
     assert all(row.lease_epoch == 1 and row.redrives == 0 for row in rows)
     completed = [row for row in rows if row.status == "completed"]
-    assert completed and (len(completed) == 6 or not quick)
+    assert completed and (len(completed) == 6 or pace is not Pace.QUICK)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,7 +8,7 @@ from django.db.models import Count
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.models import Job
-from durable_jobs.worker import SlotState, Worker
+from durable_jobs.worker import PREFETCH_WINDOW, Pace, SlotState, Worker
 from tests.factories import reload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,8 +30,53 @@ def test_claims_left_unstarted_at_shutdown_are_handed_back_without_spending_budg
     claimed = store.dequeue(["default"], "slot", 60_000, limit=3)
     worker.stopping.set()
     slot = SlotState(number=0, generation=0, owner="slot")
-    assert worker._run_claimed(slot, claimed, 60_000, None) is False
+    assert worker._run_claimed(slot, claimed, 60_000, None) is Pace.SLOW
     for job in claimed:
         after = reload(job)
         assert (after.status, after.lease_owner, after.redrives, after.consecutive_failures) == ("running", None, 0, 0)
     assert len(store.dequeue(["default"], "next", 60_000, limit=5)) == 3, "deliverable again at once"
+
+
+@pytest.mark.parametrize("execution", ["thread", "process"])
+def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(execution):
+    """Slices each under QUICK_SLICE but together past PREFETCH_WINDOW: the claims still
+    waiting go back to the queue at once (the whole batch never runs), charged nothing."""
+    from durable_jobs.runner import ChildRunner
+
+    per_slice = 0.03
+    count = 8
+    assert per_slice * count > 2 * PREFETCH_WINDOW
+    jobs = [durable.start("demo.brief", input={"seconds": per_slice}) for _ in range(count)]
+    worker = Worker(concurrency=1, execution=execution)
+    slot = SlotState(number=0, generation=0, owner="slot")
+    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping) if execution == "process" else None
+    try:
+        if runner is not None:
+            runner.ensure_started()
+        claimed = store.dequeue(["default"], "slot", 60_000, limit=count)
+        assert len(claimed) == count
+        pace = worker._run_claimed(slot, claimed, 60_000, runner)
+    finally:
+        if runner is not None:
+            runner.close()
+    rows = [reload(job) for job in jobs]
+    completed = [row for row in rows if row.status == "completed"]
+    handed_back = [row for row in rows if row.status != "completed"]
+    assert pace is not Pace.QUICK
+    assert completed, "the batch ran until its window closed"
+    assert handed_back, "what was still waiting after the window was not run by this slot"
+    for row in handed_back:
+        assert (row.lease_owner, row.lease_epoch, row.redrives, row.consecutive_failures) == (None, 1, 0, 0)
+    assert len(store.dequeue(["default"], "next", 60_000, limit=count)) == len(handed_back), "deliverable again"
+
+
+def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():
+    from durable_jobs.worker import next_batch
+
+    assert next_batch(4, 4, Pace.QUICK, 32) == 8
+    assert next_batch(32, 32, Pace.QUICK, 32) == 32, "MAX_PREFETCH caps it"
+    assert next_batch(8, 3, Pace.QUICK, 32) == 8, "a thin queue does not grow it"
+    assert next_batch(8, 3, Pace.QUICK, 4) == 4, "a lowered MAX_PREFETCH applies at once"
+    assert next_batch(16, 16, Pace.LONG, 32) == 8
+    assert next_batch(1, 1, Pace.LONG, 32) == 1
+    assert next_batch(16, 16, Pace.SLOW, 32) == 1
