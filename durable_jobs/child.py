@@ -1,9 +1,11 @@
 """The child process of process execution: runs handlers, one slice at a time, for one slot.
 
-Started by ``durable_jobs.runner.ChildRunner`` as ``python -m durable_jobs.child CMD_FD RESULT_FD``
-in a session (process group) of its own, with the worker's settings module in its
-environment. It reads one JSON line per message from CMD_FD and writes one per answer
-to RESULT_FD; the handler's own stdout and stderr stay the worker's.
+Forked by the worker's zygote (``durable_jobs.zygote``) with Django already set up, or
+started by ``durable_jobs.runner.ChildRunner`` as ``python -m durable_jobs.child CMD_FD
+RESULT_FD`` when there is no zygote; either way in a session (process group) of its own,
+with the worker's settings module in its environment. It reads one JSON line per message
+from CMD_FD and writes one per answer to RESULT_FD; the handler's own stdout and stderr
+stay the worker's.
 
 Messages in: ``run`` (a claimed row, the lease it was claimed under and a sequence
 number; several may queue up, and run one after the other in the order sent), about a
@@ -236,16 +238,25 @@ def _watch_for_a_dead_client(sender, connection, **kwargs) -> None:
 
 
 def main(argv: list[str]) -> None:
-    command_fd, result_fd = int(argv[1]), int(argv[2])
+    prepare()
+    serve(int(argv[1]), int(argv[2]))
+
+
+def prepare() -> None:
+    """Set Django up: what every handler process needs first, and all the zygote does."""
     import django
 
     django.setup()
-    from django.db import InterfaceError, OperationalError, connections
-    from django.db.backends.signals import connection_created
-
     from durable_jobs import logsetup
 
     logsetup.configure(None)  # the worker's console handler, when the project configured none
+
+
+def serve(command_fd: int, result_fd: int) -> None:
+    """Take runs from the worker on ``command_fd`` and answer on ``result_fd``, until it goes."""
+    from django.db import InterfaceError, OperationalError, connections
+    from django.db.backends.signals import connection_created
+
     logging.getLogger("durable_jobs").setLevel(os.environ.get("DURABLE_JOBS_CHILD_LOG_LEVEL", "INFO"))
 
     commands = os.fdopen(command_fd, "r")

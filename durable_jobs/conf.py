@@ -20,6 +20,7 @@ from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.waits import grammar
 
 EXECUTION_MODES = ("process", "thread")
+START_METHODS = ("forkserver", "spawn")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
 #: The most MAX_RUN_AFTER may be: 100 years, well inside what Python's datetime and
 #: PostgreSQL's timestamptz can hold, so the bound itself never overflows.
@@ -46,6 +47,11 @@ class Settings:
     #: How handlers run: "process" (a child process per slot, killed at the time limit,
     #: on cancel past CANCEL_GRACE and at shutdown past SHUTDOWN_GRACE) or "thread".
     EXECUTION: str = "process"
+    #: How process execution starts a handler process: "forkserver" forks it from a
+    #: process that set Django up once (milliseconds each); "spawn" starts a fresh
+    #: interpreter each time (Django set up again, about 0.4 s of CPU), for projects whose
+    #: imports start threads or otherwise cannot survive a fork.
+    START_METHOD: str = "forkserver"
     #: How long a running slice has to honour a cancel request before it is killed
     #: (process execution) or abandoned (thread execution).
     CANCEL_GRACE: float = 30.0
@@ -161,6 +167,11 @@ class Settings:
             raise ConfigurationError(
                 f"DURABLE_JOBS['EXECUTION'] must be one of {', '.join(map(repr, EXECUTION_MODES))}, "
                 f"got {self.EXECUTION!r}"
+            )
+        if self.START_METHOD not in START_METHODS:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['START_METHOD'] must be one of {', '.join(map(repr, START_METHODS))}, "
+                f"got {self.START_METHOD!r}"
             )
         for name in ("DEFAULT_TENANT", "DEFAULT_QUEUE"):
             if not isinstance(getattr(self, name), str) or not NAME_PATTERN.match(getattr(self, name)):

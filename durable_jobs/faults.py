@@ -12,7 +12,7 @@ the first), ``@*`` every time.
 
 Points: ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
-``before_batched_completion``.
+``before_batched_completion``, ``zygote_ready`` (the zygote, once Django is set up).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 POINTS = frozenset({
     "after_claim", "domain_before_commit", "domain_after_commit", "terminal_inside", "terminal_after",
-    "reconciler_between", "before_heartbeat", "before_batched_completion",
+    "reconciler_between", "before_heartbeat", "before_batched_completion", "zygote_ready",
 })
 
 

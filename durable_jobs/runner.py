@@ -37,7 +37,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durable_jobs import conf
+from durable_jobs import conf, zygote
 from durable_jobs.child import encode_row
 from durable_jobs.context import Slice
 from durable_jobs.executor import ENDS, Ran, time_limit_failure
@@ -65,7 +65,7 @@ class ChildRunner:
         self.role = role  # e.g. "durable-child-3", used in the child's application_name
         self.stopping = stopping
         self.using = using
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | zygote.ForkedChild | None = None
         self._commands = None
         self._results_fd: int | None = None
         self._buffer = b""
@@ -83,19 +83,13 @@ class ChildRunner:
         command_r, command_w = os.pipe()
         result_r, result_w = os.pipe()
         app = os.environ.get("PGAPPNAME", "durable_jobs")
-        env = {
-            **os.environ,
+        own_env = {
             "PGAPPNAME": f"{app}/{self.role}"[:63],
-            # The worker may have been started with --pythonpath or from another folder.
-            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
             # The handler's log lines at the worker's level (-v).
             "DURABLE_JOBS_CHILD_LOG_LEVEL": logging.getLevelName(logging.getLogger("durable_jobs").getEffectiveLevel()),
         }
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "durable_jobs.child", str(command_r), str(result_w)],
-                pass_fds=(command_r, result_w), start_new_session=True, stdin=subprocess.DEVNULL, env=env,
-            )
+            self._proc = self._start_child(own_env, command_r, result_w)
         finally:
             os.close(command_r)
             os.close(result_w)
@@ -116,6 +110,25 @@ class ChildRunner:
             self.kill()
             raise ChildFailed(f"the handler process did not start (exit code {code}); see the worker's stderr")
         log.debug("%s: child process %d ready", self.role, self._proc.pid)
+
+    def _start_child(self, own_env: dict[str, str], command_r: int, result_w: int):
+        """Fork the child from the zygote; start it from scratch if there is none to be had."""
+        if conf.get().START_METHOD == "forkserver":
+            try:
+                return zygote.shared().fork(own_env, (command_r, result_w))
+            except zygote.ZygoteFailed as error:
+                log.log(logging.WARNING if error.first else logging.DEBUG,
+                        "%s: starting handler processes from scratch: %s", self.role, error)
+        env = {
+            **os.environ,
+            # The worker may have been started with --pythonpath or from another folder.
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            **own_env,
+        }
+        return subprocess.Popen(
+            [sys.executable, "-m", "durable_jobs.child", str(command_r), str(result_w)],
+            pass_fds=(command_r, result_w), start_new_session=True, stdin=subprocess.DEVNULL, env=env,
+        )
 
     def kill(self) -> None:
         """Kill the child's whole process group and reap it."""

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
-from durable_jobs import conf, faults, pooling, registry, store, validation
+from durable_jobs import conf, faults, pooling, registry, store, validation, zygote
 from durable_jobs.context import Slice
 from durable_jobs.executor import DeferredCompletion, complete_deferred, run_slice, time_limit_failure
 from durable_jobs.heartbeat import Heartbeater, HeldLease
@@ -244,6 +244,8 @@ class Worker:
             self._heartbeater.stop()
             if reconciler is not None:
                 reconciler.join(timeout=2)  # let a leader resign, so leadership moves at once
+            if self.execution == "process":
+                zygote.close_shared()
             log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
 
     @property

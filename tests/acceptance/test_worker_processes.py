@@ -17,7 +17,7 @@ from django.db.models import Count
 import durable_jobs as durable
 from durable_jobs import conf, store
 from testproject.demo.models import Effect, Report
-from tests.acceptance.harness import backends_of, terminate_backends, wait_until
+from tests.acceptance.harness import backends_of, descendants, terminate_backends, wait_until
 from tests.factories import reload
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
@@ -237,3 +237,31 @@ def test_a_handler_that_never_returns_is_killed_at_its_time_limit_and_fails_with
     wait_until(lambda: status_of(healthy) == "completed", message="other jobs to keep flowing on the one slot")
     assert worker.output().count("outcome=retrying") == 2
     assert worker.popen.poll() is None, "the worker itself never wedged"
+
+
+def test_sigkilled_worker__its_zygote_and_handler_processes_leave_with_it(processes):
+    """The handler processes are the zygote's children, not the worker's: once the worker
+    is SIGKILLed the zygote sees end of file on its socket and each child on its command
+    pipe, so neither the zygote nor a handler runs on unsupervised."""
+    job = durable.start("demo.sleep", input={"seconds": 60, "stubborn": True})
+    worker = processes.worker("--concurrency", "2")
+    wait_until(lambda: status_of(job) == "running", message="the slice to start")
+    below = wait_until(lambda: (lambda found: found if len(found) >= 3 else None)(descendants(worker.pid)),
+                       message="the zygote and two handler processes")
+    zygotes = [pid for pid in below if _parent_of(pid) == worker.pid]
+    assert len(zygotes) == 1, "one zygote under the worker; the handler processes under it"
+    assert {_parent_of(pid) for pid in below if pid not in zygotes} == set(zygotes)
+    worker.signal(signal.SIGKILL)
+    wait_until(lambda: not any(_alive(pid) for pid in below), timeout=15,
+               message="the zygote and the handler processes to end")
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
