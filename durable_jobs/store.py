@@ -41,6 +41,14 @@ try:
 except ImportError:  # psycopg2: no server-side binding, so nothing is prepared
     _ServerBindingCursor = None  # type: ignore[assignment,misc]
 
+try:
+    # psycopg's C implementation (psycopg[binary] or [c]); absent in pure-Python installs.
+    from psycopg._cmodule import _psycopg as _psycopg_c
+
+    _C_TIMESTAMPTZ_LOADER = _psycopg_c.TimestamptzLoader
+except (ImportError, AttributeError):
+    _C_TIMESTAMPTZ_LOADER = None
+
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     IDEMPOTENCY_INDEX,
@@ -106,9 +114,32 @@ def _one(using: str, sql: str, params: dict[str, Any]) -> Job | None:
 
 
 def _all(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
-    with _execute(using, sql, params) as cursor:
+    with connections[using].cursor() as cursor:
+        _read_timestamps_in_c(cursor, using)
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [_to_job(row, using) for row in rows]
+
+
+def _read_timestamps_in_c(cursor, using: str) -> None:
+    """Have ``cursor`` read timestamptz with psycopg's C loader where it gives what Django's would.
+
+    Django registers on each connection a Python subclass of psycopg's pure-Python
+    timestamptz loader (to set ``tzinfo`` to the connection's zone): about 2.6 µs a value
+    here, against 0.15 µs for the C loader, and a claimed batch of 32 rows carries some
+    200 of them, read on the worker's one GIL. With the session's TimeZone UTC and Django's
+    zone UTC (``USE_TZ``, no database ``TIME_ZONE``: what Django sets up by default) the C
+    loader returns the very same values, ``datetime.timezone.utc`` included; in any other
+    set-up Django's loader stays.
+    """
+    connection = connections[using]
+    raw = connection.connection
+    if (_C_TIMESTAMPTZ_LOADER is None or raw is None or connection.timezone_name != "UTC"
+            or raw.info.parameter_status("TimeZone") not in (b"UTC", "UTC")):
+        return
+    psycopg_cursor = getattr(cursor, "cursor", None)
+    if psycopg_cursor is not None and hasattr(psycopg_cursor, "adapters"):
+        psycopg_cursor.adapters.register_loader("timestamptz", _C_TIMESTAMPTZ_LOADER)
 
 
 def _scalar(using: str, sql: str, params: dict[str, Any]) -> Any:

@@ -327,3 +327,27 @@ def test_dequeue__two_workers_at_once_claim_disjoint_rows(other_connection):
     assert len(their_ids) == 2
     assert {j.id for j in ours} == ids - their_ids
     assert all(reload(i).lease_owner.startswith("host-2") for i in their_ids)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimed_batch_reads_its_timestamps_exactly_as_the_orm_does():
+    """The claim reads timestamptz with psycopg's C loader (Django's own is Python): the
+    values, and their tzinfo, must be what a model read through the ORM gives."""
+    import datetime
+
+    from django.db.models import DateTimeField
+
+    from durable_jobs.models import Job
+
+    JobFactory.create_batch(3)
+    claimed = store.dequeue(["default"], "slot", 60_000, limit=3)
+    assert len(claimed) == 3
+    stamps = [f.attname for f in Job._meta.fields if isinstance(f, DateTimeField)]
+    for job in claimed:
+        orm = Job.objects.get(id=job.id)
+        for name in stamps:
+            ours, theirs = getattr(job, name), getattr(orm, name)
+            assert ours == theirs, name
+            if ours is not None:
+                assert ours.tzinfo is theirs.tzinfo is datetime.timezone.utc, name
+    assert claimed[0].started_at is not None and claimed[0].lease_expires_at > claimed[0].started_at
