@@ -270,13 +270,6 @@ def serve(command_fd: int, result_fd: int) -> None:
     using = database["alias"]
     connections[using].settings_dict.update(database["settings"])
     connection_created.connect(_watch_for_a_dead_client, dispatch_uid="durable_jobs.child.watch")
-    try:
-        # Connected before it says it is ready: the slot claims only then, so the first
-        # claim does not wait out a connection set-up (a few to tens of ms) holding its lease.
-        connections[using].ensure_connection()
-    except Exception:  # noqa: BLE001 - the first run connects again and reports what is wrong
-        log.debug("child: cannot connect before the first run", exc_info=True)
-        connections[using].close()
     mailbox = Mailbox(commands, result_fd)
     threading.Thread(target=mailbox.read_forever, name="durable-child-mailbox", daemon=True).start()
 

@@ -273,7 +273,9 @@ def _become_child(sock: socket.socket, env: dict[str, str], fds: list[int]) -> N
     try:
         sock.close()
         os.setsid()  # its own process group, which the worker kills as a whole
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        # The signal handling of a freshly started interpreter, not the zygote's.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in (signal.SIGTERM, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         os.environ.update(env)
         child.serve(fds[0], fds[1])

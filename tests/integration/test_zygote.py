@@ -128,3 +128,27 @@ def test_start_method_spawn_starts_each_child_from_scratch():
         assert _run_one(runner, "demo.noop").end == "done"
     finally:
         runner.close()
+
+
+def test_a_handler_process_opens_no_connection_its_handler_does_not_need():
+    """The connection budget (docs/operations.rst) counts one connection per handler
+    process only for handlers that use the database: a forked child must not open one
+    on its own, or 64 idle slots hold 64 more connections than they use."""
+    from django.db import connection
+
+    runner = ChildRunner(role="durable-child-budget", stopping=threading.Event())
+    try:
+        runner.ensure_started()
+        assert _run_one(runner, "demo.noop").end == "done"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                           ["%durable-child-budget"])
+            assert cursor.fetchone()[0] == 0
+        ran = _run_one(runner, "demo.progress_then_fail", input={"steps": 1})
+        assert ran.code == "after_progress"
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                           ["%durable-child-budget"])
+            assert cursor.fetchone()[0] == 1, "a handler that writes connects, under the slot's name"
+    finally:
+        runner.close()
