@@ -74,8 +74,10 @@ class Settings:
     MAX_REDRIVES_WITHOUT_COMMIT: int = 5
     #: Most jobs a worker slot claims in one statement: only while its batches are quick (each
     #: slice under 50 ms, the batch under 100 ms); what a batch has not started by then is
-    #: handed back uncharged. 1 spreads short jobs over slots most evenly.
-    MAX_PREFETCH: int = 32
+    #: handed back uncharged. None: 64 in process execution, 8 in thread execution (where a
+    #: handler that kills the process takes every claim of its batch with it, each charged a
+    #: re-drive). 1 spreads short jobs over slots most evenly.
+    MAX_PREFETCH: int | None = None
     #: Worker idle poll; LISTEN/NOTIFY wakes it sooner, polling alone must be correct.
     POLL_INTERVAL: float = 1.0
     #: LISTEN/NOTIFY channel; None disables notifications (e.g. behind a transaction pooler).
@@ -168,6 +170,8 @@ class Settings:
                 f"DURABLE_JOBS['EXECUTION'] must be one of {', '.join(map(repr, EXECUTION_MODES))}, "
                 f"got {self.EXECUTION!r}"
             )
+        if self.MAX_PREFETCH is not None:
+            positive_int("DURABLE_JOBS['MAX_PREFETCH'] (or None)", self.MAX_PREFETCH)
         if self.START_METHOD not in START_METHODS:
             raise ConfigurationError(
                 f"DURABLE_JOBS['START_METHOD'] must be one of {', '.join(map(repr, START_METHODS))}, "

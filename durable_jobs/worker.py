@@ -59,6 +59,18 @@ QUICK_SLICE = 0.05
 PREFETCH_WINDOW = 0.1
 
 
+#: MAX_PREFETCH when it is None, by execution mode. A handler process that dies charges
+#: only the slice it ran (the runs queued behind it go to the next child), so process
+#: execution risks only a worker killed outright on a large batch; in thread execution a
+#: handler that kills the process (a segfault, os._exit) takes every claim with it.
+PREFETCH_BY_EXECUTION = {"process": 64, "thread": 8}
+
+
+def prefetch_ceiling(max_prefetch: int | None, execution: str) -> int:
+    """The most jobs a slot claims at once: ``MAX_PREFETCH``, or its default for ``execution``."""
+    return max_prefetch if max_prefetch is not None else PREFETCH_BY_EXECUTION[execution]
+
+
 class Pace(enum.Enum):
     """How a slot's last batch went, which sets how many jobs it claims next."""
 
@@ -472,7 +484,8 @@ class Worker:
                     # Claim several at a time only while this slot's batches are quick: the
                     # claims wait their turn holding leases, and a deep queue of no-op-like
                     # jobs should not pay one claim transaction per job.
-                    slot.batch = next_batch(slot.batch, len(claimed), pace, settings.MAX_PREFETCH)
+                    slot.batch = next_batch(slot.batch, len(claimed), pace,
+                                            prefetch_ceiling(settings.MAX_PREFETCH, self.execution))
                     continue
                 if self.burst and self._set_idle(slot.number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over

@@ -80,3 +80,16 @@ def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():
     assert next_batch(16, 16, Pace.LONG, 32) == 8
     assert next_batch(1, 1, Pace.LONG, 32) == 1
     assert next_batch(16, 16, Pace.SLOW, 32) == 1
+
+
+def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
+    from durable_jobs import conf
+    from durable_jobs.exceptions import ConfigurationError
+    from durable_jobs.worker import prefetch_ceiling
+
+    assert prefetch_ceiling(None, "process") == 64
+    assert prefetch_ceiling(None, "thread") == 8, "a crash in thread execution takes the whole batch"
+    assert prefetch_ceiling(1, "process") == 1
+    for bad in (0, -4, 2.5, "8", True):
+        with pytest.raises(ConfigurationError, match="MAX_PREFETCH"):
+            conf.Settings(MAX_PREFETCH=bad)
