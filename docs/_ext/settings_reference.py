@@ -31,9 +31,15 @@ def describe_default(field: dataclasses.Field) -> str:
 
 
 def describe_type(field: dataclasses.Field) -> str:
+    from durable_jobs import conf
+
+    choices = {"EXECUTION": conf.EXECUTION_MODES, "START_METHOD": conf.START_METHODS}
+    if field.name in choices:
+        return "one of " + ", ".join(f"``{choice!r}``" for choice in choices[field.name])
     kinds = {"float": "duration (seconds or ``timedelta``)",
              "float | None": "duration (seconds or ``timedelta``) or ``None``",
-             "int": "positive integer", "bool": "``True`` / ``False``",
+             "int": "positive integer", "int | None": "positive integer or ``None``",
+             "bool": "``True`` / ``False``",
              "str": "name (1-100 of ``A-Z a-z 0-9 _ . : -``)"}
     return kinds.get(str(field.type), f"``{field.type}``")
 
