@@ -152,3 +152,13 @@ def test_a_handler_process_opens_no_connection_its_handler_does_not_need():
             assert cursor.fetchone()[0] == 1, "a handler that writes connects, under the slot's name"
     finally:
         runner.close()
+
+
+def test_start_method_is_forkserver_or_spawn():
+    from durable_jobs import conf
+    from durable_jobs.exceptions import ConfigurationError
+
+    assert conf.load({}).START_METHOD == "forkserver"
+    assert conf.load({"START_METHOD": "spawn"}).START_METHOD == "spawn"
+    with pytest.raises(ConfigurationError, match="START_METHOD.*'forkserver', 'spawn'.*'fork'"):
+        conf.load({"START_METHOD": "fork"})
