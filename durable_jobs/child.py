@@ -206,21 +206,9 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
         if context.lease_lost:
             # Lost while it waited in the queue: not ours to run (the worker records it).
             return {"end": "lease_lost"}
-        return _as_answer(executor.invoke(context, using=using))
+        return executor.invoke(context, using=using).as_dict()
     finally:
         mailbox.end()
-
-
-def _as_answer(ran) -> dict[str, Any]:
-    # Not dataclasses.asdict (a deep copy): only the fields set, once per slice.
-    fields = {"end": ran.end}
-    for name in ("result_json", "error_class", "code", "message"):
-        value = getattr(ran, name)
-        if value is not None:
-            fields[name] = value
-    if ran.interrupted:
-        fields["interrupted"] = True
-    return fields
 
 
 #: How soon the server ends a killed child's query (and frees its row locks).

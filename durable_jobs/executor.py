@@ -86,7 +86,16 @@ class Ran:
     message: str | None = None  # failed, interrupted, time_limit
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields that are set, for the pipe from a handler process (``_ran_of`` reads
+        them back). Not ``dataclasses.asdict``, a deep copy: this runs once per slice."""
+        fields: dict[str, Any] = {"end": self.end}
+        for name in ("result_json", "error_class", "code", "message"):
+            value = getattr(self, name)
+            if value is not None:
+                fields[name] = value
+        if self.interrupted:
+            fields["interrupted"] = True
+        return fields
 
 
 #: The ends of ``Ran``: what ``record`` knows how to write.

@@ -275,9 +275,7 @@ class ChildRunner:
                    slow_after: float) -> Ran:
         if sent.dead:
             return self._died()
-        key = sent.job_id
-        lease = context.lease
-        job_id = key
+        job_id, lease = sent.job_id, context.lease
         settings = conf.get()
         began = time.monotonic()
         told: set[str] = set()

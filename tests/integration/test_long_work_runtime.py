@@ -417,3 +417,28 @@ def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_wa
         assert (row.redrives, row.consecutive_failures, row.interruptions) == (0, 0, 0), "nothing charged"
     else:
         assert (ran.end, ran.code, row.checkpoint) == ("failed", "after_progress", {"step": 1})
+
+
+def test_process_execution__every_way_a_slice_ends_crosses_the_pipe_unchanged():
+    """What a handler process answers (``Ran.as_dict``, only the fields set) is read back by
+    the worker (``runner._ran_of``) as the same ``Ran``; an end it does not know is a
+    transient ``child_error``, never a transition nobody wrote."""
+    import json
+
+    from durable_jobs.executor import Ran
+    from durable_jobs.runner import _ran_of
+
+    ends = [
+        Ran(end="done", result_json='{"rows": 3}'),
+        Ran(end="yield"),
+        Ran(end="yield", interrupted=True),
+        Ran(end="failed", error_class="permanent", code="bad_input", message="row 7: no id"),
+        Ran(end="interrupted", message="interrupted: database connection lost"),
+        Ran(end="cancel"),
+        Ran(end="lease_lost"),
+    ]
+    for ran in ends:
+        assert _ran_of(json.loads(json.dumps(ran.as_dict()))) == ran
+    assert Ran(end="yield").as_dict() == {"end": "yield"}, "unset fields stay off the pipe"
+    odd = _ran_of({"end": "exploded"})
+    assert (odd.end, odd.error_class, odd.code) == ("failed", "transient", "child_error")
