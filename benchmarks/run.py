@@ -47,6 +47,7 @@ TARGETS = {
     "throughput_4": 1500.0,       # processed no-op jobs/s at 4 slots
     "latency_notify_p99_ms": 5.0,    # issue #14 (was 20 ms in issue #6)
     "start_vs_pgqueuer": 1.5,       # issue #14: start() rate / pgqueuer enqueue rate, same run
+    "start_vs_pgbench": 0.5,        # issue #14: start() rate / pgbench's insert-only rate, same run
     "throughput_vs_pgqueuer": 1.2,  # issue #14: at 1 and at 4 slots, same run
     "latency_poll_slack_ms": 20.0,  # p99 <= poll interval + this
     "bulk_start": 20000.0,
@@ -273,6 +274,12 @@ def start_arithmetic(raw: dict, notes: list[str]) -> None:
         text += (f" The start profile (synchronous_commit off) puts durable.start() in autocommit at "
                  f"{client[ours] - client[floor_step]:+.0f} us of client CPU and "
                  f"{server[ours] - server[floor_step]:+.0f} us of server CPU over that floor.")
+    limit = (raw.get("start_limit_pgbench") or {}).get("per_second")
+    if limit:
+        half = TARGETS["start_vs_pgbench"] * limit
+        text += (f" pgbench's own insert-only rate in the same rounds was {limit:,.0f}/s ({1e6 / limit:.0f} us per "
+                 f"commit, a C client with a prepared statement): {TARGETS['start_vs_pgbench']:.0%} of it is "
+                 f"{half:,.0f}/s, and {TARGETS['start_vs_pgqueuer']:g} x pgqueuer is {target / limit:.0%} of it.")
     notes.append(text)
 
 
@@ -319,7 +326,7 @@ class Results:
 
     # --- scenarios -------------------------------------------------------------------
     def scenario_start(self) -> None:
-        from benchmarks import durable_bench, peer_bench
+        from benchmarks import durable_bench, peer_bench, pgbench_limit
 
         # Rounds interleaved (ours, each peer, ours again in autocommit and with prepared
         # statements), the median run of each reported: a shared machine's load swings by
@@ -342,7 +349,8 @@ class Results:
         # measurement always follows the same one (a peer's run leaves its autovacuum
         # and checkpoint I/O to whoever comes next).
         sequence = [("ours", key) for key in variants]
-        sequence[1:1] = [("peer", key) for key in theirs]
+        sequence[1:1] = [("peer", key) for key in theirs] + [("limit", "pgbench")]
+        limits: list[dict] = []
         # Cheap (a second or two each), so at least five rounds: with three, one slow patch
         # of the machine in one round still moved a median.
         rounds = self.plan.repeat if self.plan.quick else max(self.plan.repeat, 5)
@@ -353,6 +361,9 @@ class Results:
                 if who == "ours":
                     atomic, threshold, _ = variants[key]
                     mine[key].append(durable_bench.start_rate(n, atomic=atomic, prepare_threshold=threshold))
+                    continue
+                if who == "limit":
+                    limits.append(pgbench_limit.measure(self.ctx.dburl, seconds=1 if self.plan.quick else 2))
                     continue
                 try:
                     result = peer_bench.start_rate(self.peers[key], n, env=self.env, logs=self.logs)
@@ -374,15 +385,26 @@ class Results:
         self.raw["start_rate_peers"] = {k: {**_median_run(v), "rounds": [r.get("per_second") for r in v]}
                                         for k, v in theirs.items()}
         pgq = self.raw["start_rate_peers"].get("pgqueuer") or {}
+        limit = {**_median_run(limits), "rounds": [r.get("per_second") for r in limits]}
+        self.raw["start_limit_pgbench"] = limit
         for position, (key, (_, _, label)) in enumerate(variants.items()):
             figure = self.raw[key]
             ratio = (figure["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
+            share = (figure["per_second"] / limit["per_second"]) if limit.get("per_second") else None
+            met = None if ratio is None else (ratio >= TARGETS["start_vs_pgqueuer"]
+                                              and (share is None or share >= TARGETS["start_vs_pgbench"]))
+            measured = ", ".join(text for text in (None if ratio is None else f"{ratio:.2f}x",
+                                                   None if share is None else f"{share:.0%} of pgbench") if text)
             peer_cells = (cells.get("pgqueuer", "-"), cells.get("procrastinate", "-"), cells.get("tasks_db", "-")) \
                 if position == 0 else ("(as above)",) * 3
             self.table_obj.add(label, f"{report.num(figure['per_second'])} (p99 {figure['p99_ms']:.1f} ms)",
-                               peer_cells[1], peer_cells[2], f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer",
-                               report.verdict(None if ratio is None else ratio >= TARGETS["start_vs_pgqueuer"])
-                               + ("" if ratio is None else f" ({ratio:.2f}x)"), pgqueuer=peer_cells[0])
+                               peer_cells[1], peer_cells[2],
+                               f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer, >= {TARGETS['start_vs_pgbench']:.0%} "
+                               "pgbench", report.verdict(met) + (f" ({measured})" if measured else ""),
+                               pgqueuer=peer_cells[0])
+        self.table_obj.add("limit: pgbench, 1 client, prepared 1-row INSERT per transaction (/s)",
+                           report.num(limit["per_second"]) if limit.get("per_second")
+                           else "not measured: " + _short(limit.get("error")), "-", "-", "", "info", pgqueuer="-")
         from benchmarks import start_profile
 
         print("    start profile: where one start() per transaction spends its time", flush=True)
@@ -411,7 +433,7 @@ class Results:
                                "-", f">= {report.num(TARGETS['bulk_start'])}", report.verdict(ok))
 
     def scenario_throughput(self) -> None:
-        from benchmarks import durable_bench, peer_bench
+        from benchmarks import durable_bench, peer_bench, pgbench_limit
 
         n = self.plan.n
         configs = [("1 slot", 1, 1, "1x1"), ("4 slots, 1 process", 1, 4, "1x4"),
@@ -512,7 +534,7 @@ class Results:
                            cpu["procrastinate"], cpu["tasks_db"], "", "info", pgqueuer=cpu["pgqueuer"])
 
     def scenario_latency(self) -> None:
-        from benchmarks import durable_bench, peer_bench
+        from benchmarks import durable_bench, peer_bench, pgbench_limit
 
         plan = self.plan
         self.raw["latency"] = {}
