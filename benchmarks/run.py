@@ -328,10 +328,10 @@ class Results:
     def scenario_start(self) -> None:
         from benchmarks import durable_bench, peer_bench, pgbench_limit
 
-        # Rounds interleaved (ours, each peer, ours again in autocommit and with prepared
-        # statements), the median run of each reported: a shared machine's load swings by
-        # a factor of several within a minute, and one sequential pass would hand that
-        # swing to whichever system ran in the quiet moment.
+        # Rounds interleaved (ours, each peer, pgbench, ours again in autocommit and with
+        # prepared statements), the median run of each reported: a shared machine's load
+        # swings by a factor of several within a minute, and one sequential pass would hand
+        # that swing to whichever system ran in the quiet moment.
         n = self.plan.start_n
         variants = {  # raw key -> (atomic, prepare_threshold, row label)
             "start_rate": (True, None, "start rate: 1 start() in atomic()/transaction, 1 client (/s)"),
@@ -433,7 +433,7 @@ class Results:
                                "-", f">= {report.num(TARGETS['bulk_start'])}", report.verdict(ok))
 
     def scenario_throughput(self) -> None:
-        from benchmarks import durable_bench, peer_bench, pgbench_limit
+        from benchmarks import durable_bench, peer_bench
 
         n = self.plan.n
         configs = [("1 slot", 1, 1, "1x1"), ("4 slots, 1 process", 1, 4, "1x4"),
@@ -534,7 +534,7 @@ class Results:
                            cpu["procrastinate"], cpu["tasks_db"], "", "info", pgqueuer=cpu["pgqueuer"])
 
     def scenario_latency(self) -> None:
-        from benchmarks import durable_bench, peer_bench, pgbench_limit
+        from benchmarks import durable_bench, peer_bench
 
         plan = self.plan
         self.raw["latency"] = {}
