@@ -292,6 +292,19 @@ class Worker:
         self.stopping.set()
         self._wake_all()
 
+    def _give_up_burst(self, slot: SlotState, reason: str, seconds: float) -> None:
+        """A burst run that cannot claim for a whole lease stops, non-zero, instead of retrying.
+
+        A long-running worker outlives an outage by retrying forever; a burst run is a
+        script's or a test's "drain the queue, then exit", and one that cannot reach the
+        database would hang it. After ``LEASE_TTL`` without a claim, every lease this worker
+        held has expired anyway (another worker re-drives those jobs), so waiting longer
+        keeps nothing safe: say why, and exit 1 so the caller sees that nothing drained.
+        """
+        log.error("worker %s: burst run stopped: slot %s could not claim for %.0fs (LEASE_TTL) (%s)",
+                  self.identity, slot.owner, seconds, reason)
+        self._fail()
+
     # --- thread execution: the supervisor ---
     def _supervise(self) -> None:
         """End thread slices past their time limit or deaf to a cancel; replace their slots."""
@@ -448,6 +461,7 @@ class Worker:
         runner = slot.runner = ChildRunner(role=f"durable-child-{slot.number}", stopping=self.stopping,
                                            using=self.using) if self.execution == "process" else None
         failures = 0
+        failing_since = 0.0
         try:
             while not self.stopping.is_set() and not slot.abandoned:
                 try:
@@ -458,10 +472,14 @@ class Worker:
                     failures = 0
                 except Exception as error:  # noqa: BLE001 - the database or a child that will not start
                     failures += 1
-                    delay = min(5.0, 0.1 * 2 ** failures)
-                    log.warning("slot %s: cannot claim (%s); retrying in %.1fs", slot.owner,
-                                validation.printable(f"{type(error).__name__}: {error}", limit=300), delay)
+                    failing_since = failing_since if failures > 1 else time.monotonic()
+                    reason = validation.printable(f"{type(error).__name__}: {error}", limit=300)
                     connections[self.using].close()
+                    if self.burst and time.monotonic() - failing_since >= ttl_ms / 1000:
+                        self._give_up_burst(slot, reason, time.monotonic() - failing_since)
+                        break
+                    delay = min(5.0, 0.1 * 2 ** failures)
+                    log.warning("slot %s: cannot claim (%s); retrying in %.1fs", slot.owner, reason, delay)
                     self.stopping.wait(delay)
                     continue
                 if claimed:

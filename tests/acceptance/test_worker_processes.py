@@ -11,8 +11,11 @@ import signal
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
+from django.db import connection
 from django.db.models import Count
+from psycopg import conninfo
 
 import durable_jobs as durable
 from durable_jobs import conf, store
@@ -265,3 +268,35 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_an_outage_past_a_lease_ends_a_burst_run_with_1_and_a_standing_worker_outlives_it(processes, db_url):
+    # A standing worker retries through an outage; a burst run (a script's "drain, then
+    # exit") stops once it has not been able to claim for LEASE_TTL (3 s here).
+    job = durable.start("demo.import", input={"rows": 30, "batch": 1, "delay": 0.1})
+    burst = processes.worker("--burst", app_name="durable-test-outage-burst")
+    wait_until(lambda: reload(job).processed_count >= 2, message="progress before the outage")
+    standing = processes.worker(app_name="durable-test-outage-standing")
+    wait_until(lambda: backends_of("durable-test-outage-standing"), message="the standing worker to connect")
+    # The outage: the database refuses new connections (said from another database: a
+    # server refuses it from inside), and both workers' connections are cut.
+    database = connection.settings_dict["NAME"]
+    maintenance = psycopg.connect(conninfo.make_conninfo(db_url, dbname="postgres"), autocommit=True)
+    maintenance.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+    try:
+        assert terminate_backends("durable-test-outage-%", like=True) >= 2
+        began = time.monotonic()
+        assert burst.wait(timeout=60) == 1, "the burst run gave up, non-zero"
+        waited = time.monotonic() - began
+        assert standing.popen.poll() is None, "the standing worker is still retrying"
+    finally:
+        maintenance.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+        maintenance.close()
+    output = burst.output()
+    assert "burst run stopped" in output and "could not claim" in output, output[-3000:]
+    assert waited >= conf.get().LEASE_TTL, "it retried for a whole lease before giving up"
+    # Nothing committed was lost, and the job is not stuck: the standing worker finishes it.
+    assert reload(job).processed_count >= 2
+    wait_until(lambda: status_of(job) == "completed", timeout=60, message="the job to complete after the outage")
+    effects_exactly_once(job, 30)
+    assert "burst run stopped" not in standing.output()

@@ -37,7 +37,8 @@ class Command(SettingsFirst, BaseCommand):
                             help="slots: each a thread with its own database connection and, in process "
                                  "execution, its own handler process (default 1)")
         parser.add_argument("--burst", "--once", action="store_true", dest="burst",
-                            help="exit once no job is due (for scripts and tests)")
+                            help="exit once no job is due (for scripts and tests); exit 1 after LEASE_TTL "
+                                 "without a successful claim")
         parser.add_argument("--no-reconcile", action="store_false", dest="reconcile",
                             help="do not take part in recovery (by default every worker runs the reconciler "
                                  "loop, one leader at a time across the fleet)")
