@@ -264,6 +264,7 @@ def serve(command_fd: int, result_fd: int) -> None:
     mailbox.answer({"op": "ready", "pid": os.getpid()})
     while True:
         message = mailbox.take()
+        began = time.monotonic()
         try:
             ran = run_one(message, mailbox, using)
         except (OperationalError, InterfaceError) as error:
@@ -276,7 +277,9 @@ def serve(command_fd: int, result_fd: int) -> None:
                    "message": f"{type(error).__name__}: {error}"[:2000]}
         # "at": when this slice ended, which is when the next queued run starts (the
         # worker's time limit for that one counts from here; CLOCK_MONOTONIC is the host's).
-        mailbox.answer({"op": "ran", "seq": message.get("seq"), "at": time.monotonic(), **ran})
+        # "began": when it was taken up here, so the worker can tell how long the run took
+        # from how long it waited to hear (a saturated machine delays both processes).
+        mailbox.answer({"op": "ran", "seq": message.get("seq"), "began": began, "at": time.monotonic(), **ran})
 
 
 if __name__ == "__main__":

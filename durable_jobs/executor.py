@@ -64,6 +64,10 @@ class SliceReport:
     outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred | time_limit | abandoned | held
     duration: float
     error: str | None = None
+    #: How long the handler itself ran, by the clock of the process that ran it (process
+    #: execution); None where only ``duration`` is known. ``duration`` is what the slot
+    #: thread saw, which on a saturated machine includes waiting for a core.
+    handler_seconds: float | None = None
     #: held: seconds until the job is due again (its wait's instant or next check).
     recheck_in: float | None = None
 
@@ -84,6 +88,8 @@ class Ran:
     error_class: str | None = None  # failed
     code: str | None = None  # failed
     message: str | None = None  # failed, interrupted, time_limit
+    #: The run's own length, by the handler process's clock (process execution only).
+    seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that are set, for the pipe from a handler process (``_ran_of`` reads
@@ -136,6 +142,7 @@ def run_slice(
     lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
                   ttl_ms=conf.ms(conf.get().LEASE_TTL))
     context = None
+    handler_seconds = None
     try:
         handler = registry.get(job.kind) or _unregistered(job.kind)
         lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
@@ -166,6 +173,7 @@ def run_slice(
             outcome, error = "lease_lost", None  # the claim used the default TTL; this kind has its own
         else:
             ran = runner(context) if runner is not None else invoke(context, using=using)
+            handler_seconds = ran.seconds
             if not context.handler_returned():
                 # The worker gave up on this slice (time limit, cancel past its grace) and
                 # recorded that itself; whatever the handler did since is not ours to write.
@@ -182,7 +190,7 @@ def run_slice(
     finally:
         if heartbeater is not None and context is not None:
             heartbeater.untrack(context)
-    report = _report(job, began, outcome, error)
+    report = _report(job, began, outcome, error, handler_seconds=handler_seconds)
     signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
     return report
 
@@ -538,10 +546,10 @@ def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEF
 
 
 def _report(job: Job, began: float, outcome: str, error: str | None = None, *,
-            recheck_in: float | None = None) -> SliceReport:
+            recheck_in: float | None = None, handler_seconds: float | None = None) -> SliceReport:
     duration = time.monotonic() - began
     report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error,
-                         recheck_in=recheck_in)
+                         recheck_in=recheck_in, handler_seconds=handler_seconds)
     metrics.emit("slices", kind=job.kind, outcome=outcome)
     metrics.observe("slice_seconds", duration, kind=job.kind, outcome=outcome)
     level = logging.WARNING if outcome in ("lease_lost", "bookkeeping_failed", "parked") else logging.INFO

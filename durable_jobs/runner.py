@@ -438,4 +438,6 @@ def _ran_of(answer: dict[str, Any]) -> Ran:
     if fields["end"] not in ENDS:
         return Ran(end="failed", error_class="transient", code="child_error",
                    message=f"the handler process answered {str(fields['end'])[:100]!r}")
-    return Ran(interrupted=bool(answer.get("interrupted")), **fields)
+    began, ended = answer.get("began"), answer.get("at")
+    seconds = ended - began if isinstance(began, (int, float)) and isinstance(ended, (int, float)) else None
+    return Ran(interrupted=bool(answer.get("interrupted")), seconds=seconds, **fields)

@@ -93,6 +93,15 @@ def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int) -> int:
     return min(ceiling, batch * 2) if claimed == batch else min(ceiling, batch)
 
 
+def _slice_seconds(report) -> float:
+    """How long a slice's handler took, for pacing: by the handler process's own clock
+    where it ran in one, else the slot thread's. On a saturated machine the slot thread
+    hears of a no-op run tens of milliseconds late; judged by that, every slice looks slow
+    and every slot falls back to one claim per job, adding work to the machine that is
+    already behind."""
+    return report.handler_seconds if report.handler_seconds is not None else report.duration
+
+
 def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:
     """True when ``run_slice`` would hand ``job`` to its handler with nothing written first,
     and its outcome is recorded without user code (no mirror): such a job may be queued
@@ -578,7 +587,7 @@ class Worker:
                     self._heartbeater.track(entry)
                 self._slices_per_slot[slot.number] += 1  # one live thread per slot number writes its cell
                 ran += 1
-                if report.duration >= QUICK_SLICE:
+                if _slice_seconds(report) >= QUICK_SLICE:
                     pace = Pace.SLOW
         finally:
             if not slot.abandoned:  # an abandoned slot's claims were handed back by the supervisor

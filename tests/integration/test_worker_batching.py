@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from django.db.models import Count
 
@@ -93,3 +95,37 @@ def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
     for bad in (0, -4, 2.5, "8", True):
         with pytest.raises(ConfigurationError, match="MAX_PREFETCH"):
             conf.Settings(MAX_PREFETCH=bad)
+
+
+@pytest.mark.parametrize(("handler_seconds", "pace"), [(0.0, Pace.QUICK), (0.08, Pace.SLOW)])
+def test_a_slice_is_judged_by_its_handlers_own_time_not_by_how_late_the_slot_heard_of_it(
+        monkeypatch, handler_seconds, pace):
+    """On a saturated machine a slot thread hears of a no-op run tens of milliseconds late.
+    Judged by that delay, every slice looked slow and every slot fell back to one claim
+    per job; judged by the handler process's own clock, a quick run stays quick, and a
+    slow one is still slow."""
+    from durable_jobs.runner import ChildRunner
+
+    late = 0.08  # past QUICK_SLICE, as a starved slot thread sees a no-op
+    pump = ChildRunner._pump
+
+    def heard_late(self, *, timeout):
+        heard = pump(self, timeout=timeout)
+        if heard:
+            time.sleep(late)
+        return heard
+
+    job = durable.start("demo.brief", input={"seconds": handler_seconds})
+    worker = Worker(concurrency=1, execution="process")
+    slot = SlotState(number=0, generation=0, owner="slot")
+    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
+    try:
+        runner.ensure_started()
+        monkeypatch.setattr(ChildRunner, "_pump", heard_late)
+        claimed = store.dequeue(["default"], "slot", 60_000, limit=1)
+        began = time.monotonic()
+        assert worker._run_claimed(slot, claimed, 60_000, runner) is pace
+        assert time.monotonic() - began >= late, "the slot heard of the run late"
+    finally:
+        runner.close()
+    assert reload(job).status == "completed"
