@@ -64,10 +64,12 @@ class SliceReport:
     outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred | time_limit | abandoned | held
     duration: float
     error: str | None = None
-    #: How long the handler itself ran, by the clock of the process that ran it (process
-    #: execution); None where only ``duration`` is known. ``duration`` is what the slot
-    #: thread saw, which on a saturated machine includes waiting for a core.
-    handler_seconds: float | None = None
+    #: The slice's own work: its ``duration`` less what the slot spent waiting to hear
+    #: from the handler process beyond the run itself (the run timed by that process's
+    #: clock). On a saturated machine that wait is tens of milliseconds for a no-op run;
+    #: the slot's bookkeeping and the kind's mirror stay in. None in thread execution,
+    #: where the duration is all there is.
+    busy: float | None = None
     #: held: seconds until the job is due again (its wait's instant or next check).
     recheck_in: float | None = None
 
@@ -142,7 +144,7 @@ def run_slice(
     lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
                   ttl_ms=conf.ms(conf.get().LEASE_TTL))
     context = None
-    handler_seconds = None
+    heard_late: float | None = None
     try:
         handler = registry.get(job.kind) or _unregistered(job.kind)
         lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
@@ -172,8 +174,11 @@ def run_slice(
         if lease.ttl_ms != conf.ms(conf.get().LEASE_TTL) and store.heartbeat(lease, using=using) is None:
             outcome, error = "lease_lost", None  # the claim used the default TTL; this kind has its own
         else:
+            asked = time.monotonic()
             ran = runner(context) if runner is not None else invoke(context, using=using)
-            handler_seconds = ran.seconds
+            if ran.seconds is not None:
+                # Negative when the child ran it (queued) before this slot asked for it.
+                heard_late = time.monotonic() - asked - ran.seconds
             if not context.handler_returned():
                 # The worker gave up on this slice (time limit, cancel past its grace) and
                 # recorded that itself; whatever the handler did since is not ours to write.
@@ -190,7 +195,7 @@ def run_slice(
     finally:
         if heartbeater is not None and context is not None:
             heartbeater.untrack(context)
-    report = _report(job, began, outcome, error, handler_seconds=handler_seconds)
+    report = _report(job, began, outcome, error, heard_late=heard_late)
     signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
     return report
 
@@ -546,10 +551,10 @@ def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEF
 
 
 def _report(job: Job, began: float, outcome: str, error: str | None = None, *,
-            recheck_in: float | None = None, handler_seconds: float | None = None) -> SliceReport:
+            recheck_in: float | None = None, heard_late: float | None = None) -> SliceReport:
     duration = time.monotonic() - began
     report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error,
-                         recheck_in=recheck_in, handler_seconds=handler_seconds)
+                         recheck_in=recheck_in, busy=None if heard_late is None else duration - heard_late)
     metrics.emit("slices", kind=job.kind, outcome=outcome)
     metrics.observe("slice_seconds", duration, kind=job.kind, outcome=outcome)
     level = logging.WARNING if outcome in ("lease_lost", "bookkeeping_failed", "parked") else logging.INFO

@@ -94,12 +94,13 @@ def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int) -> int:
 
 
 def _slice_seconds(report) -> float:
-    """How long a slice's handler took, for pacing: by the handler process's own clock
-    where it ran in one, else the slot thread's. On a saturated machine the slot thread
-    hears of a no-op run tens of milliseconds late; judged by that, every slice looks slow
-    and every slot falls back to one claim per job, adding work to the machine that is
-    already behind."""
-    return report.handler_seconds if report.handler_seconds is not None else report.duration
+    """How long a slice took, for pacing: its own work (``SliceReport.busy``: the run by
+    the handler process's clock, the slot's bookkeeping and the mirror) where a handler
+    process ran it, else the slot thread's duration. On a saturated machine the slot
+    thread hears of a no-op run tens of milliseconds late; judged by that, every slice
+    looked slow and every slot fell back to one claim per job, adding work to the
+    machine that was already behind."""
+    return report.busy if report.busy is not None else report.duration
 
 
 def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:

@@ -97,13 +97,16 @@ def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
             conf.Settings(MAX_PREFETCH=bad)
 
 
-@pytest.mark.parametrize(("handler_seconds", "pace"), [(0.0, Pace.QUICK), (0.08, Pace.SLOW)])
-def test_a_slice_is_judged_by_its_handlers_own_time_not_by_how_late_the_slot_heard_of_it(
-        monkeypatch, handler_seconds, pace):
+@pytest.mark.parametrize(("kind", "job_input", "pace"), [
+    ("demo.brief", {"seconds": 0.0}, Pace.QUICK),
+    ("demo.brief", {"seconds": 0.08}, Pace.SLOW),
+    ("demo.slow_mirror", {"mirror_seconds": 0.08}, Pace.SLOW),
+])
+def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(monkeypatch, kind, job_input, pace):
     """On a saturated machine a slot thread hears of a no-op run tens of milliseconds late.
     Judged by that delay, every slice looked slow and every slot fell back to one claim
-    per job; judged by the handler process's own clock, a quick run stays quick, and a
-    slow one is still slow."""
+    per job. Judged by its own work, a quick run stays quick, while a slow handler (by the
+    handler process's clock) or a slow mirror (on the slot) is still slow."""
     from durable_jobs.runner import ChildRunner
 
     late = 0.08  # past QUICK_SLICE, as a starved slot thread sees a no-op
@@ -115,7 +118,7 @@ def test_a_slice_is_judged_by_its_handlers_own_time_not_by_how_late_the_slot_hea
             time.sleep(late)
         return heard
 
-    job = durable.start("demo.brief", input={"seconds": handler_seconds})
+    job = durable.start(kind, input=job_input)
     worker = Worker(concurrency=1, execution="process")
     slot = SlotState(number=0, generation=0, owner="slot")
     runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
