@@ -41,7 +41,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connectio
 
 from durable_jobs import conf, faults, pooling, registry, store, validation, zygote
 from durable_jobs.context import Slice
-from durable_jobs.executor import DeferredCompletion, complete_deferred, run_slice, time_limit_failure
+from durable_jobs.executor import DeferredCompletion, SliceReport, complete_deferred, run_slice, time_limit_failure
 from durable_jobs.heartbeat import Heartbeater, HeldLease
 from durable_jobs.runner import ChildRunner
 from durable_jobs.states import VERDICT_CODES, Lease
@@ -93,7 +93,7 @@ def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int) -> int:
     return min(ceiling, batch * 2) if claimed == batch else min(ceiling, batch)
 
 
-def _slice_seconds(report) -> float:
+def _slice_seconds(report: SliceReport) -> float:
     """How long a slice took, for pacing: its own work (``SliceReport.busy``: the run by
     the handler process's clock, the slot's bookkeeping and the mirror) where a handler
     process ran it, else the slot thread's duration. On a saturated machine the slot
@@ -482,11 +482,13 @@ class Worker:
                     failures = 0
                 except Exception as error:  # noqa: BLE001 - the database or a child that will not start
                     failures += 1
-                    failing_since = failing_since if failures > 1 else time.monotonic()
+                    if failures == 1:
+                        failing_since = time.monotonic()
+                    failing_for = time.monotonic() - failing_since
                     reason = validation.printable(f"{type(error).__name__}: {error}", limit=300)
                     connections[self.using].close()
-                    if self.burst and time.monotonic() - failing_since >= ttl_ms / 1000:
-                        self._give_up_burst(slot, reason, time.monotonic() - failing_since)
+                    if self.burst and failing_for >= ttl_ms / 1000:
+                        self._give_up_burst(slot, reason, failing_for)
                         break
                     delay = min(5.0, 0.1 * 2 ** failures)
                     log.warning("slot %s: cannot claim (%s); retrying in %.1fs", slot.owner, reason, delay)
