@@ -104,11 +104,18 @@ PAGES = [
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.admin_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000, help="jobs in the table (default 1,000,000)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.admin_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--rows", type=int, default=1_000_000, help="jobs in the table (default 1,000,000)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed requests per page (median)")
-    parser.add_argument("--bulk", type=int, default=20_000, help="pending jobs a 'select all' cancel acts on")
+    parser.add_argument(
+        "--bulk", type=int, default=20_000, help="pending jobs a 'select all' cancel acts on"
+    )
     return parser.parse_args(argv)
 
 
@@ -128,8 +135,13 @@ def _slowest_plan(fn):
 
     with CaptureQueriesContext(connection) as captured:
         fn()
-    queries = [q for q in captured.captured_queries if q["sql"].lstrip().upper().startswith(("SELECT", "WITH"))
-               and "django_session" not in q["sql"] and "auth_" not in q["sql"]]
+    queries = [
+        q
+        for q in captured.captured_queries
+        if q["sql"].lstrip().upper().startswith(("SELECT", "WITH"))
+        and "django_session" not in q["sql"]
+        and "auth_" not in q["sql"]
+    ]
     if not queries:
         return 0.0, "(no job query)"
     slowest = max(queries, key=lambda q: float(q["time"]))
@@ -137,7 +149,10 @@ def _slowest_plan(fn):
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + slowest["sql"])
         plan = "\n".join(row[0] for row in cursor.fetchall())
     sql_ms = float(slowest["time"]) * 1000
-    return sql_ms, f"-- {sql_ms:.1f} ms, {len(queries)} job queries on the page\n{slowest['sql'][:600]}\n{plan}"
+    return (
+        sql_ms,
+        f"-- {sql_ms:.1f} ms, {len(queries)} job queries on the page\n{slowest['sql'][:600]}\n{plan}",
+    )
 
 
 def main(argv=None) -> int:
@@ -163,10 +178,13 @@ def run(args, server) -> int:
     from django.db import connection
     from django.test import Client
 
-    from durable_jobs import stats
+    from durable_jobs.console import stats
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
-    settings.DURABLE_JOBS = {**getattr(settings, "DURABLE_JOBS", {}), "METRICS_TOKEN": "bench-token-0123456789"}
+    settings.DURABLE_JOBS = {
+        **getattr(settings, "DURABLE_JOBS", {}),
+        "METRICS_TOKEN": "bench-token-0123456789",
+    }
     call_command("migrate", verbosity=0)
     t0 = time.perf_counter()
     with connection.cursor() as cursor:
@@ -174,12 +192,16 @@ def run(args, server) -> int:
     fill_s = time.perf_counter() - t0
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE durable_jobs_job")
-        cursor.execute("SELECT id FROM durable_jobs_job WHERE idempotency_key = 'idem-%s'" % (args.rows // 2))
+        cursor.execute(
+            "SELECT id FROM durable_jobs_job WHERE idempotency_key = 'idem-%s'" % (args.rows // 2)
+        )
         job_id = cursor.fetchone()[0]
         cursor.execute("SELECT id FROM durable_jobs_job WHERE status = 'running' LIMIT 50")
         ids = "&".join(f"id={row[0]}" for row in cursor.fetchall())
-        cursor.execute("SELECT count(*), pg_size_pretty(pg_total_relation_size('durable_jobs_job')) "
-                       "FROM durable_jobs_job")
+        cursor.execute(
+            "SELECT count(*), pg_size_pretty(pg_total_relation_size('durable_jobs_job')) "
+            "FROM durable_jobs_job"
+        )
         total, size = cursor.fetchone()
     print(f"filled {total:,} rows in {fill_s:.1f} s (table with indexes: {size})")
     User.objects.create_superuser("bench", "bench@example.invalid", "pw")
@@ -194,6 +216,7 @@ def run(args, server) -> int:
             if response.status_code != 200:
                 raise SystemExit(f"{url}: HTTP {response.status_code}")
             return response
+
         return get
 
     for label, goal, path in PAGES:
@@ -205,8 +228,11 @@ def run(args, server) -> int:
     metrics = Client()
 
     def scrape():
-        response = metrics.get("/metrics/durable-jobs", HTTP_AUTHORIZATION="Bearer bench-token-0123456789")
+        response = metrics.get(
+            "/metrics/durable-jobs", HTTP_AUTHORIZATION="Bearer bench-token-0123456789"
+        )
         assert response.status_code == 200, response.status_code
+
     ms, _ = _timed(scrape, args.repeat)
     sql_ms, plan = _slowest_plan(scrape)
     rows.append(("Prometheus scrape (bearer token)", 100, ms, sql_ms))
@@ -223,13 +249,23 @@ def run(args, server) -> int:
     ms, _ = _timed(scrape, args.repeat)
     sql_ms, plan = _slowest_plan(scrape)
     rows.append((f"Prometheus scrape, {args.bulk:,} more live jobs", 100, ms, sql_ms))
-    plans.append((f"Prometheus scrape, {args.bulk:,} more live jobs", "/metrics/durable-jobs", plan))
+    plans.append(
+        (f"Prometheus scrape, {args.bulk:,} more live jobs", "/metrics/durable-jobs", plan)
+    )
 
     def bulk():
-        response = client.post(base + "?kind=bench.bulk", {"action": "cancel_jobs", "select_across": "1",
-                                                           "_selected_action": [pending_id],
-                                                           "index": "0", "confirm": "yes"})
+        response = client.post(
+            base + "?kind=bench.bulk",
+            {
+                "action": "cancel_jobs",
+                "select_across": "1",
+                "_selected_action": [pending_id],
+                "index": "0",
+                "confirm": "yes",
+            },
+        )
         assert response.status_code == 302, response.status_code
+
     t0 = time.perf_counter()
     bulk()
     ms = (time.perf_counter() - t0) * 1000
@@ -242,21 +278,33 @@ def run(args, server) -> int:
     testing.run_jobs(queues=["default"])
     took = time.perf_counter() - t0
     job = Job.objects.get(kind="durable_jobs.bulk_action")
-    bulk_note = (f"The background cancel job walked {job.processed_count:,} jobs in {took:.1f} s "
-                 f"({job.processed_count / took:,.0f} jobs/s), status {job.status}, result {job.result}.")
+    bulk_note = (
+        f"The background cancel job walked {job.processed_count:,} jobs in {took:.1f} s "
+        f"({job.processed_count / took:,.0f} jobs/s), status {job.status}, result {job.result}."
+    )
     print(bulk_note)
     refused = metrics.get("/metrics/durable-jobs").status_code
 
     load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
-    lines = [f"# Operator console on {total:,} rows ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)", "",
-             (f"PostgreSQL {server.describe().get('server_version')}, table with indexes {size}, "
-             f"median of {args.repeat} warm requests; a scrape without credentials answers {refused}; "
-              f"load average {load} on {os.cpu_count()} cores at the end."), "",
-             bulk_note, "",
-             "| page | goal | median (whole request) | its slowest SQL statement | |", "|---|---:|---:|---:|---|"]
+    lines = [
+        f"# Operator console on {total:,} rows ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
+        "",
+        (
+            f"PostgreSQL {server.describe().get('server_version')}, table with indexes {size}, "
+            f"median of {args.repeat} warm requests; a scrape without credentials answers {refused}; "
+            f"load average {load} on {os.cpu_count()} cores at the end."
+        ),
+        "",
+        bulk_note,
+        "",
+        "| page | goal | median (whole request) | its slowest SQL statement | |",
+        "|---|---:|---:|---:|---|",
+    ]
     for label, goal, ms, sql_ms in rows:
         sql = "-" if sql_ms is None else f"{sql_ms:.1f} ms"
-        lines.append(f"| {label} | < {goal} ms | {ms:.1f} ms | {sql} | {'PASS' if ms < goal else 'MISS'} |")
+        lines.append(
+            f"| {label} | < {goal} ms | {ms:.1f} ms | {sql} | {'PASS' if ms < goal else 'MISS'} |"
+        )
     lines += ["", "## Plans (the slowest statement of each page)", ""]
     for label, url, plan in plans:
         lines += [f"### {label} — `{url}`", "", "```", plan, "```", ""]

@@ -33,7 +33,9 @@ REPO = Path(__file__).resolve().parent.parent
 class Ctx:
     """What every scenario needs: the server, the measuring connection, env, paths."""
 
-    def __init__(self, server, dburl: str, env: dict, logs: Path, python: str, *, execution: str = "process") -> None:
+    def __init__(
+        self, server, dburl: str, env: dict, logs: Path, python: str, *, execution: str = "process"
+    ) -> None:
         self.server = server
         self.execution = execution
         self.dburl = dburl
@@ -50,11 +52,22 @@ class Ctx:
             return cur.fetchall() if cur.description else None
 
     def worker_cmd(self, concurrency: int, *, burst: bool, verbosity: int = 1) -> list[str]:
-        cmd = [self.python, "manage.py", "durable_worker", "--concurrency", str(concurrency), "-v", str(verbosity),
-               "--execution", self.execution]
+        cmd = [
+            self.python,
+            "manage.py",
+            "durable_worker",
+            "--concurrency",
+            str(concurrency),
+            "-v",
+            str(verbosity),
+            "--execution",
+            self.execution,
+        ]
         return cmd + (["--burst"] if burst else [])
 
-    def worker_env(self, *, notify: bool = True, poll_interval: float = 1.0, conn_max_age: str | None = None) -> dict:
+    def worker_env(
+        self, *, notify: bool = True, poll_interval: float = 1.0, conn_max_age: str | None = None
+    ) -> dict:
         env = dict(self.env)
         env["BENCH_NOTIFY"] = "1" if notify else "0"
         env["BENCH_POLL_INTERVAL"] = repr(poll_interval)
@@ -86,6 +99,7 @@ def fill(n: int, *, batch: int = 500) -> float:
 # ---------------------------------------------------------------------------------------
 # start rate
 # ---------------------------------------------------------------------------------------
+
 
 def start_rate(n: int, *, atomic: bool = True, prepare_threshold: int | None = None) -> dict:
     """One ``durable.start()`` per transaction, one client (this process).
@@ -120,8 +134,13 @@ def _start_rate(n: int, *, atomic: bool) -> dict:
             durable.start(KIND)
         times.append(time.perf_counter() - t0)
     elapsed = time.perf_counter() - began
-    return {"n": n, "seconds": elapsed, "per_second": n / elapsed,
-            "p50_ms": _pct(times, 50) * 1000, "p99_ms": _pct(times, 99) * 1000}
+    return {
+        "n": n,
+        "seconds": elapsed,
+        "per_second": n / elapsed,
+        "p50_ms": _pct(times, 50) * 1000,
+        "p99_ms": _pct(times, 99) * 1000,
+    }
 
 
 def bulk_start(n: int) -> dict:
@@ -151,7 +170,13 @@ def bulk_start(n: int) -> dict:
         return {"implemented": True, "error": f"{type(error).__name__}: {error}"[:300]}
     elapsed = time.perf_counter() - began
     count = _count_kind()
-    return {"implemented": True, "n": n, "rows": count, "seconds": elapsed, "per_second": n / elapsed}
+    return {
+        "implemented": True,
+        "n": n,
+        "rows": count,
+        "seconds": elapsed,
+        "per_second": n / elapsed,
+    }
 
 
 def _count_kind() -> int:
@@ -164,20 +189,45 @@ def _count_kind() -> int:
 # throughput
 # ---------------------------------------------------------------------------------------
 
-def throughput(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeout: float,
-               conn_max_age: str | None = None) -> dict:
+
+def throughput(
+    ctx: Ctx,
+    n: int,
+    *,
+    processes: int,
+    slots: int,
+    tag: str,
+    timeout: float,
+    conn_max_age: str | None = None,
+) -> dict:
     """Pre-fill ``n`` jobs (one INSERT … SELECT of the rows ``start()`` writes), then run
     ``processes`` × ``durable_worker --concurrency slots --burst`` against them."""
     reset()
     began = time.perf_counter()
     fill_pending_sql(ctx, n)
     fill_seconds = time.perf_counter() - began
-    return throughput_prefilled(ctx, n, processes=processes, slots=slots, tag=tag, timeout=timeout,
-                                conn_max_age=conn_max_age) | {"fill_seconds": fill_seconds}
+    return throughput_prefilled(
+        ctx,
+        n,
+        processes=processes,
+        slots=slots,
+        tag=tag,
+        timeout=timeout,
+        conn_max_age=conn_max_age,
+    ) | {"fill_seconds": fill_seconds}
 
 
-def throughput_prefilled(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeout: float,
-                         conn_max_age: str | None = None, prefix: list[str] | None = None) -> dict:
+def throughput_prefilled(
+    ctx: Ctx,
+    n: int,
+    *,
+    processes: int,
+    slots: int,
+    tag: str,
+    timeout: float,
+    conn_max_age: str | None = None,
+    prefix: list[str] | None = None,
+) -> dict:
     cpu0 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
     cmds = [(prefix or []) + ctx.worker_cmd(slots, burst=True) for _ in range(processes)]
     logs = [ctx.logs / f"durable-{tag}-{i}.log" for i in range(processes)]
@@ -187,19 +237,30 @@ def throughput_prefilled(ctx: Ctx, n: int, *, processes: int, slots: int, tag: s
     row = ctx.sql(
         f"""SELECT count(*) FILTER (WHERE status = 'completed'), count(*),
                    extract(epoch FROM max(finished_at) - min(started_at))
-              FROM {TABLE} WHERE kind = %s""", [KIND])[0]
+              FROM {TABLE} WHERE kind = %s""",
+        [KIND],
+    )[0]
     completed, total, window = row[0], row[1], float(row[2] or 0)
     out = {
-        "n": n, "processes": processes, "slots_per_process": slots, "completed": completed, "rows": total,
-        "db_window_seconds": window, "per_second": completed / window if window else None,
+        "n": n,
+        "processes": processes,
+        "slots_per_process": slots,
+        "completed": completed,
+        "rows": total,
+        "db_window_seconds": window,
+        "per_second": completed / window if window else None,
         "wall_seconds": max(r.wall_seconds for r in results),
-        "exit_codes": [r.exit_code for r in results], "timed_out": any(r.timed_out for r in results),
+        "exit_codes": [r.exit_code for r in results],
+        "timed_out": any(r.timed_out for r in results),
         "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
         "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
         "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
-        "conn_max_age": conn_max_age or "0 (Django default)", "logs": [str(p) for p in logs],
+        "conn_max_age": conn_max_age or "0 (Django default)",
+        "logs": [str(p) for p in logs],
     }
-    out["verified"] = completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
+    out["verified"] = (
+        completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
+    )
     return out
 
 
@@ -207,13 +268,27 @@ def throughput_prefilled(ctx: Ctx, n: int, *, processes: int, slots: int, tag: s
 # latency
 # ---------------------------------------------------------------------------------------
 
-def latency(ctx: Ctx, m: int, *, notify: bool, poll_interval: float, slots: int, gap: float, tag: str,
-            conn_max_age: str | None = None) -> dict:
+
+def latency(
+    ctx: Ctx,
+    m: int,
+    *,
+    notify: bool,
+    poll_interval: float,
+    slots: int,
+    gap: float,
+    tag: str,
+    conn_max_age: str | None = None,
+) -> dict:
     """``m`` single starts, spaced ``gap`` s apart on average, to an idle worker."""
     reset()
     env = ctx.worker_env(notify=notify, poll_interval=poll_interval, conn_max_age=conn_max_age)
-    group = procs.Group([ctx.worker_cmd(slots, burst=False)], env=env, cwd=REPO,
-                        logs=[ctx.logs / f"durable-latency-{tag}.log"])
+    group = procs.Group(
+        [ctx.worker_cmd(slots, burst=False)],
+        env=env,
+        cwd=REPO,
+        logs=[ctx.logs / f"durable-latency-{tag}.log"],
+    )
     try:
         problem = _warm_up(ctx, group, notify=notify)
         if problem:
@@ -232,8 +307,10 @@ def latency(ctx: Ctx, m: int, *, notify: bool, poll_interval: float, slots: int,
             time.sleep(0.1)
     finally:
         results = group.stop()
-    return _latency_sql(ctx, warm_ids, m) | {"worker_exit": results[0].exit_code,
-                                               "max_rss_mib": results[0].max_rss_kib / 1024}
+    return _latency_sql(ctx, warm_ids, m) | {
+        "worker_exit": results[0].exit_code,
+        "max_rss_mib": results[0].max_rss_kib / 1024,
+    }
 
 
 def _warm_up(ctx: Ctx, group: procs.Group, *, notify: bool) -> str | None:
@@ -262,11 +339,20 @@ def _latency_sql(ctx: Ctx, warm_ids: list, m: int) -> dict:
                    percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
                    max(extract(epoch FROM started_at - created_at)),
                    avg(extract(epoch FROM started_at - created_at))
-              FROM {TABLE} WHERE NOT (id = ANY(%s))""", [warm_ids])[0]
+              FROM {TABLE} WHERE NOT (id = ANY(%s))""",
+        [warm_ids],
+    )[0]
     count, completed, p50, p99, worst, mean = row
-    return {"m": m, "rows": count, "completed": completed,
-            "p50_ms": _ms(p50), "p99_ms": _ms(p99), "max_ms": _ms(worst), "mean_ms": _ms(mean),
-            "verified": count == m and completed == m}
+    return {
+        "m": m,
+        "rows": count,
+        "completed": completed,
+        "p50_ms": _ms(p50),
+        "p99_ms": _ms(p99),
+        "max_ms": _ms(worst),
+        "mean_ms": _ms(mean),
+        "verified": count == m and completed == m,
+    }
 
 
 def _ms(seconds) -> float | None:
@@ -276,6 +362,7 @@ def _ms(seconds) -> float | None:
 # ---------------------------------------------------------------------------------------
 # heartbeat
 # ---------------------------------------------------------------------------------------
+
 
 def heartbeat(ctx: Ctx, seconds: float) -> dict:
     """``store.heartbeat`` in a loop on one lease; the HOT share of the updates it made."""
@@ -301,8 +388,15 @@ def heartbeat(ctx: Ctx, seconds: float) -> dict:
     after = _table_stats(ctx)
     upd = after[0] - before[0]
     hot = after[1] - before[1]
-    return {"beats": beats, "seconds": elapsed, "per_second": beats / elapsed, "lost": lost,
-            "n_tup_upd": upd, "n_tup_hot_upd": hot, "hot_share": hot / upd if upd else None}
+    return {
+        "beats": beats,
+        "seconds": elapsed,
+        "per_second": beats / elapsed,
+        "lost": lost,
+        "n_tup_upd": upd,
+        "n_tup_hot_upd": hot,
+        "hot_share": hot / upd if upd else None,
+    }
 
 
 def _table_stats(ctx: Ctx) -> tuple[int, int]:
@@ -311,7 +405,9 @@ def _table_stats(ctx: Ctx) -> tuple[int, int]:
     with connection.cursor() as cur:
         cur.execute("SELECT pg_stat_force_next_flush()")
     time.sleep(0.05)
-    row = ctx.sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", [TABLE])[0]
+    row = ctx.sql(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = %s", [TABLE]
+    )[0]
     return int(row[0]), int(row[1])
 
 
@@ -337,7 +433,11 @@ def grow_finished(ctx: Ctx, target: int) -> dict:
         ctx.sql(FILL_FINISHED, {"kind": KIND, "n": target - have})
     ctx.sql(f"VACUUM (ANALYZE) {TABLE}")
     size = ctx.sql(f"SELECT pg_size_pretty(pg_total_relation_size('{TABLE}'))")[0][0]
-    return {"finished_rows": target, "fill_seconds": time.perf_counter() - began, "total_size": size}
+    return {
+        "finished_rows": target,
+        "fill_seconds": time.perf_counter() - began,
+        "total_size": size,
+    }
 
 
 # Pending rows exactly as start() writes them (no keys, no subject, due now), for backlogs
@@ -388,13 +488,17 @@ def dequeue_backlog(ctx: Ctx, backlog: int, *, reps: int, explain_reps: int) -> 
     params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1}
     exec_ms = [_explain_time(store.DEQUEUE, params) for _ in range(explain_reps)]
     _flush_wait_again()
-    return {"backlog": backlog, "dequeue_p50_ms": _pct(times, 50) * 1000,
-            "dequeue_exec_p50_ms": _pct(exec_ms, 50), "plan": _explain_text(store.DEQUEUE, params)}
+    return {
+        "backlog": backlog,
+        "dequeue_p50_ms": _pct(times, 50) * 1000,
+        "dequeue_exec_p50_ms": _pct(exec_ms, 50),
+        "plan": _explain_text(store.DEQUEUE, params),
+    }
 
 
 def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int) -> dict:
     """Time ``store.dequeue`` (one row per call, as a slot calls it) and reconciler passes."""
-    from durable_jobs.reconciler import Reconciler
+    from durable_jobs.runtime.reconciler import Reconciler
 
     with connection.cursor() as cur:  # leftovers of the previous size
         cur.execute(f"DELETE FROM {TABLE} WHERE status <> 'completed'")
@@ -432,10 +536,17 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
     candidates = {
         "SELECT_CANCELLING": {"grace_ms": grace_ms, "limit": 100, "tenant": None},
         "SELECT_ORPHANS": {"grace_ms": grace_ms, "limit": 100, "tenant": None},
-        "SELECT_STALE_PENDING": {"pending_ttl_ms": conf.ms(settings.PENDING_TTL), "limit": 100, "tenant": None},
+        "SELECT_STALE_PENDING": {
+            "pending_ttl_ms": conf.ms(settings.PENDING_TTL),
+            "limit": 100,
+            "tenant": None,
+        },
         "COUNT_STALE_PENDING": {"pending_ttl_ms": conf.ms(settings.PENDING_TTL), "tenant": None},
-        "DELETE_FINISHED": {"older_than_ms": conf.ms(settings.RETENTION or 30 * 86400), "limit": 1000,
-                            "tenant": None},
+        "DELETE_FINISHED": {
+            "older_than_ms": conf.ms(settings.RETENTION or 30 * 86400),
+            "limit": 1000,
+            "tenant": None,
+        },
     }
     for name, params in candidates.items():
         sql = getattr(store, name, None)
@@ -454,19 +565,26 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
         params = candidates["DELETE_FINISHED"]
         variant = delete_sql.replace("finished_at < clock_timestamp()", "finished_at < now()")
         try:
-            retention = {"as_written_ms": _pct([_explain_time(delete_sql, params) for _ in range(5)], 50),
-                         "with_now_ms": _pct([_explain_time(variant, params) for _ in range(5)], 50),
-                         "variant_differs": variant != delete_sql}
+            retention = {
+                "as_written_ms": _pct([_explain_time(delete_sql, params) for _ in range(5)], 50),
+                "with_now_ms": _pct([_explain_time(variant, params) for _ in range(5)], 50),
+                "variant_differs": variant != delete_sql,
+            }
         except Exception as error:  # noqa: BLE001
             retention = {"error": f"{type(error).__name__}: {error}"}
     _flush_wait_again()
     return {
         "retention_delete": retention,
-        "dequeue_p50_ms": _pct(times, 50) * 1000, "dequeue_p90_ms": _pct(times, 90) * 1000,
+        "dequeue_p50_ms": _pct(times, 50) * 1000,
+        "dequeue_p90_ms": _pct(times, 90) * 1000,
         "dequeue_mean_ms": statistics.fmean(times) * 1000,
-        "dequeue_exec_p50_ms": _pct(exec_ms, 50), "dequeue_exec_values_ms": exec_ms,
-        "reconcile_p50_ms": _pct(pass_times, 50) * 1000, "reconcile_max_ms": max(pass_times) * 1000,
-        "reps": reps, "passes": passes, "plans": plans,
+        "dequeue_exec_p50_ms": _pct(exec_ms, 50),
+        "dequeue_exec_values_ms": exec_ms,
+        "reconcile_p50_ms": _pct(pass_times, 50) * 1000,
+        "reconcile_max_ms": max(pass_times) * 1000,
+        "reps": reps,
+        "passes": passes,
+        "plans": plans,
     }
 
 
@@ -505,6 +623,7 @@ def _pct(values: list[float], pct: float) -> float:
 # scale: the throughput curve by total slots, claim contention, NOTIFY wake-ups (issue #14)
 # ---------------------------------------------------------------------------------------
 
+
 class ActivitySampler:
     """Sample ``pg_stat_activity`` of the benchmark database every ``every`` seconds in a thread:
     how many backends wait on a lock (claim contention beyond SKIP LOCKED)."""
@@ -526,7 +645,8 @@ class ActivitySampler:
         while not self._stop.wait(every):
             row = self._conn.execute(
                 "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
             self.samples += 1
             self.lock_waits += row[0]
             self.worst = max(self.worst, row[0])
@@ -535,15 +655,22 @@ class ActivitySampler:
         self._stop.set()
         self._thread.join(timeout=5)
         self._conn.close()
-        return {"samples": self.samples, "lock_waiting_backends_mean": self.lock_waits / max(1, self.samples),
-                "lock_waiting_backends_max": self.worst}
+        return {
+            "samples": self.samples,
+            "lock_waiting_backends_mean": self.lock_waits / max(1, self.samples),
+            "lock_waiting_backends_max": self.worst,
+        }
 
 
 def _xacts(ctx: Ctx) -> int:
     """Committed + rolled back transactions of the benchmark database so far (every DEQUEUE
     call of an autocommit slot is one, found something or not)."""
-    time.sleep(0.6)  # backends flush their counters at most once a second when idle; exited ones at exit
-    row = ctx.sql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()")
+    time.sleep(
+        0.6
+    )  # backends flush their counters at most once a second when idle; exited ones at exit
+    row = ctx.sql(
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+    )
     return int(row[0][0])
 
 
@@ -554,16 +681,27 @@ def scale_point(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str, timeo
     before = _xacts(ctx)
     sampler = ActivitySampler(ctx)
     try:
-        out = throughput_prefilled(ctx, n, processes=processes, slots=slots, tag=f"scale-{tag}", timeout=timeout)
+        out = throughput_prefilled(
+            ctx, n, processes=processes, slots=slots, tag=f"scale-{tag}", timeout=timeout
+        )
     finally:
         activity = sampler.stop()
     after = _xacts(ctx)
     # Each claim transaction that found nothing is a SKIP LOCKED miss or an empty look; per
     # job, the worker's transactions are its claims, its completions and those empty looks.
     # started_at is the claim transaction's now(): one value per claim statement that got rows.
-    claims = ctx.sql(f"SELECT count(DISTINCT started_at) FROM {TABLE} WHERE kind = %s", [KIND])[0][0]
-    return out | activity | {"transactions": after - before, "transactions_per_job": (after - before) / n,
-                             "claim_statements": claims}
+    claims = ctx.sql(f"SELECT count(DISTINCT started_at) FROM {TABLE} WHERE kind = %s", [KIND])[0][
+        0
+    ]
+    return (
+        out
+        | activity
+        | {
+            "transactions": after - before,
+            "transactions_per_job": (after - before) / n,
+            "claim_statements": claims,
+        }
+    )
 
 
 def wakeups(ctx: Ctx, m: int, *, processes: int, slots: int, gap: float, tag: str) -> dict:
@@ -579,8 +717,10 @@ def wakeups(ctx: Ctx, m: int, *, processes: int, slots: int, gap: float, tag: st
             return {"error": problem}
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # every process listening
-            listening = ctx.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                "AND application_name LIKE '%%durable-listener'")[0][0]
+            listening = ctx.sql(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name LIKE '%%durable-listener'"
+            )[0][0]
             if listening >= processes:
                 break
             time.sleep(0.2)
@@ -602,8 +742,10 @@ def wakeups(ctx: Ctx, m: int, *, processes: int, slots: int, gap: float, tag: st
     finally:
         group.stop()
     # The m starts' own transactions (this process) are in the count too: take them out.
-    return _latency_sql(ctx, warm_ids, m) | {"slots_total": processes * slots,
-                                             "fleet_transactions_per_start": (after - before - m) / m}
+    return _latency_sql(ctx, warm_ids, m) | {
+        "slots_total": processes * slots,
+        "fleet_transactions_per_start": (after - before - m) / m,
+    }
 
 
 # ---------------------------------------------------------------------------------------
@@ -657,21 +799,31 @@ def priorities(ctx: Ctx, backlog: int, *, claims: int, reps: int) -> dict:
     # from the ones still due: none of them may outrank the last one claimed.
     priorities_claimed = [p for p, _ in order]
     in_order = all(a >= b for a, b in itertools.pairwise(priorities_claimed))
-    outranked = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND priority > %s",
-                        [priorities_claimed[-1]])[0][0]
+    outranked = ctx.sql(
+        f"SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND priority > %s",
+        [priorities_claimed[-1]],
+    )[0][0]
     ctx.sql(FILL_LATER, {"kind": KIND, "n": backlog})
     ctx.sql(f"VACUUM (ANALYZE) {TABLE}")
     later_exec = _pct([_explain_time(store.DEQUEUE, params) for _ in range(reps)], 50)
-    return {"dequeue_exec_with_later_ms": later_exec,"backlog": backlog, "claims": claims, "dequeue_exec_first_ms": first_exec,
-            "dequeue_exec_after_ms": last_exec, "dequeue_client_p50_ms": _pct(times, 50) * 1000,
-            "dequeue_client_first_100_p50_ms": _pct(times[:100], 50) * 1000,
-            "dequeue_client_last_100_p50_ms": _pct(times[-100:], 50) * 1000,
-            "priority_order_held": in_order and outranked == 0, "pending_outranking_last_claim": outranked}
+    return {
+        "dequeue_exec_with_later_ms": later_exec,
+        "backlog": backlog,
+        "claims": claims,
+        "dequeue_exec_first_ms": first_exec,
+        "dequeue_exec_after_ms": last_exec,
+        "dequeue_client_p50_ms": _pct(times, 50) * 1000,
+        "dequeue_client_first_100_p50_ms": _pct(times[:100], 50) * 1000,
+        "dequeue_client_last_100_p50_ms": _pct(times[-100:], 50) * 1000,
+        "priority_order_held": in_order and outranked == 0,
+        "pending_outranking_last_claim": outranked,
+    }
 
 
 # ---------------------------------------------------------------------------------------
 # memory: worker RSS over many jobs
 # ---------------------------------------------------------------------------------------
+
 
 def _vm_rss_kib(pid: int) -> int:
     try:
@@ -708,7 +860,9 @@ def memory(ctx: Ctx, n: int, *, slots: int, chunk: int, tag: str) -> dict:
     the RSS of the worker (and of its handler processes) after each chunk."""
     reset()
     cmd = ctx.worker_cmd(slots, burst=False, verbosity=1)
-    group = procs.Group([cmd], env=ctx.worker_env(), cwd=REPO, logs=[ctx.logs / f"durable-memory-{tag}.log"])
+    group = procs.Group(
+        [cmd], env=ctx.worker_env(), cwd=REPO, logs=[ctx.logs / f"durable-memory-{tag}.log"]
+    )
     curve = []
     try:
         problem = _warm_up(ctx, group, notify=True)
@@ -728,21 +882,36 @@ def memory(ctx: Ctx, n: int, *, slots: int, chunk: int, tag: str) -> dict:
             done += size
             ctx.sql(f"DELETE FROM {TABLE} WHERE status = 'completed'")  # keep the table small
             pids = _tree_pids(pid)
-            curve.append({"jobs": done, "worker_rss_mib": _vm_rss_kib(pid) / 1024,
-                          "total_rss_mib": sum(_vm_rss_kib(p) for p in pids) / 1024, "processes": len(pids)})
+            curve.append(
+                {
+                    "jobs": done,
+                    "worker_rss_mib": _vm_rss_kib(pid) / 1024,
+                    "total_rss_mib": sum(_vm_rss_kib(p) for p in pids) / 1024,
+                    "processes": len(pids),
+                }
+            )
         seconds = time.perf_counter() - began
     finally:
         group.stop()
     warm = curve[max(0, len(curve) // 10 - 1)] if curve else None
     last = curve[-1] if curve else None
-    return {"n": n, "chunk": chunk, "slots": slots, "seconds": seconds, "curve": curve,
-            "rss_after_warmup_mib": warm["total_rss_mib"] if warm else None,
-            "rss_at_end_mib": last["total_rss_mib"] if last else None,
-            "growth_mib": (last["total_rss_mib"] - warm["total_rss_mib"]) if warm and last else None}
+    return {
+        "n": n,
+        "chunk": chunk,
+        "slots": slots,
+        "seconds": seconds,
+        "curve": curve,
+        "rss_after_warmup_mib": warm["total_rss_mib"] if warm else None,
+        "rss_at_end_mib": last["total_rss_mib"] if last else None,
+        "growth_mib": (last["total_rss_mib"] - warm["total_rss_mib"]) if warm and last else None,
+    }
 
 
 def fill_pending_sql_quiet(ctx: Ctx, n: int) -> None:
     """``fill_pending_sql`` without the VACUUM (the worker is draining meanwhile), and the
     wake-up ``start()`` would send."""
     ctx.sql(FILL_PENDING, {"kind": KIND, "n": n})
-    ctx.sql("SELECT pg_notify(%s, %s)", [conf.get().NOTIFY_CHANNEL or "durable_jobs", conf.get().DEFAULT_QUEUE])
+    ctx.sql(
+        "SELECT pg_notify(%s, %s)",
+        [conf.get().NOTIFY_CHANNEL or "durable_jobs", conf.get().DEFAULT_QUEUE],
+    )

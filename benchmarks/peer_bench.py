@@ -26,7 +26,7 @@ def _sql(peer: Peer, query: str, params=None):
 RESET = {
     "pgqueuer": "TRUNCATE pgqueuer, pgqueuer_log RESTART IDENTITY",
     "procrastinate": "TRUNCATE procrastinate_events, procrastinate_periodic_defers, procrastinate_jobs, "
-                     "procrastinate_workers RESTART IDENTITY CASCADE",
+    "procrastinate_workers RESTART IDENTITY CASCADE",
     "tasks_db": "TRUNCATE django_tasks_database_dbtaskresult",
 }
 # completed, rows, window from first start to last finish (seconds)
@@ -75,8 +75,9 @@ def reset(peer: Peer) -> None:
     _sql(peer, RESET[peer.spec.key])
 
 
-def _worker_cmds(peer: Peer, *, processes: int, slots: int, burst: bool, notify: bool,
-                 poll_interval: float) -> list[list[str]]:
+def _worker_cmds(
+    peer: Peer, *, processes: int, slots: int, burst: bool, notify: bool, poll_interval: float
+) -> list[list[str]]:
     if peer.spec.key == "pgqueuer":
         # Its own worker command with its defaults (no concurrency limit, dequeue timeout 30 s,
         # always LISTENs, logs at INFO) but for K slots: --batch-size K, so each dequeue picks at
@@ -86,8 +87,11 @@ def _worker_cmds(peer: Peer, *, processes: int, slots: int, burst: bool, notify:
         # at a limit of 1), which is not how pgqueuer is meant to run; --max-concurrent-tasks
         # refuses anything below twice the batch size. `--mode drain` exits once the queue is empty.
         # slots=0: its default worker command as is (batch of 10).
-        args = (["run", "pgqueuer_peer:create"] + (["--batch-size", str(slots)] if slots else [])
-                + (["--mode", "drain"] if burst else []))
+        args = (
+            ["run", "pgqueuer_peer:create"]
+            + (["--batch-size", str(slots)] if slots else [])
+            + (["--mode", "drain"] if burst else [])
+        )
         return [peer.tool("pgq", *args) for _ in range(processes)]
     if peer.spec.key == "procrastinate":
         args = ["worker", "--concurrency", str(slots), "--poll-interval", repr(poll_interval)]
@@ -107,26 +111,50 @@ def _worker_cmds(peer: Peer, *, processes: int, slots: int, burst: bool, notify:
 def start_rate(peer: Peer, n: int, *, env: dict, logs: Path) -> dict:
     reset(peer)
     log = logs / f"{peer.spec.key}-start-rate.log"
-    result = procs.run(peer.cmd("start-rate", "--n", str(n)), env=peer.env(env), cwd=HERE, log=log, timeout=600)
+    result = procs.run(
+        peer.cmd("start-rate", "--n", str(n)), env=peer.env(env), cwd=HERE, log=log, timeout=600
+    )
     if result.exit_code != 0:
         return {"error": f"exit {result.exit_code}: {procs.tail(log, 2)}"}
     lines = [line for line in Path(log).read_text().splitlines() if line.startswith("{")]
     data = json.loads(lines[-1])
     rows = _sql(peer, THROUGHPUT[peer.spec.key])[0][1]
-    return {"n": n, "seconds": data["seconds"], "per_second": n / data["seconds"], "rows": rows,
-            "verified": rows == n + 1}
+    return {
+        "n": n,
+        "seconds": data["seconds"],
+        "per_second": n / data["seconds"],
+        "rows": rows,
+        "verified": rows == n + 1,
+    }
 
 
-def throughput(peer: Peer, n: int, *, processes: int, slots: int, env: dict, logs: Path, tag: str,
-               timeout: float, server_pid: int | None = None) -> dict:
+def throughput(
+    peer: Peer,
+    n: int,
+    *,
+    processes: int,
+    slots: int,
+    env: dict,
+    logs: Path,
+    tag: str,
+    timeout: float,
+    server_pid: int | None = None,
+) -> dict:
     reset(peer)
     began = time.perf_counter()
-    fill = procs.run(peer.cmd("fill", "--n", str(n)), env=peer.env(env), cwd=HERE,
-                     log=logs / f"{peer.spec.key}-fill-{tag}.log", timeout=600)
+    fill = procs.run(
+        peer.cmd("fill", "--n", str(n)),
+        env=peer.env(env),
+        cwd=HERE,
+        log=logs / f"{peer.spec.key}-fill-{tag}.log",
+        timeout=600,
+    )
     if fill.exit_code != 0:
         return {"error": f"fill failed: {procs.tail(fill.log, 2)}"}
     fill_seconds = time.perf_counter() - began
-    cmds = _worker_cmds(peer, processes=processes, slots=slots, burst=True, notify=True, poll_interval=1.0)
+    cmds = _worker_cmds(
+        peer, processes=processes, slots=slots, burst=True, notify=True, poll_interval=1.0
+    )
     group_logs = [logs / f"{peer.spec.key}-{tag}-{i}.log" for i in range(len(cmds))]
     cpu0 = procs.server_cpu_seconds(server_pid)
     results = procs.Group(cmds, env=peer.env(env), cwd=HERE, logs=group_logs).wait(timeout)
@@ -134,36 +162,66 @@ def throughput(peer: Peer, n: int, *, processes: int, slots: int, env: dict, log
     completed, total, window = _sql(peer, THROUGHPUT[peer.spec.key])[0]
     window = float(window or 0)
     out = {
-        "n": n, "processes": len(cmds), "slots_per_process": slots if peer.spec.key != "tasks_db" else 1,
-        "completed": completed, "rows": total, "db_window_seconds": window,
+        "n": n,
+        "processes": len(cmds),
+        "slots_per_process": slots if peer.spec.key != "tasks_db" else 1,
+        "completed": completed,
+        "rows": total,
+        "db_window_seconds": window,
         "per_second": completed / window if window else None,
         "wall_seconds": max(r.wall_seconds for r in results),
-        "exit_codes": [r.exit_code for r in results], "timed_out": any(r.timed_out for r in results),
+        "exit_codes": [r.exit_code for r in results],
+        "timed_out": any(r.timed_out for r in results),
         "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
-        "worker_cpu_seconds": sum(r.cpu_seconds for r in results), "fill_seconds": fill_seconds,
+        "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
+        "fill_seconds": fill_seconds,
         "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
         "logs": [str(p) for p in group_logs],
     }
-    out["verified"] = completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
+    out["verified"] = (
+        completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
+    )
     return out
 
 
-def latency(peer: Peer, m: int, *, notify: bool, poll_interval: float, slots: int, gap: float, env: dict,
-            logs: Path, tag: str) -> dict:
+def latency(
+    peer: Peer,
+    m: int,
+    *,
+    notify: bool,
+    poll_interval: float,
+    slots: int,
+    gap: float,
+    env: dict,
+    logs: Path,
+    tag: str,
+) -> dict:
     reset(peer)
-    cmds = _worker_cmds(peer, processes=1, slots=slots, burst=False, notify=notify, poll_interval=poll_interval)
+    cmds = _worker_cmds(
+        peer, processes=1, slots=slots, burst=False, notify=notify, poll_interval=poll_interval
+    )
     group_logs = [logs / f"{peer.spec.key}-latency-{tag}-{i}.log" for i in range(len(cmds))]
     group = procs.Group(cmds, env=peer.env(env), cwd=HERE, logs=group_logs)
     try:
-        warm = procs.run(peer.cmd("latency", "--n", "3", "--gap", "0.05"), env=peer.env(env), cwd=HERE,
-                         log=logs / f"{peer.spec.key}-latency-{tag}-warm.log", timeout=120)
+        warm = procs.run(
+            peer.cmd("latency", "--n", "3", "--gap", "0.05"),
+            env=peer.env(env),
+            cwd=HERE,
+            log=logs / f"{peer.spec.key}-latency-{tag}-warm.log",
+            timeout=120,
+        )
         if warm.exit_code != 0:
             return {"error": f"warm-up client failed: {procs.tail(warm.log, 2)}"}
         if not _wait_done(peer, group, timeout=60, notify=notify):
             return {"error": f"worker not ready after 60 s: {procs.tail(group_logs[0], 2)}"}
         warm_ids = [r[0] for r in _sql(peer, LATENCIES[peer.spec.key])]
-        client = procs.run(peer.cmd("latency", "--n", str(m), "--gap", repr(gap)), env=peer.env(env), cwd=HERE,
-                           log=logs / f"{peer.spec.key}-latency-{tag}-client.log", timeout=600)
+        client = procs.run(
+            peer.cmd("latency", "--n", str(m), "--gap", repr(gap)),
+            env=peer.env(env),
+            cwd=HERE,
+            log=logs / f"{peer.spec.key}-latency-{tag}-client.log",
+            timeout=600,
+        )
         if client.exit_code != 0:
             return {"error": f"client failed: {procs.tail(client.log, 2)}"}
         _wait_done(peer, group, timeout=max(30.0, poll_interval * 5), notify=False)
@@ -172,12 +230,17 @@ def latency(peer: Peer, m: int, *, notify: bool, poll_interval: float, slots: in
     rows = [r for r in _sql(peer, LATENCIES[peer.spec.key]) if r[0] not in set(warm_ids)]
     values = sorted(float(r[1]) for r in rows if r[1] is not None)
     completed = sum(1 for r in rows if r[2])
-    return {"m": m, "rows": len(rows), "completed": completed,
-            "p50_ms": _pct(values, 50) * 1000 if values else None,
-            "p99_ms": _pct(values, 99) * 1000 if values else None,
-            "max_ms": values[-1] * 1000 if values else None,
-            "verified": len(rows) == m and completed == m,
-            "max_rss_mib": max(r.max_rss_kib for r in results) / 1024, "processes": len(cmds)}
+    return {
+        "m": m,
+        "rows": len(rows),
+        "completed": completed,
+        "p50_ms": _pct(values, 50) * 1000 if values else None,
+        "p99_ms": _pct(values, 99) * 1000 if values else None,
+        "max_ms": values[-1] * 1000 if values else None,
+        "verified": len(rows) == m and completed == m,
+        "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
+        "processes": len(cmds),
+    }
 
 
 def _wait_done(peer: Peer, group: procs.Group, *, timeout: float, notify: bool) -> bool:
@@ -188,9 +251,16 @@ def _wait_done(peer: Peer, group: procs.Group, *, timeout: float, notify: bool) 
         left = _sql(peer, UNFINISHED[peer.spec.key])[0][0]
         # pgqueuer LISTENs on the connection it also queries on: pg_stat_activity shows its last
         # statement, not the LISTEN; its warm-up jobs completing is the readiness signal.
-        listening = (not notify) or peer.spec.key == "pgqueuer" or _sql(
-            peer, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                  "AND query ILIKE 'LISTEN %%'")[0][0] > 0
+        listening = (
+            (not notify)
+            or peer.spec.key == "pgqueuer"
+            or _sql(
+                peer,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND query ILIKE 'LISTEN %%'",
+            )[0][0]
+            > 0
+        )
         if left == 0 and listening:
             return True
         time.sleep(0.1)

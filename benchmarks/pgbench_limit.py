@@ -55,7 +55,9 @@ def measure(dburl: str, *, seconds: int = 2) -> dict:
     if pgbench is None:
         return {"error": "no pgbench binary on this machine"}
     with psycopg.connect(dburl, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY, at timestamptz)")
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {TABLE} (id bigserial PRIMARY KEY, at timestamptz)"
+        )
         conn.execute(f"TRUNCATE {TABLE}")
     try:
         with tempfile.NamedTemporaryFile("w", suffix=".sql", prefix="pgbench-insert-") as script:
@@ -63,9 +65,25 @@ def measure(dburl: str, *, seconds: int = 2) -> dict:
             script.flush()
             # -n: no vacuum of pgbench's own tables (there are none); the database argument
             # takes the whole URL, socket directory and port included.
-            done = subprocess.run([pgbench, "-n", "-c", "1", "-T", str(seconds), "-M", "prepared",
-                                   "-f", script.name, dburl],
-                                  capture_output=True, text=True, timeout=seconds + 60, check=False)
+            done = subprocess.run(
+                [
+                    pgbench,
+                    "-n",
+                    "-c",
+                    "1",
+                    "-T",
+                    str(seconds),
+                    "-M",
+                    "prepared",
+                    "-f",
+                    script.name,
+                    dburl,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=seconds + 60,
+                check=False,
+            )
     except (OSError, subprocess.TimeoutExpired) as error:
         return {"error": f"pgbench did not run: {error}"}
     finally:
@@ -73,5 +91,7 @@ def measure(dburl: str, *, seconds: int = 2) -> dict:
             conn.execute(f"DROP TABLE IF EXISTS {TABLE}")
     found = _TPS.search(done.stdout)
     if done.returncode != 0 or found is None:
-        return {"error": f"pgbench exited {done.returncode}: {(done.stderr or done.stdout).strip()[-200:]}"}
+        return {
+            "error": f"pgbench exited {done.returncode}: {(done.stderr or done.stdout).strip()[-200:]}"
+        }
     return {"per_second": float(found.group(1)), "seconds": seconds, "binary": pgbench}

@@ -49,8 +49,15 @@ class Group:
         for cmd, log in zip(cmds, logs):
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "wb") as sink:
-                proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=sink, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    cwd=cwd,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             self.procs.append(proc)
             _LIVE.append(proc)
 
@@ -75,8 +82,12 @@ class Group:
             if proc in _LIVE:
                 _LIVE.remove(proc)
             self.results[index] = ProcResult(
-                cmd=self.cmds[index], exit_code=code, wall_seconds=time.monotonic() - self.began,
-                user_cpu=usage.ru_utime, system_cpu=usage.ru_stime, max_rss_kib=self.peaks.get(index, 0),
+                cmd=self.cmds[index],
+                exit_code=code,
+                wall_seconds=time.monotonic() - self.began,
+                user_cpu=usage.ru_utime,
+                system_cpu=usage.ru_stime,
+                max_rss_kib=self.peaks.get(index, 0),
                 log=str(self.logs[index]),
             )
         return len(self.results) == len(self.procs)

@@ -45,29 +45,47 @@ def run(ctx, plan, raw: dict) -> str:
     durable_bench.fill_pending_sql(ctx, n)
     sessions0 = _sessions(ctx)
     ctx.sql("SELECT pg_stat_statements_reset()")
-    result = durable_bench.throughput_prefilled(ctx, n, processes=1, slots=4, tag="profile",
-                                                timeout=plan.worker_timeout)
+    result = durable_bench.throughput_prefilled(
+        ctx, n, processes=1, slots=4, tag="profile", timeout=plan.worker_timeout
+    )
     stmts = _statements(ctx)
     sessions = _sessions(ctx) - sessions0
     prof["burst"] = {"throughput": result, "statements": stmts, "sessions": sessions}
     out.append(f"### Statements per job, 4-slot burst of {n:,} no-op jobs\n")
-    out.append(f"{report.num(result.get('per_second'))} jobs/s; {sessions} PostgreSQL sessions opened in all; "
-               f"worker CPU {1000 * result['worker_cpu_seconds'] / n:.2f} ms/job, server CPU "
-               + (f"{1000 * result['server_cpu_seconds'] / n:.2f} ms/job" if result.get("server_cpu_seconds")
-                  is not None else "n/a") + "\n")
+    out.append(
+        f"{report.num(result.get('per_second'))} jobs/s; {sessions} PostgreSQL sessions opened in all; "
+        f"worker CPU {1000 * result['worker_cpu_seconds'] / n:.2f} ms/job, server CPU "
+        + (
+            f"{1000 * result['server_cpu_seconds'] / n:.2f} ms/job"
+            if result.get("server_cpu_seconds") is not None
+            else "n/a"
+        )
+        + "\n"
+    )
     out.append(report.block(_statements_table(stmts, n)))
 
     # --- 2. the wake-up path: NOTIFY to an idle 4-slot worker ------------------------------
     m = min(plan.latency_m, 100)
     ctx.sql("SELECT pg_stat_statements_reset()")
-    lat = durable_bench.latency(ctx, m, notify=True, poll_interval=plan.poll_interval, slots=4, gap=0.05,
-                                tag="profile-notify")
+    lat = durable_bench.latency(
+        ctx,
+        m,
+        notify=True,
+        poll_interval=plan.poll_interval,
+        slots=4,
+        gap=0.05,
+        tag="profile-notify",
+    )
     stmts = _statements(ctx)
     prof["notify"] = {"latency": lat, "statements": stmts}
     jobs = m + 3  # the warm-up jobs ran in the window too
-    out.append(f"### Statements per job, {m} single starts (50 ms apart) to an idle 4-slot worker woken by NOTIFY\n")
-    out.append(f"latency p50/p99 {lat.get('p50_ms') or 0:.1f}/{lat.get('p99_ms') or 0:.1f} ms "
-               "(the client's start() statements are included below)\n")
+    out.append(
+        f"### Statements per job, {m} single starts (50 ms apart) to an idle 4-slot worker woken by NOTIFY\n"
+    )
+    out.append(
+        f"latency p50/p99 {lat.get('p50_ms') or 0:.1f}/{lat.get('p99_ms') or 0:.1f} ms "
+        "(the client's start() statements are included below)\n"
+    )
     out.append(report.block(_statements_table(stmts, jobs)))
 
     # --- 3. the start path ----------------------------------------------------------------
@@ -91,23 +109,37 @@ def run(ctx, plan, raw: dict) -> str:
         durable_bench.fill_pending_sql(ctx, n)
         dump = ctx.logs / "py-spy-slots.txt"
         prefix = [str(spy), "record", "--idle", "-r", "200", "-f", "raw", "-o", str(dump), "--"]
-        result = durable_bench.throughput_prefilled(ctx, n, processes=1, slots=4, tag="pyspy",
-                                                    timeout=plan.worker_timeout, prefix=prefix)
+        result = durable_bench.throughput_prefilled(
+            ctx, n, processes=1, slots=4, tag="pyspy", timeout=plan.worker_timeout, prefix=prefix
+        )
         breakdown = _spy_breakdown(dump)
         prof["py-spy"] = {"throughput": result, "breakdown": breakdown}
         out.append("### py-spy: where the slot threads' wall time goes (idle included), 4 slots\n")
-        out.append(f"{report.num(result.get('per_second'))} jobs/s under the profiler (200 Hz); raw stacks: {dump}\n")
+        out.append(
+            f"{report.num(result.get('per_second'))} jobs/s under the profiler (200 Hz); raw stacks: {dump}\n"
+        )
         out.append(report.block(_breakdown_table(breakdown)))
         durable_bench.reset()
         durable_bench.fill_pending_sql(ctx, n)
         dump_cpu = ctx.logs / "py-spy-cpu.txt"
         prefix = [str(spy), "record", "--gil", "-r", "200", "-f", "raw", "-o", str(dump_cpu), "--"]
-        result = durable_bench.throughput_prefilled(ctx, n, processes=1, slots=4, tag="pyspy-cpu",
-                                                    timeout=plan.worker_timeout, prefix=prefix)
+        result = durable_bench.throughput_prefilled(
+            ctx,
+            n,
+            processes=1,
+            slots=4,
+            tag="pyspy-cpu",
+            timeout=plan.worker_timeout,
+            prefix=prefix,
+        )
         cpu_text = _spy_cpu(dump_cpu)
         prof["py-spy-cpu"] = {"throughput": result, "text": cpu_text}
-        out.append("### py-spy --gil: where the worker's Python time goes (samples of the GIL holder), 4 slots\n")
-        out.append(f"{report.num(result.get('per_second'))} jobs/s under the profiler; raw stacks: {dump_cpu}\n")
+        out.append(
+            "### py-spy --gil: where the worker's Python time goes (samples of the GIL holder), 4 slots\n"
+        )
+        out.append(
+            f"{report.num(result.get('per_second'))} jobs/s under the profiler; raw stacks: {dump_cpu}\n"
+        )
         out.append(report.block(cpu_text))
 
     # --- 5. what-ifs on DEQUEUE (EXPLAIN ANALYZE, rolled back; no library change) ----------
@@ -118,7 +150,9 @@ def run(ctx, plan, raw: dict) -> str:
 def _sessions(ctx) -> int:
     ctx.sql("SELECT pg_stat_force_next_flush()")
     time.sleep(0.05)
-    return int(ctx.sql("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")[0][0])
+    return int(
+        ctx.sql("SELECT sessions FROM pg_stat_database WHERE datname = current_database()")[0][0]
+    )
 
 
 def _statements(ctx) -> list[dict]:
@@ -157,9 +191,13 @@ def _statements_table(stmts: list[dict], jobs: int) -> str:
             continue
         total_calls += per_job
         total_ms += s["total_ms"] / jobs
-        lines.append(f"{_label(s['query'])[:58]:58}  {per_job:9.2f}  {s['total_ms'] / s['calls']:12.3f}  "
-                     f"{s['total_ms'] / jobs:11.3f}")
-    lines.append(f"{'total (round trips per job)':58}  {total_calls:9.2f}  {'':12}  {total_ms:11.3f}")
+        lines.append(
+            f"{_label(s['query'])[:58]:58}  {per_job:9.2f}  {s['total_ms'] / s['calls']:12.3f}  "
+            f"{s['total_ms'] / jobs:11.3f}"
+        )
+    lines.append(
+        f"{'total (round trips per job)':58}  {total_calls:9.2f}  {'':12}  {total_ms:11.3f}"
+    )
     return "\n".join(lines)
 
 
@@ -175,20 +213,56 @@ def _py_spy(ctx) -> Path | str:
 
 # Categories of a slot's wall time, by the first matching frame (outermost first).
 _CATEGORIES = [
-    ("idle: waiting for work (Event.wait in the slot loop)", ("Event.wait (threading.py)",), "_slot_wait"),
-    ("connection upkeep: health check (SELECT 1) / reconnect",
-     ("keep_connection_healthy (durable_jobs/worker.py)", "close_old_connections (django/db/__init__.py)",
-      "close_if_health_check_failed", "BaseDatabaseWrapper.connect ", "BaseDatabaseWrapper.ensure_connection"), None),
+    (
+        "idle: waiting for work (Event.wait in the slot loop)",
+        ("Event.wait (threading.py)",),
+        "_slot_wait",
+    ),
+    (
+        "connection upkeep: health check (SELECT 1) / reconnect",
+        (
+            "keep_connection_healthy (durable_jobs/worker.py)",
+            "close_old_connections (django/db/__init__.py)",
+            "close_if_health_check_failed",
+            "BaseDatabaseWrapper.connect ",
+            "BaseDatabaseWrapper.ensure_connection",
+        ),
+        None,
+    ),
     ("DEQUEUE (store.dequeue)", ("dequeue (durable_jobs/store.py)",), None),
     ("batched completion (store.complete_many)", ("complete_many (durable_jobs/store.py)",), None),
-    ("lease extension of a waiting claim (store.heartbeat)", ("heartbeat (durable_jobs/store.py)",), None),
-    ("hand-back of unstarted claims (store.release_lease)", ("release_lease (durable_jobs/store.py)",), None),
+    (
+        "lease extension of a waiting claim (store.heartbeat)",
+        ("heartbeat (durable_jobs/store.py)",),
+        None,
+    ),
+    (
+        "hand-back of unstarted claims (store.release_lease)",
+        ("release_lease (durable_jobs/store.py)",),
+        None,
+    ),
     ("terminal txn: COMMIT", ("Atomic.__exit__ (django/db/transaction.py)",), "_finish"),
-    ("terminal txn: COMPLETE (incl. the BEGIN psycopg sends first)", ("complete (durable_jobs/store.py)",), "_finish"),
+    (
+        "terminal txn: COMPLETE (incl. the BEGIN psycopg sends first)",
+        ("complete (durable_jobs/store.py)",),
+        "_finish",
+    ),
     ("terminal txn: MARK_MIRRORED", ("mark_mirrored (durable_jobs/store.py)",), "_finish"),
-    ("terminal txn: other (atomic enter, signals, metrics)", ("_finish (durable_jobs/executor.py)",), None),
-    ("slice bookkeeping: _report (log line, metrics)", ("_report (durable_jobs/executor.py)",), None),
-    ("slice setup: Slice(), heartbeater track/untrack, signals", ("run_slice (durable_jobs/executor.py)",), None),
+    (
+        "terminal txn: other (atomic enter, signals, metrics)",
+        ("_finish (durable_jobs/executor.py)",),
+        None,
+    ),
+    (
+        "slice bookkeeping: _report (log line, metrics)",
+        ("_report (durable_jobs/executor.py)",),
+        None,
+    ),
+    (
+        "slice setup: Slice(), heartbeater track/untrack, signals",
+        ("run_slice (durable_jobs/executor.py)",),
+        None,
+    ),
 ]
 
 
@@ -211,7 +285,7 @@ def _spy_breakdown(path: Path) -> dict:
         total += c
         category = "other"
         slot_index = next(i for i, f in enumerate(frames) if f.startswith("Worker._slot "))
-        below = frames[slot_index + 1:]
+        below = frames[slot_index + 1 :]
         if below and below[0].startswith("Event.wait (threading.py)"):
             category = _CATEGORIES[0][0]
         else:
@@ -222,7 +296,10 @@ def _spy_breakdown(path: Path) -> dict:
                     category = name
                     break
         counts[category] += c
-        if frames[-1].startswith("Connection.wait (psycopg/connection.py)") or "wait_c" in frames[-1]:
+        if (
+            frames[-1].startswith("Connection.wait (psycopg/connection.py)")
+            or "wait_c" in frames[-1]
+        ):
             waiting[category] += c
     return {"total_samples": total, "categories": dict(counts), "waiting_on_server": dict(waiting)}
 
@@ -235,23 +312,35 @@ def _breakdown_table(b: dict) -> str:
     busy = b["total_samples"] - idle
     if busy <= 0:
         return "(the slot threads were idle in every sample)"
-    lines = [f"slot threads were idle (no due job, or the burst's last poll interval) in "
-             f"{100 * idle / b['total_samples']:.0f}% of samples; shares below are of the busy samples.",
-             "",
-             f"{'where a busy slot thread is':62}  {'share':>6}  {'of which in psycopg wait':>24}"]
+    lines = [
+        f"slot threads were idle (no due job, or the burst's last poll interval) in "
+        f"{100 * idle / b['total_samples']:.0f}% of samples; shares below are of the busy samples.",
+        "",
+        f"{'where a busy slot thread is':62}  {'share':>6}  {'of which in psycopg wait':>24}",
+    ]
     for name, count in sorted(b["categories"].items(), key=lambda kv: -kv[1]):
         if name == idle_name:
             continue
         wait = b["waiting_on_server"].get(name, 0)
         lines.append(f"{name[:62]:62}  {100 * count / busy:5.1f}%  {100 * wait / busy:23.1f}%")
     waited = sum(v for k, v in b["waiting_on_server"].items() if k != idle_name)
-    lines.append(f"{'all (psycopg Connection.wait = server round trip + GIL re-entry)':62}  100.0%  "
-                 f"{100 * waited / busy:23.1f}%")
+    lines.append(
+        f"{'all (psycopg Connection.wait = server round trip + GIL re-entry)':62}  100.0%  "
+        f"{100 * waited / busy:23.1f}%"
+    )
     return "\n".join(lines)
 
 
-_GENERIC = ("Thread._bootstrap", "Thread.run ", "Worker._slot ", "run_slice ", "_run_handler", "_guarded ",
-            "_run_handler.<locals>", "_finish ")
+_GENERIC = (
+    "Thread._bootstrap",
+    "Thread.run ",
+    "Worker._slot ",
+    "run_slice ",
+    "_run_handler",
+    "_guarded ",
+    "_run_handler.<locals>",
+    "_finish ",
+)
 
 
 def _spy_cpu(path: Path, top: int = 22) -> str:
@@ -270,9 +359,13 @@ def _spy_cpu(path: Path, top: int = 22) -> str:
         c = int(count)
         total += c
         frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
-        role = ("slot" if any(f.startswith("Worker._slot ") for f in frames)
-                else "heartbeat" if any(f.startswith("Heartbeater.") for f in frames)
-                else "main thread / other")
+        role = (
+            "slot"
+            if any(f.startswith("Worker._slot ") for f in frames)
+            else "heartbeat"
+            if any(f.startswith("Heartbeater.") for f in frames)
+            else "main thread / other"
+        )
         threads[role] += c
         if role == "main thread / other":
             continue  # start-up imports, the main loop's joins
@@ -282,8 +375,12 @@ def _spy_cpu(path: Path, top: int = 22) -> str:
     if not total:
         return "(no samples)"
     busy = total - threads["main thread / other"]
-    out = ["GIL-holding samples by thread: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in threads.most_common()),
-           "", f"{'function (inclusive; slot and heartbeat threads)':90}  {'share':>6}"]
+    out = [
+        "GIL-holding samples by thread: "
+        + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in threads.most_common()),
+        "",
+        f"{'function (inclusive; slot and heartbeat threads)':90}  {'share':>6}",
+    ]
     for frame, count in inclusive.most_common(top):
         out.append(f"{frame[:90]:90}  {100 * count / max(busy, 1):5.1f}%")
     return "\n".join(out)
@@ -296,14 +393,25 @@ def _what_ifs(ctx, *, backlog: int, prof: dict) -> str:
     queues = ["default"]
     params = {"queues": queues, "owner": "whatif", "ttl_ms": 60000, "limit": 1}
     as_written = store.DEQUEUE
-    single = as_written.replace("queue_name = ANY(%(queues)s)", "queue_name = (%(queues)s::text[])[1]")
+    single = as_written.replace(
+        "queue_name = ANY(%(queues)s)", "queue_name = (%(queues)s::text[])[1]"
+    )
     variants = [("DEQUEUE as written (queue_name = ANY(...)), limit 1", as_written, params)]
     if single != as_written:
-        variants.append(("DEQUEUE with queue_name = <one queue> (equality), limit 1", single, params))
-        variants.append(("DEQUEUE with equality, limit 4 (claim several rows per call)", single,
-                         params | {"limit": 4}))
-    lines = [f"### What-ifs: DEQUEUE variants over a backlog of {backlog:,} pending jobs "
-             "(EXPLAIN ANALYZE, rolled back, median of 15)\n"]
+        variants.append(
+            ("DEQUEUE with queue_name = <one queue> (equality), limit 1", single, params)
+        )
+        variants.append(
+            (
+                "DEQUEUE with equality, limit 4 (claim several rows per call)",
+                single,
+                params | {"limit": 4},
+            )
+        )
+    lines = [
+        f"### What-ifs: DEQUEUE variants over a backlog of {backlog:,} pending jobs "
+        "(EXPLAIN ANALYZE, rolled back, median of 15)\n"
+    ]
     table = [f"{'variant':64}  {'exec ms p50':>11}  plan"]
     plans = []
     results = {}

@@ -17,22 +17,46 @@ class Table:
         self.headers = headers
         self.rows: list[dict[str, str]] = []
 
-    def add(self, scenario: str, durable: str = "", procrastinate: str = "", tasks_db: str = "",
-            target: str = "", status: str = "", *, pgqueuer: str = "-") -> None:
-        self.rows.append({"scenario": scenario, "durable_jobs": durable, "pgqueuer": pgqueuer,
-                          "procrastinate": procrastinate, "tasks_db": tasks_db, "target": target,
-                          "status": status})
+    def add(
+        self,
+        scenario: str,
+        durable: str = "",
+        procrastinate: str = "",
+        tasks_db: str = "",
+        target: str = "",
+        status: str = "",
+        *,
+        pgqueuer: str = "-",
+    ) -> None:
+        self.rows.append(
+            {
+                "scenario": scenario,
+                "durable_jobs": durable,
+                "pgqueuer": pgqueuer,
+                "procrastinate": procrastinate,
+                "tasks_db": tasks_db,
+                "target": target,
+                "status": status,
+            }
+        )
 
     def render(self) -> str:
-        widths = {c: max(len(self.headers[c]), *(len(r.get(c, "-")) for r in self.rows)) if self.rows else len(self.headers[c])
-                  for c in COLUMNS}
+        widths = {
+            c: max(len(self.headers[c]), *(len(r.get(c, "-")) for r in self.rows))
+            if self.rows
+            else len(self.headers[c])
+            for c in COLUMNS
+        }
         line = "  ".join(self.headers[c].ljust(widths[c]) for c in COLUMNS)
         rule = "  ".join("-" * widths[c] for c in COLUMNS)
-        body = ["  ".join(r.get(c, "-").ljust(widths[c]) for c in COLUMNS).rstrip() for r in self.rows]
+        body = [
+            "  ".join(r.get(c, "-").ljust(widths[c]) for c in COLUMNS).rstrip() for r in self.rows
+        ]
         return "\n".join([line.rstrip(), rule, *body])
 
 
 # --- formatting -------------------------------------------------------------------------
+
 
 def num(value, digits: int = 0) -> str:
     if value is None:
@@ -52,9 +76,14 @@ def verdict(ok: bool | None) -> str:
 
 # --- facts ------------------------------------------------------------------------------
 
+
 def machine() -> dict:
-    facts = {"host": socket.gethostname(), "platform": platform.platform(), "cpus": os.cpu_count(),
-             "python": platform.python_version()}
+    facts = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
     try:
         with open("/proc/cpuinfo") as handle:
             for line in handle:
@@ -80,11 +109,23 @@ def versions() -> dict:
             out[dist] = None
     repo = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "durable_jobs"],
-                               cwd=repo, capture_output=True, text=True, timeout=10).stdout.strip()
-        out["durable_jobs commit"] = commit + (" (durable_jobs/ has uncommitted changes)" if dirty else "")
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "durable_jobs"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        out["durable_jobs commit"] = commit + (
+            " (durable_jobs/ has uncommitted changes)" if dirty else ""
+        )
     except (OSError, subprocess.SubprocessError):
         pass
     return out
@@ -96,16 +137,20 @@ def code_state() -> str:
 
     repo = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
-        diff = subprocess.run(["git", "diff", "HEAD", "--", "durable_jobs"], cwd=repo, capture_output=True,
-                              timeout=20).stdout
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        diff = subprocess.run(
+            ["git", "diff", "HEAD", "--", "durable_jobs"], cwd=repo, capture_output=True, timeout=20
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head[:10]}+{hashlib.sha1(diff).hexdigest()[:10]}" if diff else head[:10]
 
 
-def write(path: Path, *, title: str, command: str, sections: list[tuple[str, str]], raw: dict) -> None:
+def write(
+    path: Path, *, title: str, command: str, sections: list[tuple[str, str]], raw: dict
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     parts = [f"# {title}", "", f"Command: `{command}`", ""]
     for heading, body in sections:

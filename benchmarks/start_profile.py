@@ -50,11 +50,29 @@ COPY = "bench_job_copy"
 
 
 def _params(new_id) -> dict:
-    return {"id": new_id, "tenant": "default", "organization": None, "kind": KIND, "created_by": None,
-            "input": None, "meta": None, "idempotency_key": None, "lock_key": None, "subject_type": None,
-            "subject_id": None, "progress_job_id": None, "queue": "default", "priority": 0, "total_count": None,
-            "run_at": None, "delay_ms": 0, "wait_for": None, "wait_key": None, "wait_label": None,
-            "channel": "durable_jobs_bench_profile"}
+    return {
+        "id": new_id,
+        "tenant": "default",
+        "organization": None,
+        "kind": KIND,
+        "created_by": None,
+        "input": None,
+        "meta": None,
+        "idempotency_key": None,
+        "lock_key": None,
+        "subject_type": None,
+        "subject_id": None,
+        "progress_job_id": None,
+        "queue": "default",
+        "priority": 0,
+        "total_count": None,
+        "run_at": None,
+        "delay_ms": 0,
+        "wait_for": None,
+        "wait_key": None,
+        "wait_label": None,
+        "channel": "durable_jobs_bench_profile",
+    }
 
 
 def _insert_sql(table: str, returning: bool = False) -> str:
@@ -123,16 +141,22 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
     raw.execute(f"CREATE TABLE {COPY} (LIKE {TABLE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
     raw.execute(f"ALTER TABLE {COPY} ADD PRIMARY KEY (id)")
     raw.commit()
-    copy_indexes = [row[0] for row in raw.execute(
-        "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexname NOT LIKE %s",
-        [TABLE, "%pkey"]).fetchall()]
+    copy_indexes = [
+        row[0]
+        for row in raw.execute(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexname NOT LIKE %s",
+            [TABLE, "%pkey"],
+        ).fetchall()
+    ]
     raw.commit()
     # The indexes a plain start (no keys, no subject, no wait) adds an entry to: the full
     # ones and the partial ones whose predicate a new pending row meets.
     touched = raw.execute(
         "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid WHERE c.relname = %s"
         " AND (i.indpred IS NULL OR pg_get_expr(i.indpred, i.indrelid) !~ 'IS NOT NULL'"
-        "      OR pg_get_expr(i.indpred, i.indrelid) ~ 'next_run_at IS NOT NULL')", [TABLE]).fetchone()[0]
+        "      OR pg_get_expr(i.indpred, i.indrelid) ~ 'next_run_at IS NOT NULL')",
+        [TABLE],
+    ).fetchone()[0]
     raw.commit()
     insert_copy = _insert_sql(COPY)
     insert_real = _insert_sql(TABLE)
@@ -227,8 +251,11 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
     for phase in ("pk", "indexed"):
         if phase == "indexed":
             for definition in copy_indexes:
-                raw.execute(definition.replace(f" ON public.{TABLE} ", f" ON public.{COPY} ")
-                            .replace("INDEX durable_jobs_", "INDEX bench_copy_"))
+                raw.execute(
+                    definition.replace(f" ON public.{TABLE} ", f" ON public.{COPY} ").replace(
+                        "INDEX durable_jobs_", "INDEX bench_copy_"
+                    )
+                )
             raw.commit()
             steps["job row, copy table, every index, UUIDv4"] = (copy_v4, "raw")
             steps["job row, copy table, every index, UUIDv7"] = (copy_v7, "raw")
@@ -243,8 +270,15 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
                 step()  # warm
                 server0, client0 = _schedstat(pids[conn]), time.thread_time_ns()
                 wall = _time(n, step)
-                samples[name].append((wall, (time.thread_time_ns() - client0) / n / 1e3,
-                                      (_schedstat(pids[conn]) - server0) / n / 1e3 if pids[conn] else float("nan")))
+                samples[name].append(
+                    (
+                        wall,
+                        (time.thread_time_ns() - client0) / n / 1e3,
+                        (_schedstat(pids[conn]) - server0) / n / 1e3
+                        if pids[conn]
+                        else float("nan"),
+                    )
+                )
     # The server's own view of the row: planning and execution (index maintenance included).
     timings = {
         "floor row": _server_timing(raw, "INSERT INTO bench_floor (at) VALUES (now())", None),
@@ -253,11 +287,17 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
     }
     raw.execute(f"TRUNCATE {COPY}")
     raw.execute(f"ALTER TABLE {COPY} DROP CONSTRAINT {COPY}_pkey")
-    for name in [row[0] for row in raw.execute(
-            "SELECT indexname FROM pg_indexes WHERE tablename = %s", [COPY]).fetchall()]:
+    for name in [
+        row[0]
+        for row in raw.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = %s", [COPY]
+        ).fetchall()
+    ]:
         raw.execute(f"DROP INDEX {name}")
     raw.commit()
-    timings["job row, copy table, no index at all"] = _server_timing(raw, insert_copy, _params(_uuid7()))
+    timings["job row, copy table, no index at all"] = _server_timing(
+        raw, insert_copy, _params(_uuid7())
+    )
     raw.execute(f"DROP TABLE IF EXISTS {COPY}, bench_floor")
     raw.commit()
     raw.close()
@@ -271,32 +311,53 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
     profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(25)
-    return {"us_per_job": {name: statistics.median(s[0] for s in v) for name, v in samples.items() if v},
-            "client_cpu_us": {name: statistics.median(s[1] for s in v) for name, v in samples.items() if v},
-            "server_cpu_us": {name: statistics.median(s[2] for s in v) for name, v in samples.items() if v},
-            "server_ms": timings, "n": n, "rounds": rounds, "cprofile": text.getvalue(),
-            "indexes": len(copy_indexes) + 1, "indexes_touched": touched}
+    return {
+        "us_per_job": {
+            name: statistics.median(s[0] for s in v) for name, v in samples.items() if v
+        },
+        "client_cpu_us": {
+            name: statistics.median(s[1] for s in v) for name, v in samples.items() if v
+        },
+        "server_cpu_us": {
+            name: statistics.median(s[2] for s in v) for name, v in samples.items() if v
+        },
+        "server_ms": timings,
+        "n": n,
+        "rounds": rounds,
+        "cprofile": text.getvalue(),
+        "indexes": len(copy_indexes) + 1,
+        "indexes_touched": touched,
+    }
 
 
 def _uuid7() -> uuid.UUID:
     """A time-ordered UUID (RFC 9562 version 7 layout) for the what-if step only."""
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(uuid.uuid4().bytes[6:], "big") & ((1 << 74) - 1)
-    value = (ms << 80) | (0x7 << 76) | ((rand >> 62) << 64) | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    value = (
+        (ms << 80) | (0x7 << 76) | ((rand >> 62) << 64) | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    )
     return uuid.UUID(int=value)
 
 
 def render(result: dict) -> str:
     wall, client, server = result["us_per_job"], result["client_cpu_us"], result["server_cpu_us"]
-    header = (f"{'step (one transaction per job, 1 client, synchronous_commit off)':66}  {'us/job':>7}  "
-              f"{'jobs/s':>7}  {'client CPU':>10}  {'server CPU':>10}")
+    header = (
+        f"{'step (one transaction per job, 1 client, synchronous_commit off)':66}  {'us/job':>7}  "
+        f"{'jobs/s':>7}  {'client CPU':>10}  {'server CPU':>10}"
+    )
     lines = [header]
     for name, us in wall.items():
-        lines.append(f"{name:66}  {us:7.0f}  {1e6 / us:7,.0f}  {client[name]:10.0f}  {server[name]:10.0f}")
+        lines.append(
+            f"{name:66}  {us:7.0f}  {1e6 / us:7,.0f}  {client[name]:10.0f}  {server[name]:10.0f}"
+        )
     timings = result.get("server_ms") or {}
     if timings:
-        lines += ["", "the server's own times for one row (EXPLAIN ANALYZE, median):",
-                  f"{'':40}  {'planning us':>11}  {'execution us':>12}"]
+        lines += [
+            "",
+            "the server's own times for one row (EXPLAIN ANALYZE, median):",
+            f"{'':40}  {'planning us':>11}  {'execution us':>12}",
+        ]
         for name, (plan, execute) in timings.items():
             lines.append(f"{name:40}  {plan * 1000:11.0f}  {execute * 1000:12.0f}")
     lines += ["", "where the time goes (differences of the steps above, microseconds per job):"]
@@ -312,55 +373,87 @@ def explain(result: dict) -> list[str]:
     def d(table: dict, a: str, b: str) -> float:
         return table[a] - table[b]
 
-    out = ["the raw psycopg steps down to the start's own statement run prepared (psycopg's default "
-           "prepare_threshold, 5), so they show the row, the indexes and the NOTIFY without parse and plan; "
-           "Django's cursor binds on the client and prepares nothing, so its steps pay both on every start"]
+    out = [
+        "the raw psycopg steps down to the start's own statement run prepared (psycopg's default "
+        "prepare_threshold, 5), so they show the row, the indexes and the NOTIFY without parse and plan; "
+        "Django's cursor binds on the client and prepares nothing, so its steps pay both on every start"
+    ]
     floor = "floor: 1-row INSERT + COMMIT (bigserial key)"
     pk = "job row, copy table, primary key only, UUIDv7"
     every = "job row, copy table, every index, UUIDv7"
     if pk in wall and floor in wall:
-        out.append(f"the job row instead of a 1-column row (primary key only): {d(wall, pk, floor):+.0f} wall, "
-                   f"{d(client, pk, floor):+.0f} client CPU (dumping 22 parameters), "
-                   f"{d(server, pk, floor):+.0f} server CPU")
+        out.append(
+            f"the job row instead of a 1-column row (primary key only): {d(wall, pk, floor):+.0f} wall, "
+            f"{d(client, pk, floor):+.0f} client CPU (dumping 22 parameters), "
+            f"{d(server, pk, floor):+.0f} server CPU"
+        )
     if {"floor row", "job row, copy table, no index at all"} <= timings.keys():
         (fp, fe), (jp, je) = timings["floor row"], timings["job row, copy table, no index at all"]
-        out.append(f"  of which the server plans the 23-column insert in {jp * 1000:.0f} "
-                   f"(floor {fp * 1000:.0f}) and executes it in {je * 1000:.0f} (floor {fe * 1000:.0f}); "
-                   "the rest: binding 22 parameters, the wider row and its WAL")
+        out.append(
+            f"  of which the server plans the 23-column insert in {jp * 1000:.0f} "
+            f"(floor {fp * 1000:.0f}) and executes it in {je * 1000:.0f} (floor {fe * 1000:.0f}); "
+            "the rest: binding 22 parameters, the wider row and its WAL"
+        )
     if every in wall and pk in wall:
         extra = result.get("indexes_touched", result["indexes"]) - 1
-        out.append(f"indexes: {result['indexes']} on the table, {extra + 1} take an entry from a plain start "
-                   f"(the primary key and {extra} more): {d(wall, every, pk):+.0f} wall, "
-                   f"~{d(wall, every, pk) / max(extra, 1):.0f} each; server CPU {d(server, every, pk):+.0f}")
+        out.append(
+            f"indexes: {result['indexes']} on the table, {extra + 1} take an entry from a plain start "
+            f"(the primary key and {extra} more): {d(wall, every, pk):+.0f} wall, "
+            f"~{d(wall, every, pk) / max(extra, 1):.0f} each; server CPU {d(server, every, pk):+.0f}"
+        )
     indexed, bare = "job row, copy table, every index", "job row, copy table, no index at all"
     if {indexed, bare} <= timings.keys():
-        out.append(f"  the server's execution time with every index vs none: "
-                   f"{(timings[indexed][1] - timings[bare][1]) * 1000:+.0f}")
+        out.append(
+            f"  the server's execution time with every index vs none: "
+            f"{(timings[indexed][1] - timings[bare][1]) * 1000:+.0f}"
+        )
     notify = "  + NOTIFY (second statement)"
     plain = "job row, real table (every index), UUIDv4"
     if notify in wall:
-        out.append(f"NOTIFY as a second statement: {d(wall, notify, plain):+.0f} wall, "
-                   f"{d(server, notify, plain):+.0f} server CPU (start() sends it inside the insert's statement)")
-    binds = ("autocommit: client-side binding (Django's default)", "autocommit: server-side binding, unnamed statement",
-             "autocommit: server-side binding, prepared statement")
+        out.append(
+            f"NOTIFY as a second statement: {d(wall, notify, plain):+.0f} wall, "
+            f"{d(server, notify, plain):+.0f} server CPU (start() sends it inside the insert's statement)"
+        )
+    binds = (
+        "autocommit: client-side binding (Django's default)",
+        "autocommit: server-side binding, unnamed statement",
+        "autocommit: server-side binding, prepared statement",
+    )
     if all(b in wall for b in binds):
-        out.append("binding (one statement, autocommit): " + "; ".join(
-            f"{b.split(': ')[1]} {wall[b]:.0f} wall / {client[b]:.0f} client / {server[b]:.0f} server" for b in binds))
-        out.append(f"  parse, analysis and plan of the unprepared statement: {d(server, binds[1], binds[2]):+.0f} "
-                   f"server CPU, {d(wall, binds[1], binds[2]):+.0f} wall (what OPTIONS['prepare_threshold'] removes)")
-    begin = ("transaction: BEGIN alone, statement, COMMIT (3 round trips)",
-             "transaction: BEGIN pipelined with the statement, COMMIT (2)")
+        out.append(
+            "binding (one statement, autocommit): "
+            + "; ".join(
+                f"{b.split(': ')[1]} {wall[b]:.0f} wall / {client[b]:.0f} client / {server[b]:.0f} server"
+                for b in binds
+            )
+        )
+        out.append(
+            f"  parse, analysis and plan of the unprepared statement: {d(server, binds[1], binds[2]):+.0f} "
+            f"server CPU, {d(wall, binds[1], binds[2]):+.0f} wall (what OPTIONS['prepare_threshold'] removes)"
+        )
+    begin = (
+        "transaction: BEGIN alone, statement, COMMIT (3 round trips)",
+        "transaction: BEGIN pipelined with the statement, COMMIT (2)",
+    )
     if all(b in wall for b in begin):
-        out.append(f"BEGIN pipelined with the insert (one round trip fewer): {d(wall, begin[1], begin[0]):+.0f} "
-                   f"wall, {d(client, begin[1], begin[0]):+.0f} client CPU, {d(server, begin[1], begin[0]):+.0f} "
-                   "server CPU")
+        out.append(
+            f"BEGIN pipelined with the insert (one round trip fewer): {d(wall, begin[1], begin[0]):+.0f} "
+            f"wall, {d(client, begin[1], begin[0]):+.0f} client CPU, {d(server, begin[1], begin[0]):+.0f} "
+            "server CPU"
+        )
     dj_auto, dj_atomic = "Django cursor, autocommit", "Django cursor in transaction.atomic()"
     st_auto, st_atomic = "durable.start(), autocommit", "durable.start() in transaction.atomic()"
     if all(k in wall for k in (dj_auto, dj_atomic, st_auto, st_atomic, binds[0])):
-        out.append(f"Django's cursor over a raw psycopg one: {d(wall, dj_auto, binds[0]):+.0f} wall, "
-                   f"{d(client, dj_auto, binds[0]):+.0f} client CPU")
-        out.append(f"transaction.atomic() (BEGIN and COMMIT round trips, savepoint bookkeeping): "
-                   f"{d(wall, dj_atomic, dj_auto):+.0f} wall, {d(client, dj_atomic, dj_auto):+.0f} client CPU")
-        out.append(f"durable.start() over the bare statement (validation, id, the Job, signal, metrics): "
-                   f"{d(wall, st_auto, dj_auto):+.0f} wall, {d(client, st_auto, dj_auto):+.0f} client CPU")
+        out.append(
+            f"Django's cursor over a raw psycopg one: {d(wall, dj_auto, binds[0]):+.0f} wall, "
+            f"{d(client, dj_auto, binds[0]):+.0f} client CPU"
+        )
+        out.append(
+            f"transaction.atomic() (BEGIN and COMMIT round trips, savepoint bookkeeping): "
+            f"{d(wall, dj_atomic, dj_auto):+.0f} wall, {d(client, dj_atomic, dj_auto):+.0f} client CPU"
+        )
+        out.append(
+            f"durable.start() over the bare statement (validation, id, the Job, signal, metrics): "
+            f"{d(wall, st_auto, dj_auto):+.0f} wall, {d(client, st_auto, dj_auto):+.0f} client CPU"
+        )
     return out

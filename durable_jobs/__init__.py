@@ -37,8 +37,8 @@ from durable_jobs.registry import handler
 from durable_jobs.states import DONE, YIELD, Done, Outcome, Scope, Status
 
 if TYPE_CHECKING:
-    from durable_jobs.context import Slice
     from durable_jobs.models import Job
+    from durable_jobs.runtime.context import Slice
     from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
 
 _LAZY = {
@@ -48,15 +48,34 @@ _LAZY = {
     "list_jobs": "durable_jobs.service",
     "cancel": "durable_jobs.service",
     "redrive": "durable_jobs.service",
-    "Slice": "durable_jobs.context",
+    "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }
 
 __all__ = [
-    "DONE", "YIELD", "Done", "Outcome", "Scope", "Status", "handler",
-    "CancelRequested", "ConfigurationError", "DurableJobsError", "IdempotencyConflict",
-    "InvalidInput", "JobBusy", "JobError", "JobNotFound", "LeaseLost", "LockKeyHeld", "TerminalError",
-    "TransientError", "UnknownKind", "UnrecoverableError", "WaitKeyHeld", "WrongState",
+    "DONE",
+    "YIELD",
+    "Done",
+    "Outcome",
+    "Scope",
+    "Status",
+    "handler",
+    "CancelRequested",
+    "ConfigurationError",
+    "DurableJobsError",
+    "IdempotencyConflict",
+    "InvalidInput",
+    "JobBusy",
+    "JobError",
+    "JobNotFound",
+    "LeaseLost",
+    "LockKeyHeld",
+    "TerminalError",
+    "TransientError",
+    "UnknownKind",
+    "UnrecoverableError",
+    "WaitKeyHeld",
+    "WrongState",
     *_LAZY,
 ]
 

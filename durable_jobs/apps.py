@@ -26,6 +26,6 @@ class DurableJobsConfig(AppConfig):
         autodiscover_modules("durable")
         # Django's Tasks framework: a worker (and its handler processes) must know the
         # "django.tasks" kind before any @task module is imported.
-        from durable_jobs import tasks_setup
+        from durable_jobs.tasks import setup as tasks_setup
 
         tasks_setup.register_if_configured()

@@ -113,7 +113,7 @@ class Settings:
     #: bounded batches; None keeps them forever. Parked jobs wait for an operator.
     RETENTION: float | None = 30 * 24 * 3600.0
     #: Bearer token a Prometheus scraper sends (``Authorization: Bearer <token>``) to read
-    #: ``durable_jobs.prometheus.metrics_view``; at least 16 characters, no whitespace.
+    #: ``durable_jobs.console.prometheus.metrics_view``; at least 16 characters, no whitespace.
     #: None: only logged-in users with the ``durable_jobs.view_job`` permission may read it.
     METRICS_TOKEN: str | None = None
 
@@ -164,7 +164,9 @@ class Settings:
                 raise ConfigurationError(f"{label} must be True or False")
         for name in ("RETENTION", "TIME_LIMIT"):
             if getattr(self, name) is not None:
-                object.__setattr__(self, name, duration(f"DURABLE_JOBS[{name!r}] (or None)", getattr(self, name)))
+                object.__setattr__(
+                    self, name, duration(f"DURABLE_JOBS[{name!r}] (or None)", getattr(self, name))
+                )
         if self.EXECUTION not in EXECUTION_MODES:
             raise ConfigurationError(
                 f"DURABLE_JOBS['EXECUTION'] must be one of {', '.join(map(repr, EXECUTION_MODES))}, "
@@ -178,12 +180,16 @@ class Settings:
                 f"got {self.START_METHOD!r}"
             )
         for name in ("DEFAULT_TENANT", "DEFAULT_QUEUE"):
-            if not isinstance(getattr(self, name), str) or not NAME_PATTERN.match(getattr(self, name)):
+            if not isinstance(getattr(self, name), str) or not NAME_PATTERN.match(
+                getattr(self, name)
+            ):
                 raise ConfigurationError(
                     f"DURABLE_JOBS[{name!r}] must be 1-100 characters of letters, digits, _ . : -"
                 )
         channel = self.NOTIFY_CHANNEL
-        if channel is not None and (not isinstance(channel, str) or not re.match(r"^[a-z_][a-z0-9_]{0,62}\Z", channel)):
+        if channel is not None and (
+            not isinstance(channel, str) or not re.match(r"^[a-z_][a-z0-9_]{0,62}\Z", channel)
+        ):
             raise ConfigurationError(
                 "DURABLE_JOBS['NOTIFY_CHANNEL'] must be None or a lower-case identifier of at most 63 bytes"
             )
@@ -205,17 +211,27 @@ class Settings:
                 "(100 years); further than that is a mistake, not a schedule"
             )
         token = self.METRICS_TOKEN
-        if token is not None and (not isinstance(token, str) or len(token) < 16 or re.search(r"\s", token)):
-            shown = f"a {type(token).__name__}" if not isinstance(token, str) else f"{len(token)} characters"
+        if token is not None and (
+            not isinstance(token, str) or len(token) < 16 or re.search(r"\s", token)
+        ):
+            shown = (
+                f"a {type(token).__name__}"
+                if not isinstance(token, str)
+                else f"{len(token)} characters"
+            )
             raise ConfigurationError(
                 f"DURABLE_JOBS['METRICS_TOKEN'] must be None or a string of at least 16 characters without "
                 f"whitespace, got {shown}"
             )
         if self.RETRY_BACKOFF_MAX < self.RETRY_BACKOFF_BASE:
-            raise ConfigurationError("DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE")
+            raise ConfigurationError(
+                "DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE"
+            )
         # Read once, here: the system check and the worker's refusal to start both come
         # from this line, so a garbled declaration can never reach the gate.
-        object.__setattr__(self, "WAIT_PROFILES", MappingProxyType(grammar.parse_profiles(self.WAIT_PROFILES)))
+        object.__setattr__(
+            self, "WAIT_PROFILES", MappingProxyType(grammar.parse_profiles(self.WAIT_PROFILES))
+        )
         if self.WAIT_CHECK_INTERVAL_CEILING < self.WAIT_CHECK_INTERVAL_FLOOR:
             raise ConfigurationError(
                 f"DURABLE_JOBS['WAIT_CHECK_INTERVAL_CEILING'] ({self.WAIT_CHECK_INTERVAL_CEILING}s) must be at "
@@ -233,9 +249,15 @@ _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
 def duration(label: str, value: Any) -> float:
     """Seconds from a positive, finite number or a ``timedelta``; ConfigurationError otherwise."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
-            or seconds <= 0:
-        raise ConfigurationError(f"{label} must be a positive, finite number of seconds or a timedelta, got {value!r}")
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not math.isfinite(seconds)
+        or seconds <= 0
+    ):
+        raise ConfigurationError(
+            f"{label} must be a positive, finite number of seconds or a timedelta, got {value!r}"
+        )
     return float(seconds)
 
 

@@ -203,7 +203,7 @@ class UnrecoverableError(JobError):
     error_class = "unrecoverable"
 
 
-# --- Django's Tasks framework (durable_jobs.tasks) ---------------------------------------
+# --- Django's Tasks framework (durable_jobs.tasks.backend) ---------------------------------------
 
 
 class TaskUnavailable(TerminalError):

@@ -22,10 +22,19 @@ import signal
 import threading
 import time
 
-POINTS = frozenset({
-    "after_claim", "domain_before_commit", "domain_after_commit", "terminal_inside", "terminal_after",
-    "reconciler_between", "before_heartbeat", "before_batched_completion", "zygote_ready",
-})
+POINTS = frozenset(
+    {
+        "after_claim",
+        "domain_before_commit",
+        "domain_after_commit",
+        "terminal_inside",
+        "terminal_after",
+        "reconciler_between",
+        "before_heartbeat",
+        "before_batched_completion",
+        "zygote_ready",
+    }
+)
 
 
 def _parse(raw: str) -> dict[str, tuple[str, float, str]]:

@@ -36,7 +36,7 @@ def _send(kind: str, name: str, value: float, labels: dict[str, str]) -> None:
     for sink in list(_sinks):
         try:
             sink(kind, name, value, labels)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("metrics sink %r failed", sink)
 
 

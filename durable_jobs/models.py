@@ -39,25 +39,25 @@ class ReadOnlyJobRow(TypeError):
 
 
 class JobQuerySet(models.QuerySet):
-    def update(self, **kwargs):  # noqa: D102
+    def update(self, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def delete(self):  # noqa: D102
+    def delete(self):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def bulk_create(self, *args, **kwargs):  # noqa: D102
+    def bulk_create(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def bulk_update(self, *args, **kwargs):  # noqa: D102
+    def bulk_update(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def create(self, **kwargs):  # noqa: D102
+    def create(self, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def get_or_create(self, *args, **kwargs):  # noqa: D102
+    def get_or_create(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def update_or_create(self, *args, **kwargs):  # noqa: D102
+    def update_or_create(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
     def held(self):
@@ -82,11 +82,20 @@ CONSOLE_INDEXES = [
     models.Index(F("status"), *_NEWEST, name="durable_jobs_status_recent"),
     models.Index(F("kind"), *_NEWEST, name="durable_jobs_kind_recent"),
     models.Index(F("queue_name"), *_NEWEST, name="durable_jobs_queue_recent"),
-    models.Index(F("error_code"), *_NEWEST, condition=Q(parked_at__isnull=False), name="durable_jobs_parked_recent"),
+    models.Index(
+        F("error_code"),
+        *_NEWEST,
+        condition=Q(parked_at__isnull=False),
+        name="durable_jobs_parked_recent",
+    ),
     # Live jobs by kind: `durable_jobs stats` and the scrape count them from this index alone
     # (an index-only scan over the live backlog, however many finished rows there are).
-    models.Index(F("kind"), F("status"), condition=Q(status__in=LIVE_STATUSES), name="durable_jobs_live_kind"),
-    models.Index(F("lock_key"), condition=Q(lock_key__isnull=False), name="durable_jobs_lock_search"),
+    models.Index(
+        F("kind"), F("status"), condition=Q(status__in=LIVE_STATUSES), name="durable_jobs_live_kind"
+    ),
+    models.Index(
+        F("lock_key"), condition=Q(lock_key__isnull=False), name="durable_jobs_lock_search"
+    ),
 ]
 
 
@@ -222,7 +231,9 @@ class Job(models.Model):
                 F("queue_name"),
                 F("priority").desc(),
                 F("next_run_at"),
-                condition=Q(status__in=LIVE_STATUSES, lease_owner__isnull=True, next_run_at__isnull=False),
+                condition=Q(
+                    status__in=LIVE_STATUSES, lease_owner__isnull=True, next_run_at__isnull=False
+                ),
                 name="durable_jobs_deliverable",
             ),
             # Orphans: rows under a live claim. Deliberately not keyed on lease_expires_at,
@@ -245,8 +256,11 @@ class Job(models.Model):
             models.Index(fields=["tenant_id", "-created_at"], name="durable_jobs_tenant_recent"),
             # Only jobs started with a subject: a start without one maintains no entry here
             # (issue #14); a lookup names a subject type, so it can use the partial index.
-            models.Index(fields=["subject_type", "subject_id"], name="durable_jobs_subject",
-                         condition=Q(subject_type__isnull=False)),
+            models.Index(
+                fields=["subject_type", "subject_id"],
+                name="durable_jobs_subject",
+                condition=Q(subject_type__isnull=False),
+            ),
             models.Index(
                 F("finished_at"),
                 condition=Q(finished_at__isnull=False, parked_at__isnull=True),
@@ -256,7 +270,11 @@ class Job(models.Model):
             # mirror with "failed"): only those rows, however many finished rows there are.
             models.Index(
                 F("parked_at"),
-                condition=Q(status=Status.FAILED.value, parked_at__isnull=False, domain_mirrored_at__isnull=True),
+                condition=Q(
+                    status=Status.FAILED.value,
+                    parked_at__isnull=False,
+                    domain_mirrored_at__isnull=True,
+                ),
                 name="durable_jobs_parked_untold",
             ),
             # Held jobs (JobQuerySet.held), by their next check: the admin's filter and
@@ -279,10 +297,10 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
 
-    def save(self, *args, **kwargs):  # noqa: D102
+    def save(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def delete(self, *args, **kwargs):  # noqa: D102
+    def delete(self, *args, **kwargs):
         raise ReadOnlyJobRow(_REFUSAL)
 
     #: True on the job ``start()`` returned when the start coalesced onto this job, the
@@ -328,14 +346,14 @@ class Leader(models.Model):
 
 
 # ---------------------------------------------------------------------------------------
-# Django's Tasks framework (durable_jobs.tasks): the history a TaskResult needs.
+# Django's Tasks framework (durable_jobs.tasks.backend): the history a TaskResult needs.
 # ---------------------------------------------------------------------------------------
 
 TASK_ATTEMPT_TABLE = "durable_jobs_task_attempt"
 
 
 class TaskAttempt(models.Model):
-    """One run of a job started through Django's Tasks framework (``durable_jobs.tasks``).
+    """One run of a job started through Django's Tasks framework (``durable_jobs.tasks.backend``).
 
     A ``TaskResult`` names one worker per attempt and one error, with its traceback, per
     failed attempt; the job row keeps only the latest error. Only jobs of the tasks
@@ -364,7 +382,9 @@ class TaskAttempt(models.Model):
         default_permissions = ()
         ordering = ["job_id", "epoch"]
         constraints = [
-            models.UniqueConstraint(fields=["job_id", "epoch"], name="durable_jobs_task_attempt_epoch"),
+            models.UniqueConstraint(
+                fields=["job_id", "epoch"], name="durable_jobs_task_attempt_epoch"
+            ),
         ]
 
     def __str__(self) -> str:

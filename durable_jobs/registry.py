@@ -18,8 +18,8 @@ from durable_jobs.exceptions import ConfigurationError, JobError
 from durable_jobs.states import ErrorClass
 
 if TYPE_CHECKING:
-    from durable_jobs.context import Slice
     from durable_jobs.models import Job
+    from durable_jobs.runtime.context import Slice
 
 KIND_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
 
@@ -122,14 +122,20 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
         if not callable(func):
             raise ConfigurationError(f"handler {kind!r} must be callable")
         existing = _handlers.get(kind)
-        if existing is not None and existing.func is not func and _qualname(existing.func) != _qualname(func):
+        if (
+            existing is not None
+            and existing.func is not func
+            and _qualname(existing.func) != _qualname(func)
+        ):
             raise ConfigurationError(
                 f"kind {kind!r} is registered twice: {_qualname(existing.func)} and {_qualname(func)}"
             )
         entry = Handler(kind=kind, func=func, **policy)
         lease = entry.setting("LEASE_TTL")
         if entry.setting("HEARTBEAT_INTERVAL") >= lease:
-            raise ConfigurationError(f"handler {kind!r}: heartbeat_interval must be below lease_ttl")
+            raise ConfigurationError(
+                f"handler {kind!r}: heartbeat_interval must be below lease_ttl"
+            )
         if entry.time_limit_seconds() <= entry.setting("SLICE_BUDGET"):
             raise ConfigurationError(
                 f"handler {kind!r}: time_limit ({entry.time_limit_seconds()}s) must exceed slice_budget "
@@ -141,7 +147,14 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
     return register
 
 
-_DURATIONS = ("slice_budget", "time_limit", "lease_ttl", "heartbeat_interval", "retry_backoff_base", "retry_backoff_max")
+_DURATIONS = (
+    "slice_budget",
+    "time_limit",
+    "lease_ttl",
+    "heartbeat_interval",
+    "retry_backoff_base",
+    "retry_backoff_max",
+)
 _COUNTS = ("max_consecutive_failures", "max_mirror_attempts")
 
 
@@ -159,7 +172,9 @@ def _checked_policy(kind: str, policy: dict[str, Any]) -> dict[str, Any]:
         elif name in ("classify", "mirror", "job_policy") and not callable(value):
             raise ConfigurationError(f"{label} must be callable")
         elif name == "queue" and (not isinstance(value, str) or not conf.NAME_PATTERN.match(value)):
-            raise ConfigurationError(f"{label} must be 1-100 characters of letters, digits, _ . : -")
+            raise ConfigurationError(
+                f"{label} must be 1-100 characters of letters, digits, _ . : -"
+            )
     return checked
 
 

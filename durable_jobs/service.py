@@ -43,7 +43,9 @@ def scope_of(scope: Scope | str | tuple[str, str | None] | None) -> Scope:
             raise InvalidInput("scope", "must be (tenant, organization)")
         scope = Scope(tenant=scope[0], organization=scope[1])
     if not isinstance(scope, Scope):
-        raise InvalidInput("scope", f"must be a Scope, a tenant id or a pair, got {type(scope).__name__}")
+        raise InvalidInput(
+            "scope", f"must be a Scope, a tenant id or a pair, got {type(scope).__name__}"
+        )
     validation.name("scope.tenant", scope.tenant)
     if scope.organization is not None:
         validation.name("scope.organization", scope.organization)
@@ -58,7 +60,9 @@ def _subject(subject: Any) -> tuple[str | None, str | None]:
             raise InvalidInput("subject", "is an unsaved model instance")
         return subject._meta.label_lower, validation.key("subject", str(subject.pk))
     if isinstance(subject, tuple) and len(subject) == 2:
-        return validation.key("subject type", subject[0], max_length=200), validation.key("subject id", subject[1])
+        return validation.key("subject type", subject[0], max_length=200), validation.key(
+            "subject id", subject[1]
+        )
     raise InvalidInput("subject", "must be a saved model instance or a (type, id) pair")
 
 
@@ -97,8 +101,11 @@ def _bound_instants(prepared: list[dict[str, Any]], using: str) -> None:
         except OverflowError:
             ahead = float("-inf")
         if ahead > ceiling:
-            raise InvalidInput(f"wait_for[{position}]", f"'after' is {ahead / 86400:.1f} days ahead; the limit is "
-                                                        f"{ceiling / 86400:g} days (DURABLE_JOBS['WAIT_AFTER_MAX_AHEAD'])")
+            raise InvalidInput(
+                f"wait_for[{position}]",
+                f"'after' is {ahead / 86400:.1f} days ahead; the limit is "
+                f"{ceiling / 86400:g} days (DURABLE_JOBS['WAIT_AFTER_MAX_AHEAD'])",
+            )
 
 
 def _prepare(
@@ -137,15 +144,21 @@ def _prepare(
         "kind": kind,
         "input": input_json,
         "meta": meta_json,
-        "idempotency_key": None if idempotency_key is None else validation.key("idempotency_key", idempotency_key),
+        "idempotency_key": None
+        if idempotency_key is None
+        else validation.key("idempotency_key", idempotency_key),
         "lock_key": None if lock_key is None else validation.key("lock_key", lock_key),
         "subject_type": subject_type,
         "subject_id": subject_id,
         "progress_job_id": None,
-        "created_by": None if created_by is None else validation.key("created_by", created_by, max_length=200),
+        "created_by": None
+        if created_by is None
+        else validation.key("created_by", created_by, max_length=200),
         "queue": validation.name("queue", queue),
         "priority": validation.integer("priority", priority, low=-MAX_PRIORITY, high=MAX_PRIORITY),
-        "total_count": None if total_count is None else validation.count("total_count", total_count),
+        "total_count": None
+        if total_count is None
+        else validation.count("total_count", total_count),
         "run_at": run_at,
         "delay_ms": delay_ms,
         **_wait_fields(wait_for, wait_key),
@@ -156,12 +169,26 @@ def _wait_fields(wait_for: Any, wait_key: Any) -> dict[str, Any]:
     """The wait columns of one start, validated (the grammar of ``durable_jobs.waits``)."""
     if wait_for is None:
         if wait_key is not None:
-            raise InvalidInput("wait_key", "needs wait_for: a wait key names the target a wait condition holds")
-        return {"wait_for": None, "wait_key": None, "wait_label": None, "wait_after": None, "wait_window_ms": 0}
+            raise InvalidInput(
+                "wait_key", "needs wait_for: a wait key names the target a wait condition holds"
+            )
+        return {
+            "wait_for": None,
+            "wait_key": None,
+            "wait_label": None,
+            "wait_after": None,
+            "wait_window_ms": 0,
+        }
     settings = conf.get()
     stored = waits_grammar.validate(wait_for, profiles=settings.WAIT_PROFILES)
-    after = next(((position, waits_grammar.parse_instant(c["after"])) for position, c in enumerate(stored)
-                  if "after" in c), None)
+    after = next(
+        (
+            (position, waits_grammar.parse_instant(c["after"]))
+            for position, c in enumerate(stored)
+            if "after" in c
+        ),
+        None,
+    )
     # A sibling that arrives just after the holder's wait cleared is coalesced for as long
     # as two checks of one condition can land apart: the backoff's settled cadence.
     base = max(settings.WAIT_CHECK_INTERVAL, settings.WAIT_CHECK_INTERVAL_FLOOR)
@@ -208,9 +235,19 @@ def start(
     settings = conf.get()
     scope = scope_of(scope)
     fields = _prepare(
-        kind, input=input, subject=subject, lock_key=lock_key, idempotency_key=idempotency_key, meta=meta,
-        queue=queue, priority=priority, run_after=run_after, total_count=total_count, created_by=created_by,
-        wait_for=wait_for, wait_key=wait_key,
+        kind,
+        input=input,
+        subject=subject,
+        lock_key=lock_key,
+        idempotency_key=idempotency_key,
+        meta=meta,
+        queue=queue,
+        priority=priority,
+        run_after=run_after,
+        total_count=total_count,
+        created_by=created_by,
+        wait_for=wait_for,
+        wait_key=wait_key,
     )
     _bound_instants([fields], using)
     result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
@@ -219,14 +256,22 @@ def start(
     if result.coalesced and job.kind != kind:
         # One target, one kind: answering a start of another kind with this job would
         # hide a caller's bug as surely as an idempotency key reused across kinds.
-        raise InvalidInput("wait_key", f"is held by job {job.id} of kind {job.kind!r}; a wait key names the "
-                                       "target of one kind of job")
-    if not result.created and not result.coalesced and (
-            job.kind != kind or job.organization_id != scope.organization):
+        raise InvalidInput(
+            "wait_key",
+            f"is held by job {job.id} of kind {job.kind!r}; a wait key names the "
+            "target of one kind of job",
+        )
+    if (
+        not result.created
+        and not result.coalesced
+        and (job.kind != kind or job.organization_id != scope.organization)
+    ):
         # The key is tenant-wide; answering with another organization's job would leak
         # it (so its id is not named either), and answering with a job of another kind
         # would hide a caller's bug.
-        raise IdempotencyConflict(idempotency_key or "", job.id if job.organization_id == scope.organization else None)
+        raise IdempotencyConflict(
+            idempotency_key or "", job.id if job.organization_id == scope.organization else None
+        )
     if result.created:
         metrics.emit("jobs_started", kind=kind)
         signals.job_started.send_robust(sender=Job, job=job)
@@ -262,8 +307,11 @@ def start_many(
         if unknown:
             raise InvalidInput(f"jobs[{position}]", f"unknown arguments {sorted(unknown)}")
         if spec.get("wait_for") is not None or spec.get("wait_key") is not None:
-            raise InvalidInput(f"jobs[{position}]", "wait_for and wait_key are for start(): a held job's "
-                                                    "coalescing needs its own statement")
+            raise InvalidInput(
+                f"jobs[{position}]",
+                "wait_for and wait_key are for start(): a held job's "
+                "coalescing needs its own statement",
+            )
         fields = _prepare(spec.pop("kind"), **spec)
         # Counted as the batch is read, so an oversized one is refused while holding no
         # more than the limit in memory. One job alone is never refused: start() takes it.
@@ -278,11 +326,17 @@ def start_many(
     # after the insert, such as a key that names another organization's job, rolls the
     # whole batch back together with its NOTIFYs, and the caller's transaction carries on.
     with transaction.atomic(using=using):
-        results = store.insert_jobs(prepared, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
+        results = store.insert_jobs(
+            prepared, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using
+        )
         for fields, result in zip(prepared, results, strict=True):
-            if not result.created and (result.kind != fields["kind"] or result.organization_id != scope.organization):
+            if not result.created and (
+                result.kind != fields["kind"] or result.organization_id != scope.organization
+            ):
                 same_org = result.organization_id == scope.organization
-                raise IdempotencyConflict(fields["idempotency_key"] or "", result.id if same_org else None)
+                raise IdempotencyConflict(
+                    fields["idempotency_key"] or "", result.id if same_org else None
+                )
     created: dict[str, int] = {}
     for result in results:
         if result.created:
@@ -295,7 +349,15 @@ def start_many(
 #: What one job adds to a batch's serialised size besides its payloads and keys (its id,
 #: the field names, numbers and an instant): an over-estimate, so the bound errs safe.
 _ROW_OVERHEAD_BYTES = 400
-_KEY_FIELDS = ("kind", "queue", "idempotency_key", "lock_key", "subject_type", "subject_id", "created_by")
+_KEY_FIELDS = (
+    "kind",
+    "queue",
+    "idempotency_key",
+    "lock_key",
+    "subject_type",
+    "subject_id",
+    "created_by",
+)
 
 
 def _serialised_bytes(fields: dict[str, Any]) -> int:
@@ -313,7 +375,10 @@ def _serialised_bytes(fields: dict[str, Any]) -> int:
 # What one item of start_many may hold: exactly _prepare's arguments, so the two never drift.
 _START_ARGUMENTS = frozenset(inspect.signature(_prepare).parameters)
 
-def get(job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS) -> Job:
+
+def get(
+    job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS
+) -> Job:
     """Return the job ``job_id`` of ``scope``; raise ``JobNotFound`` otherwise."""
     scope = scope_of(scope)
     parsed = _job_id(job_id)
@@ -348,12 +413,22 @@ def list_jobs(
     validation.integer("page", page, low=1, high=10**9)
     validation.integer("page_size", page_size, low=1, high=10**9)
     return store.list_jobs(
-        scope, kind=kind, status=status, subject=subject_pair, page=page, page_size=page_size, using=using
+        scope,
+        kind=kind,
+        status=status,
+        subject=subject_pair,
+        page=page,
+        page_size=page_size,
+        using=using,
     )
 
 
 def cancel(
-    job_id: Any, *, scope: Scope | str | tuple | None = None, by: str | None = None, using: str = DEFAULT_DB_ALIAS
+    job_id: Any,
+    *,
+    scope: Scope | str | tuple | None = None,
+    by: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
     """Ask for a job to be cancelled and return it (invariant 8).
 
@@ -366,7 +441,9 @@ def cancel(
     parsed = _job_id(job_id)
     if by is not None:
         by = validation.key("by", by, max_length=200)
-    job = store.request_cancel(parsed, scope, by=by, lock_timeout_ms=conf.ms(conf.get().OPERATOR_LOCK_WAIT), using=using)
+    job = store.request_cancel(
+        parsed, scope, by=by, lock_timeout_ms=conf.ms(conf.get().OPERATOR_LOCK_WAIT), using=using
+    )
     if job is None:
         existing = get(parsed, scope=scope, using=using)
         raise WrongState(existing.id, existing.status, "cancel", "it has already finished")
@@ -374,7 +451,11 @@ def cancel(
 
 
 def redrive(
-    job_id: Any, *, scope: Scope | str | tuple | None = None, force: bool = False, using: str = DEFAULT_DB_ALIAS
+    job_id: Any,
+    *,
+    scope: Scope | str | tuple | None = None,
+    force: bool = False,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
     """Re-issue a failed job under a new delivery, with fresh budgets (invariant 13).
 
@@ -385,14 +466,23 @@ def redrive(
     """
     scope = scope_of(scope)
     parsed = _job_id(job_id)
-    job = store.operator_redrive(parsed, scope, force=bool(force), grace_ms=conf.ms(conf.get().ORPHAN_GRACE),
-                                 lock_timeout_ms=conf.ms(conf.get().OPERATOR_LOCK_WAIT), using=using)
+    job = store.operator_redrive(
+        parsed,
+        scope,
+        force=bool(force),
+        grace_ms=conf.ms(conf.get().ORPHAN_GRACE),
+        lock_timeout_ms=conf.ms(conf.get().OPERATOR_LOCK_WAIT),
+        using=using,
+    )
     if job is not None:
         return job
     existing = get(parsed, scope=scope, using=using)
     if existing.status in (Status.COMPLETED.value, Status.CANCELLED.value):
         detail = "completed and cancelled jobs are final; start a new job instead"
-    elif "unrecoverable" in (existing.error_code, existing.error_class) and existing.status == Status.FAILED.value:
+    elif (
+        "unrecoverable" in (existing.error_code, existing.error_class)
+        and existing.status == Status.FAILED.value
+    ):
         detail = "it failed as unrecoverable; re-drive with force"
     elif existing.status in LIVE_STATUSES:
         detail = "it is still live (a running job is taken only once its lease expired)"
@@ -409,4 +499,6 @@ def _job_id(job_id: Any) -> uuid.UUID:
     try:
         return uuid.UUID(str(job_id))
     except ValueError:
-        raise InvalidInput("job_id", f"{validation.printable(str(job_id), limit=60)!r} is not a job id") from None
+        raise InvalidInput(
+            "job_id", f"{validation.printable(str(job_id), limit=60)!r} is not a job id"
+        ) from None

@@ -36,19 +36,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
 from django.db.models import NOT_PROVIDED
 
-try:
-    from django.db.backends.postgresql.base import ServerBindingCursor as _ServerBindingCursor
-except ImportError:  # psycopg2: no server-side binding, so nothing is prepared
-    _ServerBindingCursor = None  # type: ignore[assignment,misc]
-
-try:
-    # psycopg's C implementation (psycopg[binary] or [c]); absent in pure-Python installs.
-    from psycopg._cmodule import _psycopg as _psycopg_c
-
-    _C_TIMESTAMPTZ_LOADER = _psycopg_c.TimestamptzLoader
-except (ImportError, AttributeError):
-    _C_TIMESTAMPTZ_LOADER = None
-
+from durable_jobs.db import dump_json, load_json_columns, read_timestamps_in_c, start_cursor
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     IDEMPOTENCY_INDEX,
@@ -74,6 +62,7 @@ _J_COLUMNS = ", ".join(f"j.{f.column}" for f in _FIELDS)
 _LIVE = "('pending', 'running')"
 _VERDICTS = "(" + ", ".join(f"'{code}'" for code in VERDICT_CODES) + ")"
 
+
 #: A duration parameter (milliseconds) as an interval.
 def _ms(param: str) -> str:
     return f"(%({param})s::bigint * interval '1 millisecond')"
@@ -94,11 +83,7 @@ LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %
 
 
 def _to_job(row: Sequence[Any], using: str) -> Job:
-    values = list(row)
-    for position in _JSON_POSITIONS:
-        if isinstance(values[position], str):
-            values[position] = json.loads(values[position])
-    return Job.from_db(using, _FIELD_NAMES, values)
+    return Job.from_db(using, _FIELD_NAMES, load_json_columns(row, _JSON_POSITIONS))
 
 
 def _execute(using: str, sql: str, params: dict[str, Any]):
@@ -115,44 +100,16 @@ def _one(using: str, sql: str, params: dict[str, Any]) -> Job | None:
 
 def _all(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
     with connections[using].cursor() as cursor:
-        _read_timestamps_in_c(cursor, using)
+        read_timestamps_in_c(cursor, using)
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [_to_job(row, using) for row in rows]
-
-
-def _read_timestamps_in_c(cursor, using: str) -> None:
-    """Have ``cursor`` read timestamptz with psycopg's C loader where it gives what Django's would.
-
-    Django registers on each connection a Python subclass of psycopg's pure-Python
-    timestamptz loader (to set ``tzinfo`` to the connection's zone): about 2.6 µs a value
-    here, against 0.15 µs for the C loader, and a claimed batch of 32 rows carries some
-    200 of them, read on the worker's one GIL. With the session's TimeZone UTC and Django's
-    zone UTC (``USE_TZ``, no database ``TIME_ZONE``: what Django sets up by default) the C
-    loader returns the very same values, ``datetime.timezone.utc`` included; in any other
-    set-up Django's loader stays.
-    """
-    connection = connections[using]
-    raw = connection.connection
-    if (_C_TIMESTAMPTZ_LOADER is None or raw is None or connection.timezone_name != "UTC"
-            or raw.info.parameter_status("TimeZone") not in (b"UTC", "UTC")):
-        return
-    psycopg_cursor = getattr(cursor, "cursor", None)
-    if psycopg_cursor is not None and hasattr(psycopg_cursor, "adapters"):
-        psycopg_cursor.adapters.register_loader("timestamptz", _C_TIMESTAMPTZ_LOADER)
 
 
 def _scalar(using: str, sql: str, params: dict[str, Any]) -> Any:
     with _execute(using, sql, params) as cursor:
         row = cursor.fetchone()
     return None if row is None else row[0]
-
-
-def dump_json(value: Any) -> str | None:
-    """Serialise a payload for a jsonb parameter (None stays SQL NULL)."""
-    if value is None:
-        return None
-    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def _scope(scope: Scope) -> dict[str, Any]:
@@ -218,22 +175,37 @@ def _inserted_columns(sql: str) -> list[tuple[str, str]]:
 _PLAIN_PARAMETER = re.compile(r"%\((\w+)\)s")
 _INSERT_PAIRS = _inserted_columns(INSERT_JOB)
 #: column -> the parameter that is its value, for the columns the server does not decide
-_INSERT_PARAMS = {column: m.group(1) for column, value in _INSERT_PAIRS
-                  if (m := _PLAIN_PARAMETER.fullmatch(value)) and column not in _JSON_COLUMNS}
+_INSERT_PARAMS = {
+    column: m.group(1)
+    for column, value in _INSERT_PAIRS
+    if (m := _PLAIN_PARAMETER.fullmatch(value)) and column not in _JSON_COLUMNS
+}
 _STRING_LITERAL = re.compile(r"'([a-z_]*)'")
 #: column -> its value, for the columns the insert sets to a string literal ('pending')
-_INSERT_LITERALS = {column: m.group(1) for column, value in _INSERT_PAIRS if (m := _STRING_LITERAL.fullmatch(value))}
+_INSERT_LITERALS = {
+    column: m.group(1) for column, value in _INSERT_PAIRS if (m := _STRING_LITERAL.fullmatch(value))
+}
 #: column -> the first column with the same value expression (now(): one stamp, read back once)
-_SAME_AS = {column: next(c for c, v in _INSERT_PAIRS if v == value) for column, value in _INSERT_PAIRS}
-_INSERT_BACK = tuple(column for column, _ in _INSERT_PAIRS
-                     if column not in _INSERT_PARAMS and column not in _INSERT_LITERALS and _SAME_AS[column] == column)
+_SAME_AS = {
+    column: next(c for c, v in _INSERT_PAIRS if v == value) for column, value in _INSERT_PAIRS
+}
+_INSERT_BACK = tuple(
+    column
+    for column, _ in _INSERT_PAIRS
+    if column not in _INSERT_PARAMS
+    and column not in _INSERT_LITERALS
+    and _SAME_AS[column] == column
+)
 _FIELD_BY_COLUMN = {f.column: f for f in _FIELDS}
 _UNSET_DEFAULTS = {
     # db_default is the literal (0) or a Value() wrapping it, depending on how it was given
     f.column: None if f.db_default is NOT_PROVIDED else getattr(f.db_default, "value", f.db_default)
-    for f in _FIELDS if f.column not in dict(_INSERT_PAIRS)
+    for f in _FIELDS
+    if f.column not in dict(_INSERT_PAIRS)
 }
-assert all(value is None or isinstance(value, int) for value in _UNSET_DEFAULTS.values()), _UNSET_DEFAULTS
+assert all(value is None or isinstance(value, int) for value in _UNSET_DEFAULTS.values()), (
+    _UNSET_DEFAULTS
+)
 
 INSERT_NEW_JOB = INSERT_JOB.replace(f"RETURNING {COLUMNS}", "RETURNING " + ", ".join(_INSERT_BACK))
 # The wake-up rides in the RETURNING list: evaluated once for the one row, after it is in.
@@ -248,10 +220,15 @@ assert _INSERT_PARAMS.get("queue_name") == "queue"  # the wake-up names the row'
 # builds its Job by filling a copy of the unset defaults from the insert's parameters and
 # the returned row (a column-by-column walk cost a start more than its parameters' dumping).
 _NEW_DEFAULTS = [_INSERT_LITERALS.get(f.column, _UNSET_DEFAULTS.get(f.column)) for f in _FIELDS]
-_NEW_FROM_PARAMS = tuple((i, _INSERT_PARAMS[f.column]) for i, f in enumerate(_FIELDS) if f.column in _INSERT_PARAMS)
+_NEW_FROM_PARAMS = tuple(
+    (i, _INSERT_PARAMS[f.column]) for i, f in enumerate(_FIELDS) if f.column in _INSERT_PARAMS
+)
 #: (field position, position in the returned row, jsonb text to parse)
-_NEW_FROM_ROW = tuple((i, _INSERT_BACK.index(_SAME_AS[f.column]), f.column in _JSON_COLUMNS)
-                      for i, f in enumerate(_FIELDS) if _SAME_AS.get(f.column) in _INSERT_BACK)
+_NEW_FROM_ROW = tuple(
+    (i, _INSERT_BACK.index(_SAME_AS[f.column]), f.column in _JSON_COLUMNS)
+    for i, f in enumerate(_FIELDS)
+    if _SAME_AS.get(f.column) in _INSERT_BACK
+)
 
 
 def _new_job(row: Sequence[Any], params: dict[str, Any], using: str) -> Job:
@@ -278,7 +255,11 @@ class InsertResult:
 
 
 def insert_job(
-    fields: dict[str, Any], scope: Scope, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+    fields: dict[str, Any],
+    scope: Scope,
+    *,
+    notify_channel: str | None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> InsertResult:
     """Insert a job in the caller's transaction, or return the one its idempotency key names.
 
@@ -312,7 +293,9 @@ def insert_job(
             if existing is not None:
                 return InsertResult(existing, created=False)
         if wait_key is not None:
-            holder = find_wait_holder(scope, wait_key, window_ms=fields.get("wait_window_ms", 0), using=using)
+            holder = find_wait_holder(
+                scope, wait_key, window_ms=fields.get("wait_window_ms", 0), using=using
+            )
             if holder is not None:
                 return InsertResult(holder, created=False, coalesced=True)
         if lock_key is not None:
@@ -334,7 +317,9 @@ def insert_job(
             if constraint == WAIT_KEY_INDEX and wait_key is not None:
                 # Lost the race for the target to a start that committed meanwhile: our
                 # insert waited for it, and a fresh statement now sees it.
-                holder = find_wait_holder(scope, wait_key, window_ms=fields.get("wait_window_ms", 0), using=using)
+                holder = find_wait_holder(
+                    scope, wait_key, window_ms=fields.get("wait_window_ms", 0), using=using
+                )
                 if holder is not None:
                     return InsertResult(holder, created=False, coalesced=True)
             if constraint == LOCK_KEY_INDEX and lock_key is not None:
@@ -346,36 +331,11 @@ def insert_job(
 
 
 def _insert_new(using: str, sql: str, params: dict[str, Any]) -> Job:
-    with _start_cursor(using) as cursor:
+    with start_cursor(using) as cursor:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     assert row is not None
     return _new_job(row, params, using)
-
-
-def _start_cursor(using: str):
-    """Django's cursor, or, where the connection prepares statements, one binding server-side.
-
-    psycopg prepares a statement it has run ``prepare_threshold`` times on a connection,
-    but only one bound server-side, and Django's default cursor binds on the client. The
-    start's insert is the statement an application repeats most; prepared, the server
-    neither parses nor plans it again (the start profile: about half the server's time per
-    start). Django leaves ``prepare_threshold`` off unless ``OPTIONS`` sets it, because a
-    transaction-mode pooler without prepared-statement support (PgBouncer before 1.21)
-    hands the next transaction a server connection that never saw the statement: so the
-    connection's own setting decides, and with Django's default nothing is prepared.
-    """
-    connection = connections[using]
-    raw = connection.connection
-    if (_ServerBindingCursor is None or raw is None or getattr(raw, "prepare_threshold", None) is None
-            or connection.settings_dict["OPTIONS"].get("server_side_binding") is True):
-        return connection.cursor()  # a server-binding Django cursor prepares by itself
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_thread_sharing()
-    with connection.wrap_database_errors:
-        cursor = _ServerBindingCursor(connection.connection)
-    return connection.make_debug_cursor(cursor) if connection.queries_logged else connection.make_cursor(cursor)
 
 
 # The bulk twin of INSERT_JOB: one statement for the whole batch, the rows travelling as
@@ -422,7 +382,11 @@ class BulkInsertResult:
 
 
 def insert_jobs(
-    rows: list[dict[str, Any]], scope: Scope, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+    rows: list[dict[str, Any]],
+    scope: Scope,
+    *,
+    notify_channel: str | None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> list[BulkInsertResult]:
     """Insert many jobs with one statement, in the caller's transaction (all or nothing).
 
@@ -447,7 +411,9 @@ def insert_jobs(
                             inserted = {row[0] for row in cursor}
                 break
             except IntegrityError as error:
-                constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
+                constraint = getattr(
+                    getattr(error.__cause__, "diag", None), "constraint_name", None
+                )
                 if constraint in (IDEMPOTENCY_INDEX, LOCK_KEY_INDEX) and attempt < _RACE_ATTEMPTS:
                     continue  # lost a race: look again (the winner is visible now) and retry
                 if constraint == LOCK_KEY_INDEX:
@@ -466,7 +432,9 @@ def insert_jobs(
         elif row["id"] in inserted:
             results.append(BulkInsertResult(row["id"], True, row["kind"], scope.organization))
         else:  # a repeat of a key first used earlier in this batch: answer with that job
-            results.append(BulkInsertResult(first[key]["id"], False, first[key]["kind"], scope.organization))
+            results.append(
+                BulkInsertResult(first[key]["id"], False, first[key]["kind"], scope.organization)
+            )
     return results
 
 
@@ -487,8 +455,12 @@ def _plan_bulk_insert(
     keys = [row["idempotency_key"] for row in rows if row["idempotency_key"] is not None]
     existing: dict[str, BulkInsertResult] = {}
     if keys:
-        with _execute(using, FIND_BY_IDEMPOTENCY_KEYS, {"tenant": scope.tenant, "keys": keys}) as cursor:
-            existing = {key: BulkInsertResult(job_id, False, kind, org) for key, job_id, kind, org in cursor}
+        with _execute(
+            using, FIND_BY_IDEMPOTENCY_KEYS, {"tenant": scope.tenant, "keys": keys}
+        ) as cursor:
+            existing = {
+                key: BulkInsertResult(job_id, False, kind, org) for key, job_id, kind, org in cursor
+            }
     # A key's first occurrence is inserted; a repeat later in the batch answers with it.
     to_insert, first_of_key = [], set()
     for row in rows:
@@ -509,8 +481,20 @@ def _plan_bulk_insert(
     return existing, to_insert
 
 
-_BULK_FIELDS = ("id", "kind", "created_by", "idempotency_key", "lock_key", "subject_type", "subject_id", "queue",
-                "priority", "total_count", "run_at", "delay_ms")
+_BULK_FIELDS = (
+    "id",
+    "kind",
+    "created_by",
+    "idempotency_key",
+    "lock_key",
+    "subject_type",
+    "subject_id",
+    "queue",
+    "priority",
+    "total_count",
+    "run_at",
+    "delay_ms",
+)
 
 
 def _rows_json(rows: list[dict[str, Any]]) -> str:
@@ -519,7 +503,9 @@ def _rows_json(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         plain = {name: _jsonable(row[name]) for name in _BULK_FIELDS}
         text = json.dumps(plain, ensure_ascii=False)
-        embedded = "".join(f',"{name}":{row[name]}' for name in ("input", "meta") if row[name] is not None)
+        embedded = "".join(
+            f',"{name}":{row[name]}' for name in ("input", "meta") if row[name] is not None
+        )
         parts.append(text[:-1] + embedded + "}")
     return "[" + ",".join(parts) + "]"
 
@@ -554,7 +540,9 @@ SELECT {COLUMNS} FROM {TABLE}
 """
 
 
-def find_live_by_lock_key(scope: Scope, lock_key: str, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+def find_live_by_lock_key(
+    scope: Scope, lock_key: str, *, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
     """Return the live (pending or running) job holding ``lock_key`` in ``scope``."""
     return _one(using, FIND_LIVE_BY_LOCK_KEY, {**_scope(scope), "lock_key": lock_key})
 
@@ -599,7 +587,13 @@ RETURNING {COLUMNS}
 
 
 def claim(
-    job_id: object, scope: Scope, delivery: Delivery, owner: str, ttl_ms: int, *, using: str = DEFAULT_DB_ALIAS
+    job_id: object,
+    scope: Scope,
+    delivery: Delivery,
+    owner: str,
+    ttl_ms: int,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Accept one delivery and take the lease; None when the delivery is stale or the lease busy.
 
@@ -612,8 +606,14 @@ def claim(
     return _one(
         using,
         CLAIM,
-        {"id": job_id, **_scope(scope), "seq": delivery.seq, "redrives": delivery.redrives,
-         "owner": owner, "ttl_ms": ttl_ms},
+        {
+            "id": job_id,
+            **_scope(scope),
+            "seq": delivery.seq,
+            "redrives": delivery.redrives,
+            "owner": owner,
+            "ttl_ms": ttl_ms,
+        },
     )
 
 
@@ -698,7 +698,9 @@ def dequeue(
     Each claimed row gets its own epoch and an owner unique to the claim (the worker's
     identity plus the job id), so a batched claim keeps every per-row fence.
     """
-    return _all(using, DEQUEUE, {"queues": list(queues), "owner": owner, "ttl_ms": ttl_ms, "limit": limit})
+    return _all(
+        using, DEQUEUE, {"queues": list(queues), "owner": owner, "ttl_ms": ttl_ms, "limit": limit}
+    )
 
 
 HEARTBEAT = f"""
@@ -737,13 +739,20 @@ def heartbeat(
     for days must not bloat the indexes.
     """
     set_total = total is not UNSET
-    params = {**_lease(lease), "processed": processed, "set_total": set_total,
-              "total": total if set_total else None, "committed": committed}
+    params = {
+        **_lease(lease),
+        "processed": processed,
+        "set_total": set_total,
+        "total": total if set_total else None,
+        "committed": committed,
+    }
     if lock_timeout_ms is None:
         return _scalar(using, HEARTBEAT, params)
     # For a caller that must not queue behind the slice's own fenced transaction
     # (invariant 5): it gives up after the timeout (OperationalError) and tries again.
-    return with_lock_timeout(lock_timeout_ms, lambda: _scalar(using, HEARTBEAT, params), using=using)
+    return with_lock_timeout(
+        lock_timeout_ms, lambda: _scalar(using, HEARTBEAT, params), using=using
+    )
 
 
 SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
@@ -804,8 +813,17 @@ def heartbeat_leases(leases: Sequence[Lease], *, using: str = DEFAULT_DB_ALIAS) 
     """
     if not leases:
         return {}
-    rows = json.dumps([{"id": str(lease.job_id), "owner": lease.owner, "epoch": lease.epoch,
-                        "ttl_ms": lease.ttl_ms} for lease in leases])
+    rows = json.dumps(
+        [
+            {
+                "id": str(lease.job_id),
+                "owner": lease.owner,
+                "epoch": lease.epoch,
+                "ttl_ms": lease.ttl_ms,
+            }
+            for lease in leases
+        ]
+    )
     answers: dict[Any, str] = {}
     with _execute(using, HEARTBEAT_LEASES, {"leases": rows}) as cursor:
         for job_id, cancel, busy in cursor:
@@ -814,6 +832,7 @@ def heartbeat_leases(leases: Sequence[Lease], *, using: str = DEFAULT_DB_ALIAS) 
             else:
                 answers[job_id] = BUSY if busy else LOST
     return answers
+
 
 # A worker stopped (SIGSTOP, a debugger, swap) inside a fenced transaction holds the
 # job's row lock, and SKIP LOCKED reconcilers would skip the job forever. PostgreSQL
@@ -883,12 +902,20 @@ def write_checkpoint(
     transaction's start (``now()``) would be written already expired.
     """
     set_total = total is not UNSET
-    return _scalar(
-        using,
-        WRITE_CHECKPOINT,
-        {**_lease(lease), "checkpoint": dump_json(checkpoint), "processed": processed,
-         "set_total": set_total, "total": total if set_total else None},
-    ) is not None
+    return (
+        _scalar(
+            using,
+            WRITE_CHECKPOINT,
+            {
+                **_lease(lease),
+                "checkpoint": dump_json(checkpoint),
+                "processed": processed,
+                "set_total": set_total,
+                "total": total if set_total else None,
+            },
+        )
+        is not None
+    )
 
 
 YIELD_SLICE = f"""
@@ -916,7 +943,9 @@ def yield_slice(
     retry budget. An interruption (shutdown) is counted on its own counter, which no
     verdict reads, so deploys never park a healthy job.
     """
-    with _execute(using, YIELD_SLICE, {**_lease(lease), "interrupted": interrupted, "delay_ms": delay_ms}) as cursor:
+    with _execute(
+        using, YIELD_SLICE, {**_lease(lease), "interrupted": interrupted, "delay_ms": delay_ms}
+    ) as cursor:
         row = cursor.fetchone()
     return None if row is None else Delivery(seq=row[0], redrives=row[1])
 
@@ -975,8 +1004,15 @@ def fail_slice(
     with _execute(
         using,
         FAIL_SLICE,
-        {**_lease(lease), "error_class": error_class, "code": code, "message": message,
-         "max_failures": max_failures, "backoff_base_ms": backoff_base_ms, "backoff_max_ms": backoff_max_ms},
+        {
+            **_lease(lease),
+            "error_class": error_class,
+            "code": code,
+            "message": message,
+            "max_failures": max_failures,
+            "backoff_base_ms": backoff_base_ms,
+            "backoff_max_ms": backoff_max_ms,
+        },
     ) as cursor:
         row = cursor.fetchone()
     return None if row is None else FailReply(consecutive_failures=row[0], error_code=row[1])
@@ -1031,12 +1067,17 @@ RETURNING {COLUMNS}
 
 
 def complete(
-    lease: Lease, *, result: Any = None, processed: int | None = None, total: int | None = None,
+    lease: Lease,
+    *,
+    result: Any = None,
+    processed: int | None = None,
+    total: int | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Mark the job completed (epoch-fenced, invariant 4); None when the epoch moved on."""
     return _one(
-        using, COMPLETE,
+        using,
+        COMPLETE,
         {**_lease(lease), "result": dump_json(result), "processed": processed, "total": total},
     )
 
@@ -1055,13 +1096,16 @@ RETURNING j.id
 """
 
 
-def complete_many(items: Sequence[tuple[Lease, str | None]], *, using: str = DEFAULT_DB_ALIAS) -> set[Any]:
+def complete_many(
+    items: Sequence[tuple[Lease, str | None]], *, using: str = DEFAULT_DB_ALIAS
+) -> set[Any]:
     """Complete several jobs at once, each epoch-fenced; return the ids that completed.
 
     ``items`` pairs each lease with its result as serialised JSON text (or None).
     """
     rows = ",".join(
-        '{"id":"%s","epoch":%d,"result":%s}' % (lease.job_id, lease.epoch, result if result is not None else "null")
+        '{"id":"%s","epoch":%d,"result":%s}'
+        % (lease.job_id, lease.epoch, result if result is not None else "null")
         for lease, result in items
     )
     with _execute(using, COMPLETE_MANY, {"rows": f"[{rows}]"}) as cursor:
@@ -1080,11 +1124,17 @@ RETURNING {COLUMNS}
 
 
 def fail_terminal(
-    lease: Lease, *, code: str, error_class: str, message: str | None = None, using: str = DEFAULT_DB_ALIAS
+    lease: Lease,
+    *,
+    code: str,
+    error_class: str,
+    message: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Mark the job failed with its verdict (epoch-fenced); None when the epoch moved on."""
     return _one(
-        using, FAIL_TERMINAL,
+        using,
+        FAIL_TERMINAL,
         {**_lease(lease), "code": code, "error_class": error_class, "message": message},
     )
 
@@ -1132,7 +1182,12 @@ RETURNING {COLUMNS}
 
 
 def bump_mirror_attempts(
-    lease: Lease, *, max_attempts: int, delay_ms: int, message: str | None, using: str = DEFAULT_DB_ALIAS
+    lease: Lease,
+    *,
+    max_attempts: int,
+    delay_ms: int,
+    message: str | None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Count a failed mirror, release the lease, and park the job once the budget is spent.
 
@@ -1140,7 +1195,8 @@ def bump_mirror_attempts(
     the epoch moved on. Spends no retry budget: the work did not fail, its reflection did.
     """
     return _one(
-        using, BUMP_MIRROR_ATTEMPTS,
+        using,
+        BUMP_MIRROR_ATTEMPTS,
         {**_lease(lease), "max_attempts": max_attempts, "delay_ms": delay_ms, "message": message},
     )
 
@@ -1170,8 +1226,11 @@ def bump_pending_mirror_attempts(
     job_id: object, *, max_attempts: int, message: str | None, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
     """Count a failed mirror of a pending cancellation; park the job once the budget is spent."""
-    return _one(using, BUMP_PENDING_MIRROR_ATTEMPTS,
-                {"id": job_id, "max_attempts": max_attempts, "message": message})
+    return _one(
+        using,
+        BUMP_PENDING_MIRROR_ATTEMPTS,
+        {"id": job_id, "max_attempts": max_attempts, "message": message},
+    )
 
 
 # Telling a parked job's subject: the reconciler calls the kind's mirror with "failed" for
@@ -1189,7 +1248,9 @@ RETURNING {COLUMNS}
 """
 
 
-def stamp_parked_mirrored(job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+def stamp_parked_mirrored(
+    job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
     """Record that a parked job's subject was told; run it beside the mirror, in one transaction.
 
     Returns the row the mirror gets (``parked_at`` set, ``error_code`` the park reason), or
@@ -1209,7 +1270,9 @@ RETURNING park_mirror_attempts
 """
 
 
-def bump_park_mirror_attempts(job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS) -> int | None:
+def bump_park_mirror_attempts(
+    job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS
+) -> int | None:
     """Count a failed attempt to tell a parked job's subject; return the new count (None: moved on)."""
     return _scalar(using, BUMP_PARK_MIRROR_ATTEMPTS, {"id": job_id, "epoch": epoch})
 
@@ -1222,7 +1285,9 @@ SHOW_LOCK_TIMEOUT = "SELECT current_setting('lock_timeout')"
 _LOCK_NOT_AVAILABLE = "55P03"
 
 
-def _waiting_at_most(lock_timeout_ms: int | None, job_id: object, operation: str, run, *, using: str):
+def _waiting_at_most(
+    lock_timeout_ms: int | None, job_id: object, operation: str, run, *, using: str
+):
     """Run an operator's statement in a savepoint, waiting at most ``lock_timeout_ms`` for row locks.
 
     Invariant 5 lets a worker's ``fenced()`` hold the job row for as long as its domain
@@ -1258,7 +1323,11 @@ RETURNING {COLUMNS}
 
 
 def request_cancel(
-    job_id: object, scope: Scope, *, by: str | None, lock_timeout_ms: int | None = None,
+    job_id: object,
+    scope: Scope,
+    *,
+    by: str | None,
+    lock_timeout_ms: int | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Record the wish to cancel (invariant 8); None unless the job is live in ``scope``.
@@ -1269,8 +1338,9 @@ def request_cancel(
     ``JobBusy`` rather than wait longer behind a transaction holding the row.
     """
     params = {"id": job_id, **_scope(scope), "by": by}
-    return _waiting_at_most(lock_timeout_ms, job_id, "cancel", lambda: _one(using, REQUEST_CANCEL, params),
-                            using=using)
+    return _waiting_at_most(
+        lock_timeout_ms, job_id, "cancel", lambda: _one(using, REQUEST_CANCEL, params), using=using
+    )
 
 
 # The `pending` status is the fence: there is no lease to check.
@@ -1336,7 +1406,11 @@ RETURNING {COLUMNS}
 
 
 def take_orphan(
-    job_id: object, *, grace_ms: int, backoff_ms: int, max_redrives: int | None = None,
+    job_id: object,
+    *,
+    grace_ms: int,
+    backoff_ms: int,
+    max_redrives: int | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Take an orphan back to pending under a new delivery (redrives + 1, epoch + 1).
@@ -1346,8 +1420,17 @@ def take_orphan(
     budget), which any committed unit resets; once that count exceeds ``max_redrives``
     the same statement parks the job ``poison`` (``status == 'failed'`` in the reply).
     """
-    return _one(using, TAKE_ORPHAN, {"id": job_id, "grace_ms": grace_ms, "backoff_ms": backoff_ms,
-                                     "max_redrives": max_redrives, "reason": None})
+    return _one(
+        using,
+        TAKE_ORPHAN,
+        {
+            "id": job_id,
+            "grace_ms": grace_ms,
+            "backoff_ms": backoff_ms,
+            "max_redrives": max_redrives,
+            "reason": None,
+        },
+    )
 
 
 # An interruption the worker saw itself (its connection cut mid-slice, the server
@@ -1363,7 +1446,12 @@ RETURNING {COLUMNS}
 
 
 def charge_interruption(
-    lease: Lease, *, reason: str, backoff_ms: int, max_redrives: int | None, using: str = DEFAULT_DB_ALIAS
+    lease: Lease,
+    *,
+    reason: str,
+    backoff_ms: int,
+    max_redrives: int | None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Hand back a slice that an abrupt interruption ended, charged to the poison budget.
 
@@ -1371,8 +1459,11 @@ def charge_interruption(
     handler that kills its process each time must end parked ``poison``). Returns the row
     (``status == 'failed'`` when parked), or None if the lease is gone.
     """
-    return _one(using, CHARGE_INTERRUPTION, {**_lease(lease), "reason": reason, "backoff_ms": backoff_ms,
-                                             "max_redrives": max_redrives})
+    return _one(
+        using,
+        CHARGE_INTERRUPTION,
+        {**_lease(lease), "reason": reason, "backoff_ms": backoff_ms, "max_redrives": max_redrives},
+    )
 
 
 REDRIVE_PENDING = f"""
@@ -1387,7 +1478,9 @@ RETURNING {COLUMNS}
 """
 
 
-def redrive_pending(job_id: object, *, pending_ttl_ms: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+def redrive_pending(
+    job_id: object, *, pending_ttl_ms: int, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
     """Re-issue a pending job whose delivery a broker lost (for broker transports only).
 
     The database transport never calls this: a pending row cannot lose its delivery, and
@@ -1408,7 +1501,9 @@ RETURNING {COLUMNS}
 """
 
 
-def park(job_id: object, epoch: int, reason: str, message: str | None, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+def park(
+    job_id: object, epoch: int, reason: str, message: str | None, *, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
     """Fail a job with a reason only an operator re-drives; fenced on the epoch the caller saw."""
     return _one(using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message})
 
@@ -1438,7 +1533,12 @@ RETURNING {COLUMNS}
 
 
 def operator_redrive(
-    job_id: object, scope: Scope, *, force: bool, grace_ms: int, lock_timeout_ms: int | None = None,
+    job_id: object,
+    scope: Scope,
+    *,
+    force: bool,
+    grace_ms: int,
+    lock_timeout_ms: int | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Re-issue a failed job (or take an expired lease by hand); None when refused.
@@ -1452,18 +1552,33 @@ def operator_redrive(
     """
     params = {"id": job_id, **_scope(scope), "force": force, "grace_ms": grace_ms}
     try:
-        return _waiting_at_most(lock_timeout_ms, job_id, "redrive", lambda: _one(using, OPERATOR_REDRIVE, params),
-                                using=using)
+        return _waiting_at_most(
+            lock_timeout_ms,
+            job_id,
+            "redrive",
+            lambda: _one(using, OPERATOR_REDRIVE, params),
+            using=using,
+        )
     except IntegrityError as error:
         constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
         if constraint == WAIT_KEY_INDEX:
             job = get_job(job_id, scope, using=using)
-            holder = find_wait_holder(scope, job.wait_key, window_ms=0, using=using) if job and job.wait_key else None
-            raise WaitKeyHeld(job.wait_key if job else "?", holder.id if holder else None) from error
+            holder = (
+                find_wait_holder(scope, job.wait_key, window_ms=0, using=using)
+                if job and job.wait_key
+                else None
+            )
+            raise WaitKeyHeld(
+                job.wait_key if job else "?", holder.id if holder else None
+            ) from error
         if constraint != LOCK_KEY_INDEX:
             raise
         job = get_job(job_id, scope, using=using)
-        holder = find_live_by_lock_key(scope, job.lock_key, using=using) if job and job.lock_key else None
+        holder = (
+            find_live_by_lock_key(scope, job.lock_key, using=using)
+            if job and job.lock_key
+            else None
+        )
         raise LockKeyHeld(job.lock_key if job else "?", holder.id if holder else None) from error
 
 
@@ -1474,13 +1589,18 @@ RETURNING 1
 """
 
 
-def record_enqueue(job_id: object, queue_job_id: str, queue: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+def record_enqueue(
+    job_id: object, queue_job_id: str, queue: str, *, using: str = DEFAULT_DB_ALIAS
+) -> bool:
     """Record the message id a broker transport accepted, so a later cancel can remove it.
 
     Only for a job awaiting delivery (pending, or a released lease): a job under a live
     claim keeps the queue it was claimed from.
     """
-    return _scalar(using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue}) is not None
+    return (
+        _scalar(using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue})
+        is not None
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -1507,7 +1627,9 @@ RETURNING epoch
 """
 
 
-def acquire_leadership(name: str, owner: str, *, ttl_ms: int, using: str = DEFAULT_DB_ALIAS) -> int | None:
+def acquire_leadership(
+    name: str, owner: str, *, ttl_ms: int, using: str = DEFAULT_DB_ALIAS
+) -> int | None:
     """Take or renew leadership ``name`` for ``ttl_ms``; return its epoch, or None when another owner holds it.
 
     A takeover (from an expired or resigned holder) bumps the epoch; a renewal keeps it.
@@ -1557,14 +1679,22 @@ SELECT {COLUMNS} FROM {TABLE}
 
 
 def select_cancelling(
-    *, grace_ms: int, limit: int, tenant: str | None = None, job_id: object = None, using: str = DEFAULT_DB_ALIAS
+    *,
+    grace_ms: int,
+    limit: int,
+    tenant: str | None = None,
+    job_id: object = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> list[Job]:
     """Lock and return live jobs whose cancellation was requested and that no worker is running.
 
     With ``job_id``, only that job (if it still qualifies and nobody holds its row).
     """
-    return _all(using, SELECT_CANCELLING, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant,
-                                           "job_id": job_id})
+    return _all(
+        using,
+        SELECT_CANCELLING,
+        {"grace_ms": grace_ms, "limit": limit, "tenant": tenant, "job_id": job_id},
+    )
 
 
 SELECT_ORPHANS = f"""
@@ -1579,13 +1709,22 @@ SELECT {COLUMNS} FROM {TABLE}
 
 
 def select_orphans(
-    *, grace_ms: int, limit: int, tenant: str | None = None, job_id: object = None, using: str = DEFAULT_DB_ALIAS
+    *,
+    grace_ms: int,
+    limit: int,
+    tenant: str | None = None,
+    job_id: object = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> list[Job]:
     """Lock and return running jobs whose lease expired past the grace (orphans and dead verdicts).
 
     With ``job_id``, only that job (if it still qualifies and nobody holds its row).
     """
-    return _all(using, SELECT_ORPHANS, {"grace_ms": grace_ms, "limit": limit, "tenant": tenant, "job_id": job_id})
+    return _all(
+        using,
+        SELECT_ORPHANS,
+        {"grace_ms": grace_ms, "limit": limit, "tenant": tenant, "job_id": job_id},
+    )
 
 
 # Parked jobs whose subject has not been told, of the kinds this process knows (a kind
@@ -1604,7 +1743,11 @@ SELECT {COLUMNS} FROM {TABLE} AS j
 
 
 def select_parked_untold(
-    bounds: dict[str, int], *, limit: int, tenant: str | None = None, job_id: object = None,
+    bounds: dict[str, int],
+    *,
+    limit: int,
+    tenant: str | None = None,
+    job_id: object = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[Job]:
     """Lock and return parked jobs whose domain rows were never told, of the kinds in ``bounds``.
@@ -1613,8 +1756,17 @@ def select_parked_untold(
     is left alone. With ``job_id``, only that job.
     """
     kinds = sorted(bounds)
-    return _all(using, SELECT_PARKED_UNTOLD, {"kinds": kinds, "bounds": [bounds[k] for k in kinds], "limit": limit,
-                                              "tenant": tenant, "job_id": job_id})
+    return _all(
+        using,
+        SELECT_PARKED_UNTOLD,
+        {
+            "kinds": kinds,
+            "bounds": [bounds[k] for k in kinds],
+            "limit": limit,
+            "tenant": tenant,
+            "job_id": job_id,
+        },
+    )
 
 
 SELECT_STALE_PENDING = f"""
@@ -1633,7 +1785,11 @@ def select_stale_pending(
     *, pending_ttl_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
 ) -> list[Job]:
     """Lock and return pending jobs due for longer than the pending TTL."""
-    return _all(using, SELECT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant})
+    return _all(
+        using,
+        SELECT_STALE_PENDING,
+        {"pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant},
+    )
 
 
 COUNT_STALE_PENDING = f"""
@@ -1645,9 +1801,14 @@ SELECT count(*) FROM {TABLE}
 """
 
 
-def count_stale_pending(*, pending_ttl_ms: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> int:
+def count_stale_pending(
+    *, pending_ttl_ms: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> int:
     """Count pending jobs due for longer than the pending TTL (a warning, never a re-drive)."""
-    return int(_scalar(using, COUNT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "tenant": tenant}) or 0)
+    return int(
+        _scalar(using, COUNT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "tenant": tenant})
+        or 0
+    )
 
 
 # Retention. Bounded batches, SKIP LOCKED so it never waits on (or races) anyone.
@@ -1675,10 +1836,13 @@ DELETE FROM {TABLE} WHERE ctid = ANY(ARRAY(
 """
 
 
-def delete_finished(*, older_than_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS) -> int:
+def delete_finished(
+    *, older_than_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> int:
     """Delete up to ``limit`` finished, unparked jobs older than the retention; return how many."""
-    with _execute(using, DELETE_FINISHED,
-                  {"older_than_ms": older_than_ms, "limit": limit, "tenant": tenant}) as cursor:
+    with _execute(
+        using, DELETE_FINISHED, {"older_than_ms": older_than_ms, "limit": limit, "tenant": tenant}
+    ) as cursor:
         return cursor.rowcount
 
 
@@ -1779,9 +1943,13 @@ SELECT {COLUMNS} FROM {TABLE}
 """
 
 
-def find_wait_holder(scope: Scope, wait_key: str, *, window_ms: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+def find_wait_holder(
+    scope: Scope, wait_key: str, *, window_ms: int, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
     """Return the job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
-    return _one(using, FIND_WAIT_HOLDER, {**_scope(scope), "wait_key": wait_key, "window_ms": window_ms})
+    return _one(
+        using, FIND_WAIT_HOLDER, {**_scope(scope), "wait_key": wait_key, "window_ms": window_ms}
+    )
 
 
 # Back to `pending` without a lease, until the instant (`until`, the `after` tier: one
@@ -1808,16 +1976,32 @@ RETURNING {COLUMNS}
 
 
 def hold_job(
-    lease: Lease, *, until: Any = None, delay_ms: int = 0, checks: int = 0, reset_faults: bool = False,
-    denied: bool = False, using: str = DEFAULT_DB_ALIAS,
+    lease: Lease,
+    *,
+    until: Any = None,
+    delay_ms: int = 0,
+    checks: int = 0,
+    reset_faults: bool = False,
+    denied: bool = False,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Hold a claimed job until ``until`` (an aware datetime) or for ``delay_ms``; None if the lease is gone.
 
     ``checks`` counts the check runs of this pickup; ``denied`` counts a pickup refused a
     check turn (consecutive: any other hold resets it).
     """
-    return _one(using, HOLD_JOB, {**_lease(lease), "until": until, "delay_ms": delay_ms, "checks": checks,
-                                  "reset_faults": reset_faults, "denied": denied})
+    return _one(
+        using,
+        HOLD_JOB,
+        {
+            **_lease(lease),
+            "until": until,
+            "delay_ms": delay_ms,
+            "checks": checks,
+            "reset_faults": reset_faults,
+            "denied": denied,
+        },
+    )
 
 
 # A check that could not answer: counted, and the fault verdict decided from the counter
@@ -1833,10 +2017,13 @@ RETURNING wait_faults, wait_faults >= %(max_faults)s
 """
 
 
-def count_wait_fault(lease: Lease, *, checks: int, max_faults: int, using: str = DEFAULT_DB_ALIAS
-                     ) -> tuple[int, bool] | None:
+def count_wait_fault(
+    lease: Lease, *, checks: int, max_faults: int, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, bool] | None:
     """Count a "cannot tell"; return ``(consecutive faults, exhausted)``, or None if the lease is gone."""
-    with _execute(using, COUNT_WAIT_FAULT, {**_lease(lease), "checks": checks, "max_faults": max_faults}) as cursor:
+    with _execute(
+        using, COUNT_WAIT_FAULT, {**_lease(lease), "checks": checks, "max_faults": max_faults}
+    ) as cursor:
         row = cursor.fetchone()
     return None if row is None else (row[0], bool(row[1]))
 
@@ -1876,7 +2063,7 @@ def satisfy_wait(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) ->
 
 
 # ---------------------------------------------------------------------------------------
-# Django's Tasks framework (durable_jobs.tasks): one attempt row per run of a task job.
+# Django's Tasks framework (durable_jobs.tasks.backend): one attempt row per run of a task job.
 # Only the tasks backend's handler calls these, so ordinary jobs write nothing here.
 # Neither statement touches the job row (a task's attempts are not committed units: they
 # must not reset the failure counter that max_attempts is read from), yet both are fenced
@@ -1912,19 +2099,28 @@ RETURNING finished_at
 
 
 def end_task_attempt(
-    lease: Lease, *, exception_class_path: str | None = None, traceback: str | None = None,
+    lease: Lease,
+    *,
+    exception_class_path: str | None = None,
+    traceback: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> bool:
     """Record how this claim's attempt ended (an exception's path and traceback when it raised).
 
     False when the lease is gone or the attempt was already ended: nothing was written.
     """
-    return _scalar(using, END_TASK_ATTEMPT, {**_lease(lease), "exception_class_path": exception_class_path,
-                                             "traceback": traceback}) is not None
+    return (
+        _scalar(
+            using,
+            END_TASK_ATTEMPT,
+            {**_lease(lease), "exception_class_path": exception_class_path, "traceback": traceback},
+        )
+        is not None
+    )
 
 
 # ---------------------------------------------------------------------------------------
-# Behind a pooler: the listener's probe (see durable_jobs.pooling)
+# Behind a pooler: the listener's probe (see durable_jobs.runtime.pooling)
 # ---------------------------------------------------------------------------------------
 
 NOTIFY_PROBE = "SELECT pg_notify(%(channel)s, %(payload)s)"
@@ -1941,7 +2137,12 @@ def notify_probe(raw_connection: Any, channel: str, payload: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 #: Columns a loose index scan may list, each the leading column of an index (migration 0005).
-_LISTABLE = {"kind": "kind", "queue_name": "queue_name", "tenant_id": "tenant_id", "subject_type": "subject_type"}
+_LISTABLE = {
+    "kind": "kind",
+    "queue_name": "queue_name",
+    "tenant_id": "tenant_id",
+    "subject_type": "subject_type",
+}
 
 # A loose index scan: one index probe per distinct value ("the smallest value above the
 # last one"), so listing the few kinds of a ten-million-row table reads a few dozen index
@@ -1977,11 +2178,15 @@ SELECT DISTINCT organization_id FROM (
 
 def recent_organizations(*, sample: int, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Return up to ``limit`` organizations among the newest ``sample`` jobs, sorted."""
-    with _execute(using, RECENT_ORGANIZATIONS, {"sample": int(sample), "limit": int(limit)}) as cursor:
+    with _execute(
+        using, RECENT_ORGANIZATIONS, {"sample": int(sample), "limit": int(limit)}
+    ) as cursor:
         return [row[0] for row in cursor.fetchall()]
 
 
-def estimate_rows(sql: str, params: Sequence[Any] | dict[str, Any], *, using: str = DEFAULT_DB_ALIAS) -> int:
+def estimate_rows(
+    sql: str, params: Sequence[Any] | dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
+) -> int:
     """Return the planner's estimate of the rows ``sql`` returns (runs EXPLAIN, never the query)."""
     with connections[using].cursor() as cursor:
         cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
@@ -2012,7 +2217,9 @@ def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str,
     """
     # A savepoint only inside the caller's transaction, where a refused read would abort
     # it; in autocommit it would cost two more round trips (BEGIN, COMMIT) for nothing.
-    contained = transaction.atomic(using=using) if connections[using].in_atomic_block else nullcontext()
+    contained = (
+        transaction.atomic(using=using) if connections[using].in_atomic_block else nullcontext()
+    )
     try:
         with contained, _execute(using, KIND_STATUS_FREQUENCIES, {}) as cursor:
             return [(row[0], row[1], float(row[2])) for row in cursor.fetchall()]
@@ -2084,24 +2291,31 @@ def _scope_clause(tenant: str | None, scope: Scope | None) -> tuple[str, dict[st
     return "", {}
 
 
-def live_counts(*, tenant: str | None = None, scope: Scope | None = None,
-                using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, int]]:
+def live_counts(
+    *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
+) -> list[tuple[str, str, int]]:
     """Return exact ``(kind, status, count)`` of pending and running jobs."""
     clause, params = _scope_clause(tenant, scope)
     with _execute(using, LIVE_COUNTS.format(scope=clause), params) as cursor:
         return [(row[0], row[1], int(row[2])) for row in cursor.fetchall()]
 
 
-def parked_counts(*, tenant: str | None = None, scope: Scope | None = None,
-                  using: str = DEFAULT_DB_ALIAS) -> dict[str | None, int]:
+def parked_counts(
+    *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
+) -> dict[str | None, int]:
     """Return exact parked-job counts by reason (the parked index holds only parked rows)."""
     clause, params = _scope_clause(tenant, scope)
     with _execute(using, PARKED_COUNTS.format(scope=clause), params) as cursor:
         return {row[0]: int(row[1]) for row in cursor.fetchall()}
 
 
-def stats_figures(windows: Sequence[int], *, tenant: str | None = None, scope: Scope | None = None,
-                  using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+def stats_figures(
+    windows: Sequence[int],
+    *,
+    tenant: str | None = None,
+    scope: Scope | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> dict[str, Any]:
     """Return the database's clock, the backlog figures and finished counts per window (minutes).
 
     Keys: ``now``, ``oldest_pending`` (pending_since, or None), ``expired`` (running with an
@@ -2113,7 +2327,9 @@ def stats_figures(windows: Sequence[int], *, tenant: str | None = None, scope: S
     columns = ",\n       ".join(
         f"count(*) FILTER (WHERE status = '{status}' AND finished_at >= statement_timestamp() - "
         f"{int(minutes)} * interval '1 minute')"
-        for minutes in windows for status in _FINISHED_STATUSES)
+        for minutes in windows
+        for status in _FINISHED_STATUSES
+    )
     sql = STATS_FIGURES.format(scope=clause, windows=columns)
     widest = max(int(m) for m in windows)
     with _execute(using, sql, {**params, "widest": widest, "sample": FINISHED_SAMPLE}) as cursor:
@@ -2130,8 +2346,15 @@ def stats_figures(windows: Sequence[int], *, tenant: str | None = None, scope: S
             in_sample = {status: round(n * scale) for status, n in in_sample.items()}
             estimated.append(minutes)
         finished[minutes] = in_sample
-    return {"now": now, "oldest_pending": row[1], "expired": int(row[2]), "retrying": int(row[3]),
-            "held": int(row[4]), "finished": finished, "finished_estimated": estimated}
+    return {
+        "now": now,
+        "oldest_pending": row[1],
+        "expired": int(row[2]),
+        "retrying": int(row[3]),
+        "held": int(row[4]),
+        "finished": finished,
+        "finished_estimated": estimated,
+    }
 
 
 # The admin's bulk cancel ("all N matching", run by the durable_jobs.bulk_action job): one
@@ -2169,7 +2392,11 @@ def request_cancel_many(
     """
     if not items:
         return set()
-    params = {"ids": [i[0] for i in items], "tenants": [i[1] for i in items],
-              "organizations": [i[2] for i in items], "by": by}
+    params = {
+        "ids": [i[0] for i in items],
+        "tenants": [i[1] for i in items],
+        "organizations": [i[2] for i in items],
+        "by": by,
+    }
     with _execute(using, REQUEST_CANCEL_MANY, params) as cursor:
         return {row[0] for row in cursor.fetchall()}

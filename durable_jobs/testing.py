@@ -20,8 +20,8 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 
 from durable_jobs import conf, service, store
-from durable_jobs.executor import SliceReport, run_slice
 from durable_jobs.models import HELD, Job
+from durable_jobs.runtime.executor import SliceReport, run_slice
 from durable_jobs.states import LIVE_STATUSES
 
 _OWNER = "durable_jobs.testing"
@@ -66,28 +66,41 @@ def fast_forward(job: Job | Any, *, using: str = DEFAULT_DB_ALIAS) -> Job:
     return row
 
 
-def assert_started(kind: str, *, input: Any = ..., scope: Any = None, count: int | None = None) -> list[Job]:
+def assert_started(
+    kind: str, *, input: Any = ..., scope: Any = None, count: int | None = None
+) -> list[Job]:
     """Assert jobs of ``kind`` were started (with ``input``, if given); return them."""
     jobs, _ = service.list_jobs(scope=scope, kind=kind, page_size=200)
     if input is not ...:
         jobs = [job for job in jobs if job.input == input]
     if count is None and not jobs:
-        raise AssertionError(f"no {kind!r} job was started" + ("" if input is ... else f" with input {input!r}"))
+        raise AssertionError(
+            f"no {kind!r} job was started" + ("" if input is ... else f" with input {input!r}")
+        )
     if count is not None and len(jobs) != count:
         raise AssertionError(f"expected {count} {kind!r} job(s), found {len(jobs)}")
     return jobs
 
 
 def _all_queues(using: str) -> list[str]:
-    queues = set(Job.objects.using(using).filter(status__in=LIVE_STATUSES).values_list("queue_name", flat=True))
+    queues = set(
+        Job.objects.using(using)
+        .filter(status__in=LIVE_STATUSES)
+        .values_list("queue_name", flat=True)
+    )
     return sorted(queues) or [conf.get().DEFAULT_QUEUE]
 
 
 def _bring_forward(queues: Sequence[str], using: str) -> bool:
     waiting = (
         Job.objects.using(using)
-        .filter(status__in=LIVE_STATUSES, lease_owner__isnull=True, cancel_requested_at__isnull=True,
-                queue_name__in=list(queues), next_run_at__isnull=False)
+        .filter(
+            status__in=LIVE_STATUSES,
+            lease_owner__isnull=True,
+            cancel_requested_at__isnull=True,
+            queue_name__in=list(queues),
+            next_run_at__isnull=False,
+        )
         .exclude(HELD)
         .order_by("next_run_at")
         .values_list("id", flat=True)[:1]

@@ -68,9 +68,13 @@ def count(field: str, value: Any) -> int:
         number = operator.index(value)  # int, or an integer type such as numpy's
     except TypeError:
         shown = printable(repr(value), limit=60)
-        raise InvalidProgress(field, f"must be a non-negative integer, got {type(value).__name__} {shown}") from None
+        raise InvalidProgress(
+            field, f"must be a non-negative integer, got {type(value).__name__} {shown}"
+        ) from None
     if not 0 <= number <= MAX_COUNT:
-        raise InvalidProgress(field, f"must be from 0 to {MAX_COUNT} (PostgreSQL bigint), got {number}")
+        raise InvalidProgress(
+            field, f"must be from 0 to {MAX_COUNT} (PostgreSQL bigint), got {number}"
+        )
     return number
 
 
@@ -117,7 +121,9 @@ def run_after(value: Any, *, max_ahead: float) -> datetime | float | None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
-            raise InvalidInput("run_after", "must be an aware datetime (carry its zone), a timedelta or seconds")
+            raise InvalidInput(
+                "run_after", "must be an aware datetime (carry its zone), a timedelta or seconds"
+            )
         return value
     if isinstance(value, timedelta):
         value = max(0.0, value.total_seconds())  # a moment already past means now
@@ -129,7 +135,9 @@ def run_after(value: Any, *, max_ahead: float) -> datetime | float | None:
         if value > max_ahead:
             raise RunAfterOutOfRange(value, f"is {value:.0f} seconds ahead; {_ceiling(max_ahead)}")
         return float(value)
-    raise InvalidInput("run_after", "must be an aware datetime, a timedelta or a non-negative number of seconds")
+    raise InvalidInput(
+        "run_after", "must be an aware datetime, a timedelta or a non-negative number of seconds"
+    )
 
 
 def run_after_instant(value: datetime, now: datetime, *, max_ahead: float) -> datetime:
@@ -137,11 +145,14 @@ def run_after_instant(value: datetime, now: datetime, *, max_ahead: float) -> da
     (invariant 2): no more than a day past, no further ahead than ``max_ahead`` seconds."""
     if value < now - RUN_AFTER_PAST_TOLERANCE:
         raise RunAfterOutOfRange(
-            value, f"{value.isoformat()} is more than a day in the past; pass a timedelta of 0 to run it now"
+            value,
+            f"{value.isoformat()} is more than a day in the past; pass a timedelta of 0 to run it now",
         )
     if value - now > timedelta(seconds=max_ahead):
         days = (value - now).days
-        raise RunAfterOutOfRange(value, f"{value.isoformat()} is {days} days ahead; {_ceiling(max_ahead)}")
+        raise RunAfterOutOfRange(
+            value, f"{value.isoformat()} is {days} days ahead; {_ceiling(max_ahead)}"
+        )
     return value
 
 
@@ -164,7 +175,9 @@ def payload(field: str, value: Any, *, max_bytes: int, max_depth: int) -> str | 
     except UnicodeEncodeError:
         raise InvalidInput(field, "contains a lone surrogate, which is not valid text") from None
     if size > max_bytes:
-        raise InvalidInput(field, f"is {size} bytes serialised; the limit is {max_bytes} (MAX_PAYLOAD_BYTES)")
+        raise InvalidInput(
+            field, f"is {size} bytes serialised; the limit is {max_bytes} (MAX_PAYLOAD_BYTES)"
+        )
     return text
 
 
@@ -177,7 +190,9 @@ def _walk(field: str, value: Any, max_depth: int, depth: int) -> None:
         return
     if isinstance(value, str):
         if "\x00" in value:
-            raise InvalidInput(field, "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store")
+            raise InvalidInput(
+                field, "contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store"
+            )
         return
     if isinstance(value, int):
         return
@@ -188,7 +203,9 @@ def _walk(field: str, value: Any, max_depth: int, depth: int) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise InvalidInput(field, f"has a non-string key {k!r}; JSON object keys are strings")
+                raise InvalidInput(
+                    field, f"has a non-string key {k!r}; JSON object keys are strings"
+                )
             if "\x00" in k:
                 raise InvalidInput(field, "has a key with a NUL character (\\u0000)")
             _walk(field, v, max_depth, depth + 1)
@@ -202,5 +219,9 @@ def _walk(field: str, value: Any, max_depth: int, depth: int) -> None:
 
 def printable(text: str, *, limit: int = 2000) -> str:
     """Return ``text`` made safe for one log line or an error column: escaped, truncated."""
-    text = text.encode("unicode_escape", "backslashreplace").decode("ascii") if _CONTROL.search(text) else text
+    text = (
+        text.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if _CONTROL.search(text)
+        else text
+    )
     return text if len(text) <= limit else text[: limit - 1] + "…"

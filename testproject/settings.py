@@ -63,7 +63,10 @@ TIME_ZONE = "UTC"
 
 # Django's Tasks framework runs @task functions as durable jobs (django.tasks on Django 6;
 # on Django 5.2 the django-tasks backport, an app of its own, provides the same API).
-if importlib.util.find_spec("django.tasks") is None and importlib.util.find_spec("django_tasks") is not None:
+if (
+    importlib.util.find_spec("django.tasks") is None
+    and importlib.util.find_spec("django_tasks") is not None
+):
     INSTALLED_APPS.append("django_tasks")
 TASKS = {
     "default": {
@@ -106,6 +109,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
-        "durable_jobs": {"handlers": ["console"], "level": env.str("DURABLE_JOBS_LOG_LEVEL", default="INFO")},
+        "durable_jobs": {
+            "handlers": ["console"],
+            "level": env.str("DURABLE_JOBS_LOG_LEVEL", default="INFO"),
+        },
     },
 }

@@ -13,7 +13,7 @@ import os
 os.environ.setdefault("DURABLE_JOBS_LOG_LEVEL", "WARNING")
 os.environ["TESTPROJECT_THROWAWAY_DB"] = "1"
 
-from testproject.settings import *  # noqa: E402,F401,F403
+from testproject.settings import *  # noqa: F403
 
 DURABLE_JOBS = {
     # Short leases so crash and stall scenarios play out in seconds.
@@ -30,15 +30,26 @@ DURABLE_JOBS = {
 }
 # A test starting a worker subprocess tunes it with DURABLE_JOBS_<NAME>=value.
 for _name, _default in list(DURABLE_JOBS.items()) + [
-    ("MAX_CONSECUTIVE_FAILURES", None), ("MAX_MIRROR_ATTEMPTS", None),
-    ("MAX_REDRIVES_WITHOUT_COMMIT", None), ("RECONCILE_INTERVAL", None), ("FENCED_IDLE_TIMEOUT", None),
-    ("MAX_PREFETCH", None), ("TIME_LIMIT", None), ("CANCEL_GRACE", None), ("MAX_ABANDONED_THREADS", None),
-    ("EXECUTION", None), ("WAIT_CHECK_INTERVAL", None), ("WAIT_CHECK_INTERVAL_FLOOR", None),
-    ("WAIT_CHECK_TIMEOUT", None), ("WAIT_DENIED_RECHECK", None),
+    ("MAX_CONSECUTIVE_FAILURES", None),
+    ("MAX_MIRROR_ATTEMPTS", None),
+    ("MAX_REDRIVES_WITHOUT_COMMIT", None),
+    ("RECONCILE_INTERVAL", None),
+    ("FENCED_IDLE_TIMEOUT", None),
+    ("MAX_PREFETCH", None),
+    ("TIME_LIMIT", None),
+    ("CANCEL_GRACE", None),
+    ("MAX_ABANDONED_THREADS", None),
+    ("EXECUTION", None),
+    ("WAIT_CHECK_INTERVAL", None),
+    ("WAIT_CHECK_INTERVAL_FLOOR", None),
+    ("WAIT_CHECK_TIMEOUT", None),
+    ("WAIT_DENIED_RECHECK", None),
 ]:
     _raw = os.environ.get(f"DURABLE_JOBS_{_name}")
     if _raw is not None:
-        DURABLE_JOBS[_name] = _raw if _name == "EXECUTION" else int(_raw) if _name.startswith("MAX_") else float(_raw)
+        DURABLE_JOBS[_name] = (
+            _raw if _name == "EXECUTION" else int(_raw) if _name.startswith("MAX_") else float(_raw)
+        )
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Behind a pooler (tests/acceptance/test_pgbouncer.py): the listener's direct connection,
@@ -46,8 +57,13 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if os.environ.get("TESTPROJECT_LISTEN_DATABASE_URL"):
     from testproject.settings import env as _env
 
-    DATABASES = {**DATABASES, "listen": {**DATABASES["default"],
-                                         **_env.db_url_config(os.environ["TESTPROJECT_LISTEN_DATABASE_URL"])}}
+    DATABASES = {
+        **DATABASES,
+        "listen": {
+            **DATABASES["default"],
+            **_env.db_url_config(os.environ["TESTPROJECT_LISTEN_DATABASE_URL"]),
+        },
+    }
     _listen_options = DATABASES["listen"].setdefault("OPTIONS", {})
     if not DATABASES["listen"].get("HOST") and "host" in _listen_options:
         DATABASES["listen"]["HOST"] = _listen_options.pop("host")

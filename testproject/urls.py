@@ -4,7 +4,7 @@ from django.urls import path
 urlpatterns = [path("admin/", admin.site.urls)]
 
 try:  # the optional Prometheus extra
-    from durable_jobs.prometheus import metrics_view
+    from durable_jobs.console.prometheus import metrics_view
 except ImportError:  # pragma: no cover
     pass
 else:

@@ -16,8 +16,17 @@ from durable_jobs import store
 from durable_jobs.models import Job
 
 _TIME_COLUMNS = {
-    "lease_expires_at", "heartbeat_at", "next_run_at", "pending_since", "started_at",
-    "finished_at", "parked_at", "cancel_requested_at", "last_committed_at", "held_since", "wait_satisfied_at",
+    "lease_expires_at",
+    "heartbeat_at",
+    "next_run_at",
+    "pending_since",
+    "started_at",
+    "finished_at",
+    "parked_at",
+    "cancel_requested_at",
+    "last_committed_at",
+    "held_since",
+    "wait_satisfied_at",
 }
 
 
@@ -67,8 +76,16 @@ class JobFactory(factory.Factory):
 
 def running(**fields) -> Job:
     """A job under a live claim (lease valid for a minute unless told otherwise)."""
-    defaults = dict(status="running", lease_owner="worker-a", lease_epoch=1, lease_expires_at=60,
-                    heartbeat_at=0, next_run_at=None, pending_since=None, started_at=0)
+    defaults = dict(
+        status="running",
+        lease_owner="worker-a",
+        lease_epoch=1,
+        lease_expires_at=60,
+        heartbeat_at=0,
+        next_run_at=None,
+        pending_since=None,
+        started_at=0,
+    )
     defaults.update(fields)
     return JobFactory(**defaults)
 

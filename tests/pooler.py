@@ -70,9 +70,13 @@ class PgBouncer:
         if os.geteuid() == 0:
             command += ["-u", _account_for(host)]
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen([*command, str(self.directory / "pgbouncer.ini")],
-                                            stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                [*command, str(self.directory / "pgbouncer.ini")],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 15
         while True:
             try:
@@ -82,7 +86,9 @@ class PgBouncer:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     log = self.log_path.read_text() if self.log_path.exists() else ""
                     self.stop()
-                    raise RuntimeError(f"pgbouncer did not start (exit {self.process.poll()}): {log[-2000:]}")
+                    raise RuntimeError(
+                        f"pgbouncer did not start (exit {self.process.poll()}): {log[-2000:]}"
+                    )
                 time.sleep(0.1)
 
     def log(self) -> str:

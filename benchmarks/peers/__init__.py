@@ -58,8 +58,12 @@ SPECS = [
         label="django-tasks-db",
         # Django 6 (native django.tasks) needs Python 3.12+; on Django 5.2 the backend runs on
         # the django-tasks backport, which is what its [compat] extra installs.
-        requirements=["django-tasks-db[compat]==0.13.0", "django-tasks==0.12.0", "Django>=5.2,<6",
-                      "psycopg[binary]>=3.1"],
+        requirements=[
+            "django-tasks-db[compat]==0.13.0",
+            "django-tasks==0.12.0",
+            "Django>=5.2,<6",
+            "psycopg[binary]>=3.1",
+        ],
         script="tasks_db_peer.py",
         database="tasks_db",
         setup_command=["migrate"],
@@ -90,7 +94,11 @@ class Peer:
         return [str(self.python.with_name(name)), *args]
 
     def env(self, base: dict) -> dict:
-        env = {k: v for k, v in base.items() if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH")}
+        env = {
+            k: v
+            for k, v in base.items()
+            if k not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "PYTHONPATH")
+        }
         env["PEER_DATABASE_URL"] = self.url or ""
         env["PYTHONPATH"] = str(HERE)  # so a peer's own worker command imports its factory module
         return env
@@ -100,7 +108,9 @@ def _venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure_venv(name: str, requirements: list[str], *, log: Path, timeout: float = 600) -> tuple[Path | None, str | None]:
+def ensure_venv(
+    name: str, requirements: list[str], *, log: Path, timeout: float = 600
+) -> tuple[Path | None, str | None]:
     """Create (or reuse) ``.venvs/<name>`` with ``requirements``; return (python, problem)."""
     venv = VENVS / name
     marker = venv / ".bench-requirements"
@@ -112,10 +122,24 @@ def ensure_venv(name: str, requirements: list[str], *, log: Path, timeout: float
     log.parent.mkdir(parents=True, exist_ok=True)
     output = ""
     try:
-        for cmd, limit in (([sys.executable, "-m", "venv", "--clear", str(venv)], 120),
-                           ([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                             *requirements], timeout)):
-            done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit)
+        for cmd, limit in (
+            ([sys.executable, "-m", "venv", "--clear", str(venv)], 120),
+            (
+                [
+                    str(python),
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    *requirements,
+                ],
+                timeout,
+            ),
+        ):
+            done = subprocess.run(
+                cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit
+            )
             output += done.stdout or ""
             done.check_returncode()
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
@@ -135,20 +159,26 @@ def _redact(text: str) -> str:
 
 
 def installed_versions(python: Path, dists: list[str]) -> dict:
-    code = ("import json, sys\nfrom importlib.metadata import version, PackageNotFoundError\n"
-            "out = {'python': sys.version.split()[0]}\n"
-            f"for d in {dists!r}:\n"
-            "    try: out[d] = version(d)\n"
-            "    except PackageNotFoundError: out[d] = None\n"
-            "print(json.dumps(out))")
+    code = (
+        "import json, sys\nfrom importlib.metadata import version, PackageNotFoundError\n"
+        "out = {'python': sys.version.split()[0]}\n"
+        f"for d in {dists!r}:\n"
+        "    try: out[d] = version(d)\n"
+        "    except PackageNotFoundError: out[d] = None\n"
+        "print(json.dumps(out))"
+    )
     try:
-        done = subprocess.run([str(python), "-c", code], check=True, capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [str(python), "-c", code], check=True, capture_output=True, text=True, timeout=60
+        )
         return json.loads(done.stdout)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, ValueError) as error:
         return {"error": str(error)}
 
 
-def prepare(server, *, env: dict, logs: Path, skip: bool, only: list[str] | None = None) -> dict[str, Peer]:
+def prepare(
+    server, *, env: dict, logs: Path, skip: bool, only: list[str] | None = None
+) -> dict[str, Peer]:
     from benchmarks.server import DATABASES
 
     peers: dict[str, Peer] = {}
@@ -159,15 +189,24 @@ def prepare(server, *, env: dict, logs: Path, skip: bool, only: list[str] | None
             peer.problem = "skipped (--no-peers)" if skip else "skipped (--peers)"
             continue
         print(f"  peer {spec.label}: preparing {VENVS / spec.key} ...", flush=True)
-        python, problem = ensure_venv(spec.key, spec.requirements, log=logs / f"venv-{spec.key}.log")
+        python, problem = ensure_venv(
+            spec.key, spec.requirements, log=logs / f"venv-{spec.key}.log"
+        )
         if problem:
             peer.problem = problem
             continue
         peer.python = python
         peer.versions = installed_versions(python, spec.dists)
         peer.url = server.url(DATABASES[spec.database])
-        result = procs.run(peer.cmd(*spec.setup_command), env=peer.env(env), cwd=HERE,
-                           log=logs / f"setup-{spec.key}.log", timeout=300)
+        result = procs.run(
+            peer.cmd(*spec.setup_command),
+            env=peer.env(env),
+            cwd=HERE,
+            log=logs / f"setup-{spec.key}.log",
+            timeout=300,
+        )
         if result.exit_code != 0:
-            peer.problem = f"setup failed (exit {result.exit_code}): {procs.tail(result.log, 2)[:300]}"
+            peer.problem = (
+                f"setup failed (exit {result.exit_code}): {procs.tail(result.log, 2)[:300]}"
+            )
     return peers

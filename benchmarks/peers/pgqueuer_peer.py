@@ -93,7 +93,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.command == "schema":
         pgq = Path(sys.executable).with_name("pgq")
-        return subprocess.run([str(pgq), "--pg-dsn", os.environ["PEER_DATABASE_URL"], "install"], check=False).returncode
+        return subprocess.run(
+            [str(pgq), "--pg-dsn", os.environ["PEER_DATABASE_URL"], "install"], check=False
+        ).returncode
     asyncio.run(_client(args))
     return 0
 

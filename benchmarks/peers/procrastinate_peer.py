@@ -24,7 +24,9 @@ import time
 
 import procrastinate
 
-app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=os.environ["PEER_DATABASE_URL"]))
+app = procrastinate.App(
+    connector=procrastinate.PsycopgConnector(conninfo=os.environ["PEER_DATABASE_URL"])
+)
 
 
 @app.task(name="noop", queue="default")
@@ -53,7 +55,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "worker":
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
         app.run_worker(
             concurrency=args.concurrency,
             wait=not args.one_shot,

@@ -36,11 +36,14 @@ def describe_type(field: dataclasses.Field) -> str:
     choices = {"EXECUTION": conf.EXECUTION_MODES, "START_METHOD": conf.START_METHODS}
     if field.name in choices:
         return "one of " + ", ".join(f"``{choice!r}``" for choice in choices[field.name])
-    kinds = {"float": "duration (seconds or ``timedelta``)",
-             "float | None": "duration (seconds or ``timedelta``) or ``None``",
-             "int": "positive integer", "int | None": "positive integer or ``None``",
-             "bool": "``True`` / ``False``",
-             "str": "name (1-100 of ``A-Z a-z 0-9 _ . : -``)"}
+    kinds = {
+        "float": "duration (seconds or ``timedelta``)",
+        "float | None": "duration (seconds or ``timedelta``) or ``None``",
+        "int": "positive integer",
+        "int | None": "positive integer or ``None``",
+        "bool": "``True`` / ``False``",
+        "str": "name (1-100 of ``A-Z a-z 0-9 _ . : -``)",
+    }
     return kinds.get(str(field.type), f"``{field.type}``")
 
 
@@ -57,11 +60,15 @@ class SettingsReference(SphinxDirective):
         self.env.note_dependency(analyzer.srcname)
         entries = nodes.definition_list()
         for field in dataclasses.fields(conf.Settings):
-            comment = " ".join(line.strip() for line in docs.get(("Settings", field.name), []) if line.strip())
+            comment = " ".join(
+                line.strip() for line in docs.get(("Settings", field.name), []) if line.strip()
+            )
             if not comment:
                 logger.warning(
                     "durable_jobs.conf.Settings.%s has no '#:' comment: document the setting "
-                    "where it is defined", field.name, location=(self.env.docname, self.lineno),
+                    "where it is defined",
+                    field.name,
+                    location=(self.env.docname, self.lineno),
                 )
                 comment = "(undocumented)"
             target = nodes.target("", "", ids=[f"setting-{field.name.lower().replace('_', '-')}"])

@@ -4,32 +4,39 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_jobs', '0001_initial'),
+        ("durable_jobs", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Leader',
+            name="Leader",
             fields=[
-                ('name', models.CharField(max_length=200, primary_key=True, serialize=False)),
-                ('owner', models.CharField(blank=True, max_length=200, null=True)),
-                ('epoch', models.BigIntegerField(db_default=0)),
-                ('expires_at', models.DateTimeField()),
+                ("name", models.CharField(max_length=200, primary_key=True, serialize=False)),
+                ("owner", models.CharField(blank=True, max_length=200, null=True)),
+                ("epoch", models.BigIntegerField(db_default=0)),
+                ("expires_at", models.DateTimeField()),
             ],
             options={
-                'db_table': 'durable_jobs_leader',
-                'default_permissions': (),
+                "db_table": "durable_jobs_leader",
+                "default_permissions": (),
             },
         ),
         migrations.AddField(
-            model_name='job',
-            name='park_mirror_attempts',
+            model_name="job",
+            name="park_mirror_attempts",
             field=models.IntegerField(db_default=0),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('parked_at'), condition=models.Q(('domain_mirrored_at__isnull', True), ('parked_at__isnull', False), ('status', 'failed')), name='durable_jobs_parked_untold'),
+            model_name="job",
+            index=models.Index(
+                models.F("parked_at"),
+                condition=models.Q(
+                    ("domain_mirrored_at__isnull", True),
+                    ("parked_at__isnull", False),
+                    ("status", "failed"),
+                ),
+                name="durable_jobs_parked_untold",
+            ),
         ),
     ]

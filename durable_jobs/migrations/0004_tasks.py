@@ -4,30 +4,33 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_jobs', '0003_waits'),
+        ("durable_jobs", "0003_waits"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='TaskAttempt',
+            name="TaskAttempt",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('job_id', models.UUIDField()),
-                ('epoch', models.BigIntegerField()),
-                ('worker_id', models.CharField(max_length=200)),
-                ('started_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('exception_class_path', models.CharField(blank=True, max_length=300, null=True)),
-                ('traceback', models.TextField(blank=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("job_id", models.UUIDField()),
+                ("epoch", models.BigIntegerField()),
+                ("worker_id", models.CharField(max_length=200)),
+                ("started_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                ("exception_class_path", models.CharField(blank=True, max_length=300, null=True)),
+                ("traceback", models.TextField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'durable_jobs_task_attempt',
-                'ordering': ['job_id', 'epoch'],
-                'default_permissions': (),
-                'base_manager_name': 'objects',
-                'constraints': [models.UniqueConstraint(fields=('job_id', 'epoch'), name='durable_jobs_task_attempt_epoch')],
+                "db_table": "durable_jobs_task_attempt",
+                "ordering": ["job_id", "epoch"],
+                "default_permissions": (),
+                "base_manager_name": "objects",
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job_id", "epoch"), name="durable_jobs_task_attempt_epoch"
+                    )
+                ],
             },
         ),
         # A database-level cascade: retention deletes job rows with one SQL statement, and

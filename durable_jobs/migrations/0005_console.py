@@ -4,9 +4,8 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_jobs', '0004_tasks'),
+        ("durable_jobs", "0004_tasks"),
     ]
 
     operations = [
@@ -18,31 +17,65 @@ class Migration(migrations.Migration):
             "DROP STATISTICS IF EXISTS durable_jobs_kind_status",
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.OrderBy(models.F('created_at'), descending=True), models.OrderBy(models.F('id'), descending=True), name='durable_jobs_recent'),
+            model_name="job",
+            index=models.Index(
+                models.OrderBy(models.F("created_at"), descending=True),
+                models.OrderBy(models.F("id"), descending=True),
+                name="durable_jobs_recent",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('status'), models.OrderBy(models.F('created_at'), descending=True), models.OrderBy(models.F('id'), descending=True), name='durable_jobs_status_recent'),
+            model_name="job",
+            index=models.Index(
+                models.F("status"),
+                models.OrderBy(models.F("created_at"), descending=True),
+                models.OrderBy(models.F("id"), descending=True),
+                name="durable_jobs_status_recent",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('kind'), models.OrderBy(models.F('created_at'), descending=True), models.OrderBy(models.F('id'), descending=True), name='durable_jobs_kind_recent'),
+            model_name="job",
+            index=models.Index(
+                models.F("kind"),
+                models.OrderBy(models.F("created_at"), descending=True),
+                models.OrderBy(models.F("id"), descending=True),
+                name="durable_jobs_kind_recent",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('queue_name'), models.OrderBy(models.F('created_at'), descending=True), models.OrderBy(models.F('id'), descending=True), name='durable_jobs_queue_recent'),
+            model_name="job",
+            index=models.Index(
+                models.F("queue_name"),
+                models.OrderBy(models.F("created_at"), descending=True),
+                models.OrderBy(models.F("id"), descending=True),
+                name="durable_jobs_queue_recent",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('error_code'), models.OrderBy(models.F('created_at'), descending=True), models.OrderBy(models.F('id'), descending=True), condition=models.Q(('parked_at__isnull', False)), name='durable_jobs_parked_recent'),
+            model_name="job",
+            index=models.Index(
+                models.F("error_code"),
+                models.OrderBy(models.F("created_at"), descending=True),
+                models.OrderBy(models.F("id"), descending=True),
+                condition=models.Q(("parked_at__isnull", False)),
+                name="durable_jobs_parked_recent",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('kind'), models.F('status'), condition=models.Q(('status__in', ('pending', 'running'))), name='durable_jobs_live_kind'),
+            model_name="job",
+            index=models.Index(
+                models.F("kind"),
+                models.F("status"),
+                condition=models.Q(("status__in", ("pending", "running"))),
+                name="durable_jobs_live_kind",
+            ),
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(models.F('lock_key'), condition=models.Q(('lock_key__isnull', False)), name='durable_jobs_lock_search'),
+            model_name="job",
+            index=models.Index(
+                models.F("lock_key"),
+                condition=models.Q(("lock_key__isnull", False)),
+                name="durable_jobs_lock_search",
+            ),
         ),
     ]

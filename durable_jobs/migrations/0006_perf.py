@@ -4,18 +4,21 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_jobs', '0005_console'),
+        ("durable_jobs", "0005_console"),
     ]
 
     operations = [
         migrations.RemoveIndex(
-            model_name='job',
-            name='durable_jobs_subject',
+            model_name="job",
+            name="durable_jobs_subject",
         ),
         migrations.AddIndex(
-            model_name='job',
-            index=models.Index(condition=models.Q(('subject_type__isnull', False)), fields=['subject_type', 'subject_id'], name='durable_jobs_subject'),
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("subject_type__isnull", False)),
+                fields=["subject_type", "subject_id"],
+                name="durable_jobs_subject",
+            ),
         ),
     ]

@@ -31,7 +31,6 @@ AUTOVACUUM = {
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("durable_jobs", "0006_perf"),
     ]

@@ -24,7 +24,9 @@ FLOOR = 30.0
 CEILING = 900.0
 
 
-def next_check_in(base: float, elapsed: float, *, floor: float = FLOOR, ceiling: float = CEILING) -> float:
+def next_check_in(
+    base: float, elapsed: float, *, floor: float = FLOOR, ceiling: float = CEILING
+) -> float:
     """Seconds until the next check, for a hold of ``elapsed`` seconds under cadence ``base``."""
     floor = floor if math.isfinite(floor) and floor > 0 else FLOOR
     base = base if math.isfinite(base) and base > 0 else floor

@@ -39,7 +39,13 @@ import subprocess
 import threading
 import time
 
-GO, NOT_YET, CANNOT_TELL, NEVER, INTERRUPTED = "go", "not_yet", "cannot_tell", "never", "interrupted"
+GO, NOT_YET, CANNOT_TELL, NEVER, INTERRUPTED = (
+    "go",
+    "not_yet",
+    "cannot_tell",
+    "never",
+    "interrupted",
+)
 
 EXIT_GO = 0
 EXIT_NOT_YET = 75
@@ -66,21 +72,31 @@ class CheckAnswer:
         return self.answer == CANNOT_TELL
 
 
-def environment(*, job_id: object, kind: str, profile: str, tenant: str, organization: str | None,
-                wait_key: str | None, checks_so_far: int) -> dict[str, str]:
+def environment(
+    *,
+    job_id: object,
+    kind: str,
+    profile: str,
+    tenant: str,
+    organization: str | None,
+    wait_key: str | None,
+    checks_so_far: int,
+) -> dict[str, str]:
     """The documented environment of a check: nothing of the worker's own.
 
     Every value is a validated name, a UUID or a number, except the wait key, which the
     start validated as printable text without control characters.
     """
     env = dict(BASE_ENVIRONMENT)
-    env.update({
-        "DURABLE_JOB_ID": str(job_id),
-        "DURABLE_JOB_KIND": kind,
-        "DURABLE_JOB_TENANT": tenant,
-        "DURABLE_WAIT_PROFILE": profile,
-        "DURABLE_WAIT_CHECKS": str(int(checks_so_far)),
-    })
+    env.update(
+        {
+            "DURABLE_JOB_ID": str(job_id),
+            "DURABLE_JOB_KIND": kind,
+            "DURABLE_JOB_TENANT": tenant,
+            "DURABLE_WAIT_PROFILE": profile,
+            "DURABLE_WAIT_CHECKS": str(int(checks_so_far)),
+        }
+    )
     if organization is not None:
         env["DURABLE_JOB_ORGANIZATION"] = organization
     if wait_key is not None:
@@ -88,19 +104,33 @@ def environment(*, job_id: object, kind: str, profile: str, tenant: str, organiz
     return env
 
 
-def run(path: str, *, env: dict[str, str], timeout: float, output_cap: int,
-        stop: threading.Event | None = None) -> CheckAnswer:
+def run(
+    path: str,
+    *,
+    env: dict[str, str],
+    timeout: float,
+    output_cap: int,
+    stop: threading.Event | None = None,
+) -> CheckAnswer:
     """Run the check at ``path`` once and return its answer; never raises for the check's sake.
 
     ``stop`` (the worker shutting down) ends the check early with ``interrupted``: the
     check never answered, so the caller charges nothing.
     """
     if not os.path.isfile(path) or not os.access(path, os.X_OK):
-        return CheckAnswer(answer=CANNOT_TELL, detail="the declared check is not an executable file on this worker")
+        return CheckAnswer(
+            answer=CANNOT_TELL, detail="the declared check is not an executable file on this worker"
+        )
     try:
         process = subprocess.Popen(
-            [path], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd="/",
-            start_new_session=True, close_fds=True,
+            [path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
         )
     except OSError as error:
         return CheckAnswer(answer=CANNOT_TELL, detail=f"could not be started (errno {error.errno})")
@@ -112,7 +142,11 @@ def run(path: str, *, env: dict[str, str], timeout: float, output_cap: int,
         # otherwise look like a hang and be killed for our reading too slowly.
         try:
             while True:
-                chunk = process.stdout.read1(_CHUNK) if hasattr(process.stdout, "read1") else process.stdout.read(_CHUNK)
+                chunk = (
+                    process.stdout.read1(_CHUNK)
+                    if hasattr(process.stdout, "read1")
+                    else process.stdout.read(_CHUNK)
+                )
                 if not chunk:
                     return
                 total[0] += len(chunk)
@@ -149,18 +183,36 @@ def run(path: str, *, env: dict[str, str], timeout: float, output_cap: int,
         process.stdout.close()
     output = bytes(kept)
     if outcome == "timeout":
-        return CheckAnswer(answer=CANNOT_TELL, detail=f"timed out after {timeout:g}s and was killed",
-                           output=output, output_bytes=total[0])
+        return CheckAnswer(
+            answer=CANNOT_TELL,
+            detail=f"timed out after {timeout:g}s and was killed",
+            output=output,
+            output_bytes=total[0],
+        )
     if outcome == "stopped":
-        return CheckAnswer(answer=INTERRUPTED, detail="the worker is stopping", output=output,
-                           output_bytes=total[0])
+        return CheckAnswer(
+            answer=INTERRUPTED,
+            detail="the worker is stopping",
+            output=output,
+            output_bytes=total[0],
+        )
     status = process.returncode
     if status < 0:
-        return CheckAnswer(answer=CANNOT_TELL, detail=f"ended by signal {-status}", exit_status=status,
-                           output=output, output_bytes=total[0])
+        return CheckAnswer(
+            answer=CANNOT_TELL,
+            detail=f"ended by signal {-status}",
+            exit_status=status,
+            output=output,
+            output_bytes=total[0],
+        )
     answer = {EXIT_GO: GO, EXIT_NOT_YET: NOT_YET, EXIT_NEVER: NEVER}.get(status, CANNOT_TELL)
-    return CheckAnswer(answer=answer, detail=f"exit status {status}", exit_status=status, output=output,
-                       output_bytes=total[0])
+    return CheckAnswer(
+        answer=answer,
+        detail=f"exit status {status}",
+        exit_status=status,
+        output=output,
+        output_bytes=total[0],
+    )
 
 
 def _exited(process: subprocess.Popen) -> bool:

@@ -55,25 +55,50 @@ def explain_hold(job: Job, *, now: datetime | None = None) -> HoldExplanation | 
     on_instant = after is not None and next_check is not None and next_check <= after
     unreadable = len(grammar.unreadable(job.wait_for))
     return HoldExplanation(
-        label=label, after=after, profiles=profiles, held_since=job.held_since, held_for=held_for,
-        checks=job.wait_checks, faults=job.wait_faults, denials=getattr(job, "wait_denials", 0),
-        next_check=next_check, next_check_in=next_in, waiting_on_instant=on_instant, unreadable=unreadable,
+        label=label,
+        after=after,
+        profiles=profiles,
+        held_since=job.held_since,
+        held_for=held_for,
+        checks=job.wait_checks,
+        faults=job.wait_faults,
+        denials=getattr(job, "wait_denials", 0),
+        next_check=next_check,
+        next_check_in=next_in,
+        waiting_on_instant=on_instant,
+        unreadable=unreadable,
         summary=_summary(label, job, held_for, next_check, next_in, on_instant, unreadable),
     )
 
 
-def _summary(label: str, job: Job, held_for: timedelta, next_check: datetime | None, next_in: timedelta | None,
-             on_instant: bool, unreadable: int) -> str:
-    parts = [f"Waiting for {label}, held since {job.held_since:%Y-%m-%d %H:%M:%S %Z} ({_span(held_for)})."]
+def _summary(
+    label: str,
+    job: Job,
+    held_for: timedelta,
+    next_check: datetime | None,
+    next_in: timedelta | None,
+    on_instant: bool,
+    unreadable: int,
+) -> str:
+    parts = [
+        f"Waiting for {label}, held since {job.held_since:%Y-%m-%d %H:%M:%S %Z} ({_span(held_for)})."
+    ]
     if unreadable:
-        parts.append(f"{unreadable} condition(s) cannot be read by this version: the job will fail "
-                     "wait_unreadable at its next pickup.")
+        parts.append(
+            f"{unreadable} condition(s) cannot be read by this version: the job will fail "
+            "wait_unreadable at its next pickup."
+        )
     if job.wait_checks or job.wait_faults:
-        parts.append(f"{job.wait_checks} check run(s) so far"
-                     + (f", the last {job.wait_faults} unable to answer" if job.wait_faults else "") + ".")
+        parts.append(
+            f"{job.wait_checks} check run(s) so far"
+            + (f", the last {job.wait_faults} unable to answer" if job.wait_faults else "")
+            + "."
+        )
     denials = getattr(job, "wait_denials", 0)
     if denials:
-        parts.append(f"Denied a check turn {denials} time(s) in a row (WAIT_MAX_CONCURRENT_CHECKS).")
+        parts.append(
+            f"Denied a check turn {denials} time(s) in a row (WAIT_MAX_CONCURRENT_CHECKS)."
+        )
     if next_check is not None and next_in is not None:
         what = "Due at its instant" if on_instant else "Next check"
         parts.append(f"{what} {next_check:%Y-%m-%d %H:%M:%S %Z} (in {_span(next_in)}).")

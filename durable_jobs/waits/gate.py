@@ -99,21 +99,34 @@ def pending(job: Job) -> bool:
     return grammar.armed(job.wait_for) and job.wait_satisfied_at is None
 
 
-def run(job: Job, lease: Lease, *, slots: CheckSlots | None = None, stopping: threading.Event | None = None,
-        using: str = DEFAULT_DB_ALIAS) -> Verdict:
+def run(
+    job: Job,
+    lease: Lease,
+    *,
+    slots: CheckSlots | None = None,
+    stopping: threading.Event | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Verdict:
     """Decide whether the claimed ``job`` may run now, and write the hold if not."""
     settings = conf.get()
     bad = grammar.unreadable(job.wait_for)
     if bad:
-        return Verdict(end="failed", code=WAIT_UNREADABLE, message=(
-            f"wait_for holds {len(bad)} condition(s) this version cannot read; the job was not run as if they "
-            "had cleared. Start it again with conditions this version understands ('after', 'profile')"))
+        return Verdict(
+            end="failed",
+            code=WAIT_UNREADABLE,
+            message=(
+                f"wait_for holds {len(bad)} condition(s) this version cannot read; the job was not run as if they "
+                "had cleared. Start it again with conditions this version understands ('after', 'profile')"
+            ),
+        )
     # The database's clock, read now (invariant 2): not the claim's stamp, which a claim
     # that waited its turn in a slot's batch would have left behind.
     now: datetime = store.database_now(using=using)
     instant = grammar.after_instant(job.wait_for)
     if instant is not None and instant > now:
-        return _held(store.hold_job(lease, until=instant, using=using), (instant - now).total_seconds(), job)
+        return _held(
+            store.hold_job(lease, until=instant, using=using), (instant - now).total_seconds(), job
+        )
     names = grammar.profile_names(job.wait_for)
     if not names:
         return _cleared(store.satisfy_wait(lease, checks=0, using=using))
@@ -124,16 +137,28 @@ def run(job: Job, lease: Lease, *, slots: CheckSlots | None = None, stopping: th
         began = instant
     polled_for = max(0.0, (now - began).total_seconds())
     if polled_for > settings.WAIT_MAX_HOLD:
-        return Verdict(end="failed", code=WAIT_MAX_HOLD, message=(
-            f"still not clear after {polled_for:.0f}s of checks ({job.wait_checks} runs); the limit is "
-            f"{settings.WAIT_MAX_HOLD:g}s (DURABLE_JOBS['WAIT_MAX_HOLD'])"))
+        return Verdict(
+            end="failed",
+            code=WAIT_MAX_HOLD,
+            message=(
+                f"still not clear after {polled_for:.0f}s of checks ({job.wait_checks} runs); the limit is "
+                f"{settings.WAIT_MAX_HOLD:g}s (DURABLE_JOBS['WAIT_MAX_HOLD'])"
+            ),
+        )
     slots = slots or default_slots()
     if not slots.try_take():
-        row = store.hold_job(lease, delay_ms=conf.ms(settings.WAIT_DENIED_RECHECK), denied=True, using=using)
+        row = store.hold_job(
+            lease, delay_ms=conf.ms(settings.WAIT_DENIED_RECHECK), denied=True, using=using
+        )
         if row is not None and row.wait_denials >= DENIALS_WORTH_A_WARNING:
-            log.warning("[%s %s] denied a check turn %d times in a row: checks need more than "
-                        "WAIT_MAX_CONCURRENT_CHECKS=%d on this worker", job.kind, job.id, row.wait_denials,
-                        slots.size)
+            log.warning(
+                "[%s %s] denied a check turn %d times in a row: checks need more than "
+                "WAIT_MAX_CONCURRENT_CHECKS=%d on this worker",
+                job.kind,
+                job.id,
+                row.wait_denials,
+                slots.size,
+            )
         return _held(row, settings.WAIT_DENIED_RECHECK, job)
     try:
         ran, last, name = _run_checks(job, names, stopping)
@@ -142,8 +167,9 @@ def run(job: Job, lease: Lease, *, slots: CheckSlots | None = None, stopping: th
     return _answer(job, lease, ran, last, name, polled_for, using)
 
 
-def _run_checks(job: Job, names: list[str], stopping: threading.Event | None
-                ) -> tuple[int, checks.CheckAnswer, str]:
+def _run_checks(
+    job: Job, names: list[str], stopping: threading.Event | None
+) -> tuple[int, checks.CheckAnswer, str]:
     """Run the profiles in order until one does not say "go"; return (runs, last answer, its profile)."""
     settings = conf.get()
     ran = 0
@@ -154,13 +180,26 @@ def _run_checks(job: Job, names: list[str], stopping: threading.Event | None
         if path is None:
             # Declared where the job was started, not here (a rolling deploy): this worker
             # cannot answer, another may. A fault, like an unknown kind's transient failure.
-            answer = checks.CheckAnswer(answer=checks.CANNOT_TELL, detail="the profile is not declared on this worker")
+            answer = checks.CheckAnswer(
+                answer=checks.CANNOT_TELL, detail="the profile is not declared on this worker"
+            )
             break
-        env = checks.environment(job_id=job.id, kind=job.kind, profile=name, tenant=job.tenant_id,
-                                 organization=job.organization_id, wait_key=job.wait_key,
-                                 checks_so_far=job.wait_checks + ran)
-        answer = checks.run(path, env=env, timeout=settings.WAIT_CHECK_TIMEOUT,
-                            output_cap=settings.WAIT_CHECK_OUTPUT_CAP, stop=stopping)
+        env = checks.environment(
+            job_id=job.id,
+            kind=job.kind,
+            profile=name,
+            tenant=job.tenant_id,
+            organization=job.organization_id,
+            wait_key=job.wait_key,
+            checks_so_far=job.wait_checks + ran,
+        )
+        answer = checks.run(
+            path,
+            env=env,
+            timeout=settings.WAIT_CHECK_TIMEOUT,
+            output_cap=settings.WAIT_CHECK_OUTPUT_CAP,
+            stop=stopping,
+        )
         if answer.answer == checks.INTERRUPTED:
             break
         ran += 1
@@ -169,8 +208,15 @@ def _run_checks(job: Job, names: list[str], stopping: threading.Event | None
     return ran, answer, name
 
 
-def _answer(job: Job, lease: Lease, ran: int, last: checks.CheckAnswer, name: str, polled_for: float,
-            using: str) -> Verdict:
+def _answer(
+    job: Job,
+    lease: Lease,
+    ran: int,
+    last: checks.CheckAnswer,
+    name: str,
+    polled_for: float,
+    using: str,
+) -> Verdict:
     settings = conf.get()
     if last.answer == checks.GO:
         return _cleared(store.satisfy_wait(lease, checks=ran, using=using))
@@ -178,25 +224,40 @@ def _answer(job: Job, lease: Lease, ran: int, last: checks.CheckAnswer, name: st
         # The worker is stopping: the check never answered, so nothing is charged and the
         # job is due again at once for whichever worker is next.
         return _held(store.hold_job(lease, delay_ms=0, checks=ran, using=using), 0.0, job)
-    delay = backoff.next_check_in(settings.WAIT_CHECK_INTERVAL, polled_for,
-                                  floor=settings.WAIT_CHECK_INTERVAL_FLOOR,
-                                  ceiling=settings.WAIT_CHECK_INTERVAL_CEILING)
+    delay = backoff.next_check_in(
+        settings.WAIT_CHECK_INTERVAL,
+        polled_for,
+        floor=settings.WAIT_CHECK_INTERVAL_FLOOR,
+        ceiling=settings.WAIT_CHECK_INTERVAL_CEILING,
+    )
     if last.answer == checks.NOT_YET:
-        row = store.hold_job(lease, delay_ms=conf.ms(delay), checks=ran, reset_faults=True, using=using)
+        row = store.hold_job(
+            lease, delay_ms=conf.ms(delay), checks=ran, reset_faults=True, using=using
+        )
         return _held(row, delay, job, why=f"{name} said not yet")
     if last.answer == checks.NEVER:
         if store.count_wait_checks(lease, checks=ran, using=using) is None:
             return Verdict(end="lease_lost")
-        return Verdict(end="failed", code=WAIT_NEVER,
-                       message=f"the check {name!r} answered that the condition will never clear ({last.detail})")
-    counted = store.count_wait_fault(lease, checks=ran, max_faults=settings.WAIT_MAX_FAULTS, using=using)
+        return Verdict(
+            end="failed",
+            code=WAIT_NEVER,
+            message=f"the check {name!r} answered that the condition will never clear ({last.detail})",
+        )
+    counted = store.count_wait_fault(
+        lease, checks=ran, max_faults=settings.WAIT_MAX_FAULTS, using=using
+    )
     if counted is None:
         return Verdict(end="lease_lost")
     faults, exhausted = counted
     if exhausted:
-        return Verdict(end="failed", code=WAIT_FAULTS_EXHAUSTED, message=(
-            f"the check {name!r} could not answer {faults} times in a row (last: {last.detail}); the limit is "
-            f"{settings.WAIT_MAX_FAULTS} (DURABLE_JOBS['WAIT_MAX_FAULTS'])"))
+        return Verdict(
+            end="failed",
+            code=WAIT_FAULTS_EXHAUSTED,
+            message=(
+                f"the check {name!r} could not answer {faults} times in a row (last: {last.detail}); the limit is "
+                f"{settings.WAIT_MAX_FAULTS} (DURABLE_JOBS['WAIT_MAX_FAULTS'])"
+            ),
+        )
     row = store.hold_job(lease, delay_ms=conf.ms(delay), using=using)
     return _held(row, delay, job, why=f"{name} could not answer ({last.detail}), fault {faults}")
 
@@ -206,8 +267,14 @@ def _held(row: Job | None, recheck_in: float, job: Job, *, why: str | None = Non
         return Verdict(end="lease_lost")
     # Only validated bytes in this line (invariant 23): the label is rebuilt from the
     # grammar, the id is a UUID, the kind matched its pattern at start, `why` is ours.
-    log.info("[%s %s] held: waiting for %s%s; next check in %.1fs", job.kind, job.id,
-             grammar.label(row.wait_for) or "-", f" ({why})" if why else "", recheck_in)
+    log.info(
+        "[%s %s] held: waiting for %s%s; next check in %.1fs",
+        job.kind,
+        job.id,
+        grammar.label(row.wait_for) or "-",
+        f" ({why})" if why else "",
+        recheck_in,
+    )
     return Verdict(end="held", job=row, recheck_in=recheck_in)
 
 
@@ -216,4 +283,3 @@ def _cleared(row: Job | None) -> Verdict:
         return Verdict(end="lease_lost")
     log.info("[%s %s] wait cleared: %s", row.kind, row.id, grammar.label(row.wait_for) or "-")
     return Verdict(end="run", job=row)
-

@@ -71,8 +71,11 @@ def parse_instant(text: Any) -> datetime:
         raise BadInstant(text, "must be a string such as '2026-09-01T09:00:00Z'")
     match = _INSTANT.match(text)
     if match is None:
-        raise BadInstant(text, "must be an ISO-8601 instant with its zone, such as '2026-09-01T09:00:00Z' or "
-                               "'2026-09-01T11:00:00+02:00' (hours 00-23, minutes and seconds 00-59)")
+        raise BadInstant(
+            text,
+            "must be an ISO-8601 instant with its zone, such as '2026-09-01T09:00:00Z' or "
+            "'2026-09-01T11:00:00+02:00' (hours 00-23, minutes and seconds 00-59)",
+        )
     parts = match.groupdict()
     zone = parts["zone"]
     if zone in ("Z", "z"):
@@ -82,11 +85,20 @@ def parse_instant(text: Any) -> datetime:
         tz = timezone(sign * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
     fraction = (parts["fraction"] or "").ljust(6, "0")[:6]
     try:
-        return datetime(int(parts["year"]), int(parts["month"]), int(parts["day"]), int(parts["hour"]),
-                        int(parts["minute"]), int(parts["second"] or 0), int(fraction or 0), tzinfo=tz)
+        return datetime(
+            int(parts["year"]),
+            int(parts["month"]),
+            int(parts["day"]),
+            int(parts["hour"]),
+            int(parts["minute"]),
+            int(parts["second"] or 0),
+            int(fraction or 0),
+            tzinfo=tz,
+        )
     except ValueError:
-        raise BadInstant(text, "names a day that is not on the calendar (month 01-12, a day that month has)") \
-            from None
+        raise BadInstant(
+            text, "names a day that is not on the calendar (month 01-12, a day that month has)"
+        ) from None
 
 
 def instant_or_none(text: Any) -> datetime | None:
@@ -129,20 +141,28 @@ def parse_profiles(raw: Any, *, source: str = "DURABLE_JOBS['WAIT_PROFILES']") -
                 raise ConfigurationError(f"{source}: entry {text!r} must be name:/absolute/path")
             entries.append((name.strip(), path.strip(), repr(text)))
     else:
-        raise ConfigurationError(f"{source} must be a string 'name:/absolute/path,...' or a dict, "
-                                 f"got {type(raw).__name__}")
+        raise ConfigurationError(
+            f"{source} must be a string 'name:/absolute/path,...' or a dict, "
+            f"got {type(raw).__name__}"
+        )
     profiles: dict[str, str] = {}
     for name, path, shown in entries:
         if not PROFILE_NAME.match(name):
-            raise ConfigurationError(f"{source}: entry {shown}: the profile name {name!r} may use 1-50 letters, "
-                                     "digits, dot, dash and underscore only")
+            raise ConfigurationError(
+                f"{source}: entry {shown}: the profile name {name!r} may use 1-50 letters, "
+                "digits, dot, dash and underscore only"
+            )
         if name in profiles:
-            raise ConfigurationError(f"{source}: entry {shown} declares {name!r} a second time; one of the two "
-                                     "is not the check you think is running")
+            raise ConfigurationError(
+                f"{source}: entry {shown} declares {name!r} a second time; one of the two "
+                "is not the check you think is running"
+            )
         if not isinstance(path, str) or not path or not is_absolute_path(path):
-            raise ConfigurationError(f"{source}: entry {shown} needs an absolute path to its check: a service "
-                                     "manager's working directory is not your shell's, so a relative path is a "
-                                     "different file on every host")
+            raise ConfigurationError(
+                f"{source}: entry {shown} needs an absolute path to its check: a service "
+                "manager's working directory is not your shell's, so a relative path is a "
+                "different file on every host"
+            )
         if "\x00" in path or "\n" in path:
             raise ConfigurationError(f"{source}: entry {shown}: the path holds a control character")
         profiles[name] = path
@@ -157,11 +177,15 @@ def validate(wait_for: Any, *, profiles: Mapping[str, str]) -> list[dict[str, st
     database's clock.
     """
     if not isinstance(wait_for, (list, tuple)):
-        raise InvalidInput("wait_for", "must be a list of conditions such as [{'after': '2026-09-01T09:00:00Z'}]")
+        raise InvalidInput(
+            "wait_for", "must be a list of conditions such as [{'after': '2026-09-01T09:00:00Z'}]"
+        )
     if not wait_for:
         raise InvalidInput("wait_for", "is empty; leave it out to start without a wait")
     if len(wait_for) > MAX_CONDITIONS:
-        raise InvalidInput("wait_for", f"has {len(wait_for)} conditions; at most {MAX_CONDITIONS} are allowed")
+        raise InvalidInput(
+            "wait_for", f"has {len(wait_for)} conditions; at most {MAX_CONDITIONS} are allowed"
+        )
     stored: list[dict[str, str]] = []
     afters = 0
     for position, condition in enumerate(wait_for):
@@ -172,21 +196,30 @@ def validate(wait_for: Any, *, profiles: Mapping[str, str]) -> list[dict[str, st
         if key == "after":
             afters += 1
             if afters > 1:
-                raise InvalidInput(field, "is a second 'after'; a conjunction of instants is just the latest one")
+                raise InvalidInput(
+                    field, "is a second 'after'; a conjunction of instants is just the latest one"
+                )
             try:
                 parse_instant(value)
             except BadInstant as error:
                 raise InvalidInput(field, f"'after' {error.reason}") from None
         elif key == "profile":
             if not is_profile_name(value):
-                raise InvalidInput(field, "'profile' must be 1-50 letters, digits, dot, dash or underscore")
+                raise InvalidInput(
+                    field, "'profile' must be 1-50 letters, digits, dot, dash or underscore"
+                )
             if value not in profiles:
                 declared = ", ".join(sorted(profiles)) or "none"
-                raise InvalidInput(field, f"'profile' {value!r} is not declared in "
-                                          f"DURABLE_JOBS['WAIT_PROFILES'] (declared: {declared})")
+                raise InvalidInput(
+                    field,
+                    f"'profile' {value!r} is not declared in "
+                    f"DURABLE_JOBS['WAIT_PROFILES'] (declared: {declared})",
+                )
         else:
             shown = repr(key)[:60] if isinstance(key, str) else type(key).__name__
-            raise InvalidInput(field, f"has the key {shown}; this version understands 'after' and 'profile'")
+            raise InvalidInput(
+                field, f"has the key {shown}; this version understands 'after' and 'profile'"
+            )
         stored.append({key: value})
     return stored
 
@@ -246,7 +279,9 @@ def profile_names(wait_for: Any) -> list[str]:
     """
     if not armed(wait_for):
         return []
-    return [c["profile"] for c in wait_for if isinstance(c, dict) and is_profile_name(c.get("profile"))]
+    return [
+        c["profile"] for c in wait_for if isinstance(c, dict) and is_profile_name(c.get("profile"))
+    ]
 
 
 def label(wait_for: Any) -> str | None:

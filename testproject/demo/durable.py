@@ -12,7 +12,9 @@ from testproject.demo.models import Effect, Report
 def mirror_report(job, outcome: str) -> None:
     """Reflect the job's outcome onto its Report, inside the terminal transaction."""
     if job.subject_type == "demo.report":
-        Report.objects.filter(pk=job.subject_id).update(status=outcome, rows_written=job.processed_count)
+        Report.objects.filter(pk=job.subject_id).update(
+            status=outcome, rows_written=job.processed_count
+        )
         if os.environ.get("DEMO_FAIL_MIRROR"):
             raise RuntimeError("mirror refused (DEMO_FAIL_MIRROR)")
 

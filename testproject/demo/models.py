@@ -22,4 +22,6 @@ class Effect(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     # The writing transaction, so the fault-injection checker can find the job-row
     # change the same transaction made and compare epochs.
-    txid = models.BigIntegerField(db_default=Func(function="txid_current", output_field=models.BigIntegerField()))
+    txid = models.BigIntegerField(
+        db_default=Func(function="txid_current", output_field=models.BigIntegerField())
+    )

@@ -11,7 +11,9 @@ def processes(db_url):
         def __init__(self) -> None:
             self.started: list[harness.Process] = []
 
-        def worker(self, *args: str, app_name: str = "durable-test-worker", env=None) -> harness.Process:
+        def worker(
+            self, *args: str, app_name: str = "durable-test-worker", env=None
+        ) -> harness.Process:
             process = harness.worker(db_url, *args, app_name=app_name, env=env)
             self.started.append(process)
             return process

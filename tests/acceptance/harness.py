@@ -44,7 +44,9 @@ def _remove_log_dir(path: Path) -> None:
 
 
 class Process:
-    def __init__(self, args: list[str], *, db_url: str, app_name: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], *, db_url: str, app_name: str, env: dict[str, str] | None = None
+    ) -> None:
         self.app_name = app_name
         descriptor, name = tempfile.mkstemp(prefix=f"{app_name}-", suffix=".log", dir=log_dir())
         self.log_path = Path(name)
@@ -61,7 +63,11 @@ class Process:
         self._log = os.fdopen(descriptor, "w")  # closed by stop()
         self.popen = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
-            cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=full_env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
         )
 
     @property
@@ -134,11 +140,18 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def worker(db_url: str, *args: str, app_name: str = "durable-test-worker", env: dict[str, str] | None = None) -> Process:
+def worker(
+    db_url: str,
+    *args: str,
+    app_name: str = "durable-test-worker",
+    env: dict[str, str] | None = None,
+) -> Process:
     return Process(["durable_worker", "-v", "1", *args], db_url=db_url, app_name=app_name, env=env)
 
 
-def wait_until(predicate, *, timeout: float = 30, interval: float = 0.1, message: str = "condition"):
+def wait_until(
+    predicate, *, timeout: float = 30, interval: float = 0.1, message: str = "condition"
+):
     """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
@@ -153,8 +166,10 @@ def wait_until(predicate, *, timeout: float = 30, interval: float = 0.1, message
 def backends_of(app_name: str) -> list[int]:
     """Backends of a process (``app_name``) or of one of its threads (``app_name/role``)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s",
-                       [app_name, app_name + "/%"])
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s",
+            [app_name, app_name + "/%"],
+        )
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -167,8 +182,10 @@ def terminate_backends(app_name: str, *, query_like: str | None = None, like: bo
         sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s"
         params: list = [app_name]
     else:
-        sql = ("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-               "WHERE (application_name = %s OR application_name LIKE %s)")
+        sql = (
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE (application_name = %s OR application_name LIKE %s)"
+        )
         params = [app_name, app_name + "/%"]
     if query_like:
         sql += " AND query LIKE %s"

@@ -41,11 +41,17 @@ def pid_of(owner: str | None) -> int | None:
 
 def test_two_plain_workers__the_survivor_resumes_the_job_of_the_one_killed_mid_job(processes):
     first = processes.worker(app_name="durable-test-first", env=FAST)
-    wait_until(lambda: pid_of(leader()[0]) == first.pid, message="the first worker to lead the reconciler")
+    wait_until(
+        lambda: pid_of(leader()[0]) == first.pid, message="the first worker to lead the reconciler"
+    )
 
     report = Report.objects.create(name="long")
-    job = durable.start("demo.import", input={"rows": ROWS, "batch": 1, "delay": 0.3}, subject=report)
-    wait_until(lambda: Job.objects.get(id=job.id).processed_count >= 2, message="the job to be under way")
+    job = durable.start(
+        "demo.import", input={"rows": ROWS, "batch": 1, "delay": 0.3}, subject=report
+    )
+    wait_until(
+        lambda: Job.objects.get(id=job.id).processed_count >= 2, message="the job to be under way"
+    )
     assert pid_of(Job.objects.get(id=job.id).lease_owner) == first.pid
 
     second = processes.worker(app_name="durable-test-second", env=FAST)
@@ -57,8 +63,11 @@ def test_two_plain_workers__the_survivor_resumes_the_job_of_the_one_killed_mid_j
 
     first.signal(signal.SIGKILL)
     first.wait()
-    wait_until(lambda: Job.objects.get(id=job.id).status == "completed", timeout=60,
-               message="the survivor to finish the job")
+    wait_until(
+        lambda: Job.objects.get(id=job.id).status == "completed",
+        timeout=60,
+        message="the survivor to finish the job",
+    )
 
     owner, epoch = leader()
     assert pid_of(owner) == second.pid and epoch == 2, "leadership moved to the survivor"
@@ -69,8 +78,12 @@ def test_two_plain_workers__the_survivor_resumes_the_job_of_the_one_killed_mid_j
     assert Report.objects.get(pk=report.pk).status == "completed", "the mirror told the subject"
     effects = Effect.objects.filter(job_id=job.id)
     assert effects.count() == ROWS
-    assert not effects.values("item").annotate(n=Count("id")).filter(n__gt=1).exists(), "no item written twice"
-    assert effects.values("epoch").distinct().count() == 2, "resumed from the checkpoint under a new lease"
+    assert not effects.values("item").annotate(n=Count("id")).filter(n__gt=1).exists(), (
+        "no item written twice"
+    )
+    assert effects.values("epoch").distinct().count() == 2, (
+        "resumed from the checkpoint under a new lease"
+    )
 
     second.signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 0

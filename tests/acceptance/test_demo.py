@@ -28,11 +28,24 @@ def interpreter_of(command: str, cwd: Path) -> str:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_demo__says_where_the_database_lives_prints_the_final_board_once_and_a_hint_that_runs(db_url):
-    env = {**os.environ, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "testproject.settings_test"}
-    result = subprocess.run([sys.executable, "manage.py", "durable_demo", "--rows", "6", "--timeout", "90"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=180, check=False,
-                            stdin=subprocess.DEVNULL)
+def test_demo__says_where_the_database_lives_prints_the_final_board_once_and_a_hint_that_runs(
+    db_url,
+):
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings_test",
+    }
+    result = subprocess.run(
+        [sys.executable, "manage.py", "durable_demo", "--rows", "6", "--timeout", "90"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout.splitlines()
 
@@ -47,15 +60,22 @@ def test_demo__says_where_the_database_lives_prints_the_final_board_once_and_a_h
     headers = [n for n, line in enumerate(out) if re.match(r"^-- +\d+\.\ds$", line)]
     boards = [line for line in out if line.startswith("   ")]
     assert headers and len(boards) == 4 * len(headers), result.stdout
-    assert out[headers[-1] + 1: headers[-1] + 5] == boards[-4:]
+    assert out[headers[-1] + 1 : headers[-1] + 5] == boards[-4:]
     assert boards[-4:] != boards[-8:-4], "the final board is printed twice"
 
     (hint,) = [line for line in out if line.startswith("Next: ")]
     stats = hint.removeprefix("Next: ").split("   |   ")[0]
     assert stats.endswith(" manage.py durable_jobs stats"), hint
     assert interpreter_of(stats, ROOT) == os.path.abspath(sys.executable), hint
-    ran = subprocess.run(shlex.split(stats), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-                         check=False)
+    ran = subprocess.run(
+        shlex.split(stats),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert ran.returncode == 0 and "completed" in ran.stdout, ran.stderr
 
 

@@ -27,21 +27,41 @@ def project(tmp_path, db_url):
 
     class Project:
         def settings(self, body: str) -> None:
-            (tmp_path / "fresh_settings.py").write_text("from testproject.settings_test import *  # noqa\n" + body)
+            (tmp_path / "fresh_settings.py").write_text(
+                "from testproject.settings_test import *  # noqa\n" + body
+            )
 
         def env(self) -> dict[str, str]:
             env = {k: v for k, v in os.environ.items() if not k.startswith("DURABLE_JOBS_")}
-            return {**env, "DATABASE_URL": db_url, "DJANGO_SETTINGS_MODULE": "fresh_settings",
-                    "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+            return {
+                **env,
+                "DATABASE_URL": db_url,
+                "DJANGO_SETTINGS_MODULE": "fresh_settings",
+                "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+            }
 
         def run(self, *args: str) -> subprocess.CompletedProcess:
-            return subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], check=False, cwd=ROOT, env=self.env(),
-                                  capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+            return subprocess.run(
+                [sys.executable, str(ROOT / "manage.py"), *args],
+                check=False,
+                cwd=ROOT,
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                timeout=120,
+                stdin=subprocess.DEVNULL,
+            )
 
         def start(self, *args: str) -> subprocess.Popen:
-            return subprocess.Popen([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=self.env(),
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    stdin=subprocess.DEVNULL)
+            return subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), *args],
+                cwd=ROOT,
+                env=self.env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                stdin=subprocess.DEVNULL,
+            )
 
     return Project()
 
@@ -109,13 +129,19 @@ def test_check__a_typo_in_durable_jobs_is_a_system_check_error_with_a_did_you_me
     result = project.run("check")
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
-    assert ("(durable_jobs.E001) DURABLE_JOBS has an unknown key 'LEASE_TT'; did you mean 'LEASE_TTL'?"
-            in result.stderr), result.stderr
-    assert ("(durable_jobs.E001) DURABLE_JOBS has an unknown key 'lease_ttl'; did you mean 'LEASE_TTL'?"
-            in result.stderr), result.stderr
+    assert (
+        "(durable_jobs.E001) DURABLE_JOBS has an unknown key 'LEASE_TT'; did you mean 'LEASE_TTL'?"
+        in result.stderr
+    ), result.stderr
+    assert (
+        "(durable_jobs.E001) DURABLE_JOBS has an unknown key 'lease_ttl'; did you mean 'LEASE_TTL'?"
+        in result.stderr
+    ), result.stderr
 
 
-@pytest.mark.parametrize("command", [["durable_worker", "--burst"], ["durable_reconciler", "--once"]])
+@pytest.mark.parametrize(
+    "command", [["durable_worker", "--burst"], ["durable_reconciler", "--once"]]
+)
 def test_worker_and_reconciler__refuse_a_typo_in_durable_jobs_without_a_traceback(project, command):
     project.settings(BAD_KEYS)
     result = project.run(*command)
@@ -131,8 +157,10 @@ def test_reconciler__with_checks_skipped_still_refuses_a_typo_in_one_line(projec
     result = project.run("durable_reconciler", "--once", "--skip-checks")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        ("CommandError: DURABLE_JOBS has an unknown key 'LEASE_TT'; did you mean 'LEASE_TTL'?; "
-         "DURABLE_JOBS has an unknown key 'lease_ttl'; did you mean 'LEASE_TTL'?"),
+        (
+            "CommandError: DURABLE_JOBS has an unknown key 'LEASE_TT'; did you mean 'LEASE_TTL'?; "
+            "DURABLE_JOBS has an unknown key 'lease_ttl'; did you mean 'LEASE_TTL'?"
+        ),
     ]
 
 
@@ -140,4 +168,7 @@ def test_check__a_nonsense_value_is_a_system_check_error_too(project):
     project.settings('DURABLE_JOBS = {"HEARTBEAT_INTERVAL": 30, "LEASE_TTL": 10}\n')
     result = project.run("check")
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
-    assert "(durable_jobs.E001) DURABLE_JOBS['HEARTBEAT_INTERVAL'] (30.0s) must be below" in result.stderr
+    assert (
+        "(durable_jobs.E001) DURABLE_JOBS['HEARTBEAT_INTERVAL'] (30.0s) must be below"
+        in result.stderr
+    )

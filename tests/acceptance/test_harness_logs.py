@@ -43,8 +43,15 @@ def test_a_run_that_never_stops_its_processes_still_leaves_no_log_file(db_url, t
     )
     env = {k: v for k, v in os.environ.items() if k != "DURABLE_JOBS_KEEP_LOGS"}
     app_name = f"durable-test-forgotten-{os.getpid()}"
-    result = subprocess.run([sys.executable, "-c", script, db_url, app_name], cwd=harness.ROOT, env=env, capture_output=True,
-                            text=True, timeout=180, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", script, db_url, app_name],
+        cwd=harness.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     log_path = Path(result.stdout.strip())
     assert log_path.name.startswith(app_name)

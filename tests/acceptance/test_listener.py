@@ -24,7 +24,11 @@ def test_work_started_while_the_listener_reconnects_runs_without_waiting_for_the
     time.sleep(0.5)  # the slot is asleep on its 120 s poll
     assert terminate_backends(LISTENER) == 1
     job = durable.start("demo.flaky", input={"failures": 0})  # its NOTIFY finds nobody listening
-    wait_until(lambda: reload(job).status == "completed", timeout=15, message="the job to run after the reconnect")
+    wait_until(
+        lambda: reload(job).status == "completed",
+        timeout=15,
+        message="the job to run after the reconnect",
+    )
 
 
 def test_a_listener_whose_connection_keeps_dying_backs_off(processes):

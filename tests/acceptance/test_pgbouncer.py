@@ -34,17 +34,31 @@ def pooler(db_url, tmp_path):
 
 
 def _all_done(jobs) -> bool:
-    return not Job.objects.filter(id__in=[j.id for j in jobs], status__in=["pending", "running"]).exists()
+    return not Job.objects.filter(
+        id__in=[j.id for j in jobs], status__in=["pending", "running"]
+    ).exists()
 
 
 def test_behind_the_pooler_jobs_run_and_the_worker_says_wake_ups_are_lost(processes, pooler):
-    worker = processes.worker("--concurrency", "2", app_name="durable-test-pooled",
-                              env={"DATABASE_URL": pooler.url, "DURABLE_JOBS_POLL_INTERVAL": "0.5"})
+    worker = processes.worker(
+        "--concurrency",
+        "2",
+        app_name="durable-test-pooled",
+        env={"DATABASE_URL": pooler.url, "DURABLE_JOBS_POLL_INTERVAL": "0.5"},
+    )
     jobs = [durable.start("demo.flaky", input={"failures": 0}) for _ in range(30)]
-    wait_until(lambda: _all_done(jobs), timeout=60, message="every job to finish through the pooler")
-    assert set(Job.objects.filter(id__in=[j.id for j in jobs]).values_list("status", flat=True)) == {"completed"}
+    wait_until(
+        lambda: _all_done(jobs), timeout=60, message="every job to finish through the pooler"
+    )
+    assert set(
+        Job.objects.filter(id__in=[j.id for j in jobs]).values_list("status", flat=True)
+    ) == {"completed"}
     # The listener's probe NOTIFY never comes back through the pooler: the worker says so.
-    wait_until(lambda: DEAF in worker.output(), timeout=20, message="the worker to log that wake-ups are lost")
+    wait_until(
+        lambda: DEAF in worker.output(),
+        timeout=20,
+        message="the worker to log that wake-ups are lost",
+    )
     output = worker.output()
     assert "LISTEN_DATABASE" in output and "NOTIFY_CHANNEL = None" in output
     assert "prepared statement" not in output, output[-3000:]
@@ -52,41 +66,77 @@ def test_behind_the_pooler_jobs_run_and_the_worker_says_wake_ups_are_lost(proces
 
 
 def test_polling_only_behind_the_pooler_runs_jobs_without_a_warning(processes, pooler):
-    worker = processes.worker("--concurrency", "2", app_name="durable-test-polling",
-                              env={"DATABASE_URL": pooler.url, "DURABLE_JOBS_NOTIFY_CHANNEL": "",
-                                   "DURABLE_JOBS_POLL_INTERVAL": "0.2"})
+    worker = processes.worker(
+        "--concurrency",
+        "2",
+        app_name="durable-test-polling",
+        env={
+            "DATABASE_URL": pooler.url,
+            "DURABLE_JOBS_NOTIFY_CHANNEL": "",
+            "DURABLE_JOBS_POLL_INTERVAL": "0.2",
+        },
+    )
     jobs = [durable.start("demo.flaky", input={"failures": 1}) for _ in range(10)]
     wait_until(lambda: _all_done(jobs), timeout=60, message="every job to finish by polling")
-    assert set(Job.objects.filter(id__in=[j.id for j in jobs]).values_list("status", flat=True)) == {"completed"}
+    assert set(
+        Job.objects.filter(id__in=[j.id for j in jobs]).values_list("status", flat=True)
+    ) == {"completed"}
     assert DEAF not in worker.output()
-    assert not backends_of("durable-test-polling/durable-listener"), "no listener with NOTIFY_CHANNEL = None"
+    assert not backends_of("durable-test-polling/durable-listener"), (
+        "no listener with NOTIFY_CHANNEL = None"
+    )
 
 
 def test_a_listener_on_a_direct_connection_wakes_pooled_slots_at_once(processes, pooler, db_url):
-    worker = processes.worker("--concurrency", "1", app_name="durable-test-direct",
-                              env={"DATABASE_URL": pooler.url, "TESTPROJECT_LISTEN_DATABASE_URL": db_url,
-                                   "DURABLE_JOBS_POLL_INTERVAL": "120"})
-    wait_until(lambda: "wake-ups arrive" in worker.output(), timeout=30,
-               message="the listener's probe to come back over the direct connection")
+    worker = processes.worker(
+        "--concurrency",
+        "1",
+        app_name="durable-test-direct",
+        env={
+            "DATABASE_URL": pooler.url,
+            "TESTPROJECT_LISTEN_DATABASE_URL": db_url,
+            "DURABLE_JOBS_POLL_INTERVAL": "120",
+        },
+    )
+    wait_until(
+        lambda: "wake-ups arrive" in worker.output(),
+        timeout=30,
+        message="the listener's probe to come back over the direct connection",
+    )
     job = durable.start("demo.flaky", input={"failures": 0})  # its NOTIFY passes through no pooler
     # The slot sleeps on a 120 s poll: only the wake-up can start the job this soon.
-    wait_until(lambda: Job.objects.get(id=job.id).status == "completed", timeout=15,
-               message="the job to run on the wake-up, not the 120 s poll")
+    wait_until(
+        lambda: Job.objects.get(id=job.id).status == "completed",
+        timeout=15,
+        message="the job to run on the wake-up, not the 120 s poll",
+    )
     assert DEAF not in worker.output()
 
 
 def test_crash_recovery_behind_the_pooler(processes, pooler):
     fast = {"DATABASE_URL": pooler.url, "DURABLE_JOBS_RECONCILE_INTERVAL": "0.3"}
-    imports = [durable.start("demo.import", input={"rows": 8, "batch": 1, "delay": 0.15}) for _ in range(3)]
+    imports = [
+        durable.start("demo.import", input={"rows": 8, "batch": 1, "delay": 0.15}) for _ in range(3)
+    ]
     doomed = processes.worker("--concurrency", "3", app_name="durable-test-pooled-doomed", env=fast)
-    wait_until(lambda: Job.objects.filter(id__in=[j.id for j in imports], processed_count__gte=2).count() >= 2,
-               message="the imports to be under way")
+    wait_until(
+        lambda: (
+            Job.objects.filter(id__in=[j.id for j in imports], processed_count__gte=2).count() >= 2
+        ),
+        message="the imports to be under way",
+    )
     doomed.signal(signal.SIGKILL)
     doomed.wait()
-    assert Job.objects.filter(status="running", lease_owner__isnull=False).exists(), "the kill left orphans"
+    assert Job.objects.filter(status="running", lease_owner__isnull=False).exists(), (
+        "the kill left orphans"
+    )
 
-    survivor = processes.worker("--concurrency", "3", app_name="durable-test-pooled-survivor", env=fast)
-    wait_until(lambda: _all_done(imports), timeout=90, message="the orphans to be re-driven and finished")
+    survivor = processes.worker(
+        "--concurrency", "3", app_name="durable-test-pooled-survivor", env=fast
+    )
+    wait_until(
+        lambda: _all_done(imports), timeout=90, message="the orphans to be re-driven and finished"
+    )
     survivor.signal(signal.SIGTERM)
     assert survivor.wait(timeout=30) == 0
     final = Job.objects.filter(id__in=[j.id for j in imports])

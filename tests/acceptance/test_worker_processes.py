@@ -31,14 +31,18 @@ def status_of(job) -> str:
 
 
 def effects_exactly_once(job, rows: int) -> None:
-    items = list(Effect.objects.filter(job_id=job.id).values("item").annotate(n=Count("id")).order_by("item"))
+    items = list(
+        Effect.objects.filter(job_id=job.id).values("item").annotate(n=Count("id")).order_by("item")
+    )
     assert [row["item"] for row in items] == list(range(rows)), "every item written"
     assert all(row["n"] == 1 for row in items), f"an item was written twice: {items}"
 
 
 def test_multi_slice_job_resumes_from_its_checkpoint_after_each_yield(processes):
     report = Report.objects.create(name="r")
-    job = durable.start("demo.import", input={"rows": 12, "batch": 1, "delay": 0.05}, subject=report)
+    job = durable.start(
+        "demo.import", input={"rows": 12, "batch": 1, "delay": 0.05}, subject=report
+    )
     worker = processes.worker("--concurrency", "1", env={"DURABLE_JOBS_SLICE_BUDGET": "0.15"})
     wait_until(lambda: status_of(job) == "completed", message="the job to complete")
     final = reload(job)
@@ -47,7 +51,9 @@ def test_multi_slice_job_resumes_from_its_checkpoint_after_each_yield(processes)
     assert final.processed_count == 12 and final.result == {"rows": 12}
     effects_exactly_once(job, 12)
     report.refresh_from_db()
-    assert report.status == "completed" and report.rows_written == 12, "the mirror committed with the job"
+    assert report.status == "completed" and report.rows_written == 12, (
+        "the mirror committed with the job"
+    )
     assert final.domain_mirrored_at is not None
     worker.signal(signal.SIGTERM)
     assert worker.wait() == 0
@@ -65,15 +71,23 @@ def test_sigkilled_worker__orphan_is_redriven_and_resumes_from_its_checkpoint(pr
 
     settings = conf.get()
     grace_ms = conf.ms(settings.ORPHAN_GRACE)
-    taken = wait_until(lambda: store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=0),
-                       message="the lease to expire so the orphan can be taken")
-    assert taken.status == "pending" and taken.redrives == 1 and taken.lease_epoch == crashed.lease_epoch + 1
+    taken = wait_until(
+        lambda: store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=0),
+        message="the lease to expire so the orphan can be taken",
+    )
+    assert (
+        taken.status == "pending"
+        and taken.redrives == 1
+        and taken.lease_epoch == crashed.lease_epoch + 1
+    )
 
     processes.worker(app_name="durable-test-worker-2")
     wait_until(lambda: status_of(job) == "completed", message="the re-driven job to complete")
     effects_exactly_once(job, 20)
     later = Effect.objects.filter(job_id=job.id, item__gte=done_before + 1)
-    assert all(e.epoch > crashed.lease_epoch for e in later), "work after the crash ran under the new lease"
+    assert all(e.epoch > crashed.lease_epoch for e in later), (
+        "work after the crash ran under the new lease"
+    )
     assert reload(job).redrives_since_commit == 0, "committed progress reset the poison budget"
 
 
@@ -85,26 +99,38 @@ def test_worker_stopped_past_its_lease_lands_nothing_after_it_continues(processe
     stopped = reload(job)
 
     grace_ms = conf.ms(conf.get().ORPHAN_GRACE)
-    wait_until(lambda: store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=0), timeout=30,
-               message="the stopped worker's lease to expire")
+    wait_until(
+        lambda: store.take_orphan(job.id, grace_ms=grace_ms, backoff_ms=0),
+        timeout=30,
+        message="the stopped worker's lease to expire",
+    )
     rescuer = processes.worker(app_name="durable-test-rescuer")
-    wait_until(lambda: status_of(job) == "completed", timeout=60, message="the rescuer to finish the job")
+    wait_until(
+        lambda: status_of(job) == "completed", timeout=60, message="the rescuer to finish the job"
+    )
     rescuer.signal(signal.SIGTERM)
     rescuer.wait()
 
     zombie.signal(signal.SIGCONT)
-    wait_until(lambda: "outcome=lease_lost" in zombie.output() or "lease lost" in zombie.output(),
-               timeout=20, message="the zombie to notice it lost the lease")
+    wait_until(
+        lambda: "outcome=lease_lost" in zombie.output() or "lease lost" in zombie.output(),
+        timeout=20,
+        message="the zombie to notice it lost the lease",
+    )
     time.sleep(1.5)  # give the zombie every chance to (wrongly) write
     effects_exactly_once(job, 6)
     zombie_writes = Effect.objects.filter(job_id=job.id, epoch=stopped.lease_epoch)
-    assert zombie_writes.count() == stopped.processed_count, "nothing landed under the stale epoch after the stop"
+    assert zombie_writes.count() == stopped.processed_count, (
+        "nothing landed under the stale epoch after the stop"
+    )
     assert reload(job).status == "completed"
 
 
 def test_cancel_requested_mid_slice_ends_the_job_cancelled(processes):
     report = Report.objects.create(name="c")
-    job = durable.start("demo.import", input={"rows": 200, "batch": 1, "delay": 0.05}, subject=report)
+    job = durable.start(
+        "demo.import", input={"rows": 200, "batch": 1, "delay": 0.05}, subject=report
+    )
     processes.worker()
     wait_until(lambda: reload(job).processed_count >= 2, message="the job to be under way")
     durable.cancel(job.id, by="tester")
@@ -138,15 +164,22 @@ def test_a_committed_unit_between_failures_resets_the_count(processes):
     processes.worker(env={"DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "2"})
     wait_until(lambda: status_of(job) in ("completed", "failed"), message="the job to end")
     final = reload(job)
-    assert final.status == "completed", f"6 failures, each after progress, must not exhaust a budget of 2: {final.error_code}"
+    assert final.status == "completed", (
+        f"6 failures, each after progress, must not exhaust a budget of 2: {final.error_code}"
+    )
     assert final.result == {"steps": 6}
 
 
 def test_mirror_failure_rolls_back_the_completion_and_parks_after_its_budget(processes):
     report = Report.objects.create(name="m")
     job = durable.start("demo.import", input={"rows": 2, "batch": 2}, subject=report)
-    processes.worker(env={"DEMO_FAIL_MIRROR": "1", "DURABLE_JOBS_MAX_MIRROR_ATTEMPTS": "3",
-                          "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "1"})
+    processes.worker(
+        env={
+            "DEMO_FAIL_MIRROR": "1",
+            "DURABLE_JOBS_MAX_MIRROR_ATTEMPTS": "3",
+            "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "1",
+        }
+    )
     wait_until(lambda: status_of(job) == "failed", message="the job to be parked")
     final = reload(job)
     assert final.error_code == "mirror_failed" and final.parked_at is not None
@@ -166,7 +199,9 @@ def test_sigterm_yields_interrupted_and_the_next_worker_finishes(processes):
     assert first.wait(timeout=20) == 0, first.output()
     paused = reload(job)
     assert paused.status == "pending" and paused.interruptions == 1
-    assert paused.consecutive_failures == 0 and paused.redrives == 0, "an interruption spends no budget"
+    assert paused.consecutive_failures == 0 and paused.redrives == 0, (
+        "an interruption spends no budget"
+    )
     processes.worker(app_name="durable-test-worker-2")
     wait_until(lambda: status_of(job) == "completed", message="the next worker to finish")
     effects_exactly_once(job, 30)
@@ -182,15 +217,24 @@ def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processe
     children = worker.children()
     worker.signal(signal.SIGTERM)
     time.sleep(0.5)
-    assert worker.popen.poll() is None, "a stubborn slice keeps the first signal waiting (grace is 10 s)"
+    assert worker.popen.poll() is None, (
+        "a stubborn slice keeps the first signal waiting (grace is 10 s)"
+    )
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=8) == 1
     assert "stopping at once" in worker.output()
     after = reload(job)
-    assert (after.status, after.lease_owner, after.interruptions) == ("pending", None, 1), "handed back at once"
-    assert (after.redrives, after.redrives_since_commit, after.consecutive_failures) == (0, 0, 0), "nothing spent"
-    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in children), timeout=10,
-               message="the handler's process to end with its worker")
+    assert (after.status, after.lease_owner, after.interruptions) == ("pending", None, 1), (
+        "handed back at once"
+    )
+    assert (after.redrives, after.redrives_since_commit, after.consecutive_failures) == (0, 0, 0), (
+        "nothing spent"
+    )
+    wait_until(
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in children),
+        timeout=10,
+        message="the handler's process to end with its worker",
+    )
 
 
 def test_terminated_slot_connections_are_survived(processes):
@@ -198,20 +242,30 @@ def test_terminated_slot_connections_are_survived(processes):
     processes.worker(app_name="durable-test-cut")
     wait_until(lambda: reload(job).processed_count >= 2, message="progress")
     assert terminate_backends("durable-test-cut") >= 1
-    wait_until(lambda: status_of(job) == "completed", timeout=60, message="the job to complete after the cut")
+    wait_until(
+        lambda: status_of(job) == "completed",
+        timeout=60,
+        message="the job to complete after the cut",
+    )
     effects_exactly_once(job, 15)
     after = durable.start("demo.flaky", input={"failures": 0})
-    wait_until(lambda: status_of(after) == "completed", message="the worker to keep taking new work")
+    wait_until(
+        lambda: status_of(after) == "completed", message="the worker to keep taking new work"
+    )
 
 
 def test_a_start_wakes_an_idle_worker_before_the_poll_interval(processes):
     processes.worker(app_name="durable-test-listener", env={"DURABLE_JOBS_POLL_INTERVAL": "120"})
     # Wait until the listener connection exists (it is the one that ran LISTEN).
-    wait_until(lambda: len(backends_of("durable-test-listener")) >= 2, message="the worker's connections")
+    wait_until(
+        lambda: len(backends_of("durable-test-listener")) >= 2, message="the worker's connections"
+    )
     time.sleep(0.5)
     job = durable.start("demo.flaky", input={"failures": 0})
     # Polling alone would take 120 s; the notification makes it prompt.
-    wait_until(lambda: status_of(job) == "completed", timeout=30, message="the woken worker to run the job")
+    wait_until(
+        lambda: status_of(job) == "completed", timeout=30, message="the woken worker to run the job"
+    )
 
 
 def test_a_long_computation_keeps_its_lease_through_the_background_heartbeat(processes):
@@ -229,15 +283,27 @@ def test_a_handler_that_never_returns_is_killed_at_its_time_limit_and_fails_with
     keeps serving other jobs all along."""
     job = durable.start("demo.sleep", input={"seconds": 120, "stubborn": True})
     healthy = durable.start("demo.flaky", input={"failures": 0}, run_after=2)
-    worker = processes.worker("--concurrency", "1", env={
-        "DURABLE_JOBS_SLICE_BUDGET": "0.5", "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "3",
-    })
+    worker = processes.worker(
+        "--concurrency",
+        "1",
+        env={
+            "DURABLE_JOBS_SLICE_BUDGET": "0.5",
+            "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "3",
+        },
+    )
     wait_until(lambda: status_of(job) == "failed", timeout=60, message="the stuck job to fail")
     final = reload(job)
-    assert (final.error_code, final.consecutive_failures, final.redrives) == ("retry_exhausted", 3, 0)
+    assert (final.error_code, final.consecutive_failures, final.redrives) == (
+        "retry_exhausted",
+        3,
+        0,
+    )
     assert "time limit of 1s" in final.error_message and "raise time_limit" in final.error_message
     assert final.parked_at is None, "a verdict, not a park: the handler's own behaviour"
-    wait_until(lambda: status_of(healthy) == "completed", message="other jobs to keep flowing on the one slot")
+    wait_until(
+        lambda: status_of(healthy) == "completed",
+        message="other jobs to keep flowing on the one slot",
+    )
     assert worker.output().count("outcome=retrying") == 2
     assert worker.popen.poll() is None, "the worker itself never wedged"
 
@@ -249,14 +315,19 @@ def test_sigkilled_worker__its_zygote_and_handler_processes_leave_with_it(proces
     job = durable.start("demo.sleep", input={"seconds": 60, "stubborn": True})
     worker = processes.worker("--concurrency", "2")
     wait_until(lambda: status_of(job) == "running", message="the slice to start")
-    below = wait_until(lambda: (lambda found: found if len(found) >= 3 else None)(descendants(worker.pid)),
-                       message="the zygote and two handler processes")
+    below = wait_until(
+        lambda: (lambda found: found if len(found) >= 3 else None)(descendants(worker.pid)),
+        message="the zygote and two handler processes",
+    )
     zygotes = [pid for pid in below if _parent_of(pid) == worker.pid]
     assert len(zygotes) == 1, "one zygote under the worker; the handler processes under it"
     assert {_parent_of(pid) for pid in below if pid not in zygotes} == set(zygotes)
     worker.signal(signal.SIGKILL)
-    wait_until(lambda: not any(_alive(pid) for pid in below), timeout=15,
-               message="the zygote and the handler processes to end")
+    wait_until(
+        lambda: not any(_alive(pid) for pid in below),
+        timeout=15,
+        message="the zygote and the handler processes to end",
+    )
 
 
 def _parent_of(pid: int) -> int:
@@ -270,18 +341,25 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_an_outage_past_a_lease_ends_a_burst_run_with_1_and_a_standing_worker_outlives_it(processes, db_url):
+def test_an_outage_past_a_lease_ends_a_burst_run_with_1_and_a_standing_worker_outlives_it(
+    processes, db_url
+):
     # A standing worker retries through an outage; a burst run (a script's "drain, then
     # exit") stops once it has not been able to claim for LEASE_TTL (3 s here).
     job = durable.start("demo.import", input={"rows": 30, "batch": 1, "delay": 0.1})
     burst = processes.worker("--burst", app_name="durable-test-outage-burst")
     wait_until(lambda: reload(job).processed_count >= 2, message="progress before the outage")
     standing = processes.worker(app_name="durable-test-outage-standing")
-    wait_until(lambda: backends_of("durable-test-outage-standing"), message="the standing worker to connect")
+    wait_until(
+        lambda: backends_of("durable-test-outage-standing"),
+        message="the standing worker to connect",
+    )
     # The outage: the database refuses new connections (said from another database: a
     # server refuses it from inside), and both workers' connections are cut.
     database = connection.settings_dict["NAME"]
-    maintenance = psycopg.connect(conninfo.make_conninfo(db_url, dbname="postgres"), autocommit=True)
+    maintenance = psycopg.connect(
+        conninfo.make_conninfo(db_url, dbname="postgres"), autocommit=True
+    )
     maintenance.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
     try:
         assert terminate_backends("durable-test-outage-%", like=True) >= 2
@@ -297,6 +375,10 @@ def test_an_outage_past_a_lease_ends_a_burst_run_with_1_and_a_standing_worker_ou
     assert waited >= conf.get().LEASE_TTL, "it retried for a whole lease before giving up"
     # Nothing committed was lost, and the job is not stuck: the standing worker finishes it.
     assert reload(job).processed_count >= 2
-    wait_until(lambda: status_of(job) == "completed", timeout=60, message="the job to complete after the outage")
+    wait_until(
+        lambda: status_of(job) == "completed",
+        timeout=60,
+        message="the job to complete after the outage",
+    )
     effects_exactly_once(job, 30)
     assert "burst run stopped" not in standing.output()

@@ -27,8 +27,16 @@ from tests.factories import JobFactory, reload
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CHROMIUM = os.environ.get("DURABLE_JOBS_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 CHANGELIST = "/admin/durable_jobs/job/"
 
 
@@ -52,9 +60,13 @@ def browser(blocking_orm_calls_between_browser_steps):
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.fail(f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium)")
+        pytest.fail(
+            f"no Chromium at {CHROMIUM}: install Debian's package (apt-get install chromium)"
+        )
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
+        )
         yield chromium
         chromium.close()
 
@@ -105,23 +117,51 @@ def screenshot(page, name: str) -> None:
 def test_log_in_filter_open_a_job_and_watch_its_progress_move(page, live_server):
     make_operator("watcher")
     for n in range(3):
-        JobFactory(kind="demo.flaky", status="completed", finished_at=-n, pending_since=None, next_run_at=None,
-                   total_count=10, processed_count=10)
-    JobFactory(kind="demo.always_fails", status="failed", parked_at=-30, finished_at=-30, error_code="poison",
-               pending_since=None, next_run_at=None)
-    held = JobFactory(kind="demo.noop", held_since=-600, wait_for=[{"profile": "inventory-ready"}],
-                      wait_label="inventory-ready", next_run_at=240,
-                      subject_type="demo.report", subject_id="42", tenant_id="acme", organization_id="eu")
+        JobFactory(
+            kind="demo.flaky",
+            status="completed",
+            finished_at=-n,
+            pending_since=None,
+            next_run_at=None,
+            total_count=10,
+            processed_count=10,
+        )
+    JobFactory(
+        kind="demo.always_fails",
+        status="failed",
+        parked_at=-30,
+        finished_at=-30,
+        error_code="poison",
+        pending_since=None,
+        next_run_at=None,
+    )
+    held = JobFactory(
+        kind="demo.noop",
+        held_since=-600,
+        wait_for=[{"profile": "inventory-ready"}],
+        wait_label="inventory-ready",
+        next_run_at=240,
+        subject_type="demo.report",
+        subject_id="42",
+        tenant_id="acme",
+        organization_id="eu",
+    )
     JobFactory(kind="demo.sleep", cancel_requested_at=-2, next_run_at=-1, cancelled_by="admin:ops")
-    job = durable.start("demo.import", input={"rows": 8, "batch": 1, "delay": 0.6}, subject=("demo.report", "7"),
-                        idempotency_key="import-7")
+    job = durable.start(
+        "demo.import",
+        input={"rows": 8, "batch": 1, "delay": 0.6},
+        subject=("demo.report", "7"),
+        idempotency_key="import-7",
+    )
     log_in(page, live_server, "watcher")
     worker = run_slices_in_background()
 
     page.click("#changelist-filter a[href*='status=running']")
     page.wait_for_url("**status=running**")
     page.wait_for_selector(f"text={job.id}")
-    assert page.locator("#result_list tbody tr").count() == 1, "the filter shows only the running job"
+    assert page.locator("#result_list tbody tr").count() == 1, (
+        "the filter shows only the running job"
+    )
     screenshot_changelist = page.url
     page.click(f"a:has-text('{job.id}')")
     page.wait_for_url(re.compile(f"{job.id}/change/"))
@@ -170,8 +210,16 @@ def test_cancel_a_running_job_and_see_it_end_cancelled(page, live_server):
 
 def test_redrive_a_parked_job(page, live_server):
     make_operator("rescuer", "redrive_job")
-    parked = JobFactory(kind="demo.flaky", status="failed", parked_at=-60, finished_at=-60, error_code="poison",
-                        error_class="transient", pending_since=None, next_run_at=None)
+    parked = JobFactory(
+        kind="demo.flaky",
+        status="failed",
+        parked_at=-60,
+        finished_at=-60,
+        error_code="poison",
+        error_class="transient",
+        pending_since=None,
+        next_run_at=None,
+    )
     log_in(page, live_server, "rescuer")
     page.goto(f"{live_server.url}{CHANGELIST}?parked=yes")
     page.check(f"input[name=_selected_action][value='{parked.id}']")
@@ -185,17 +233,34 @@ def test_redrive_a_parked_job(page, live_server):
 
 def test_without_the_redrive_permission_the_action_is_neither_shown_nor_accepted(page, live_server):
     make_operator("viewer", "cancel_job")
-    parked = JobFactory(kind="demo.flaky", status="failed", parked_at=-60, finished_at=-60, error_code="poison",
-                        pending_since=None, next_run_at=None)
+    parked = JobFactory(
+        kind="demo.flaky",
+        status="failed",
+        parked_at=-60,
+        finished_at=-60,
+        error_code="poison",
+        pending_since=None,
+        next_run_at=None,
+    )
     log_in(page, live_server, "viewer")
     page.goto(f"{live_server.url}{CHANGELIST}?parked=yes")
-    options = page.locator("select[name=action] option").evaluate_all("els => els.map(e => e.value)")
+    options = page.locator("select[name=action] option").evaluate_all(
+        "els => els.map(e => e.value)"
+    )
     assert "cancel_jobs" in options
     assert "redrive_jobs" not in options and "force_redrive_jobs" not in options
     # Posting it anyway, with a valid session and CSRF token, changes nothing.
     token = page.locator("input[name=csrfmiddlewaretoken]").first.get_attribute("value")
-    response = page.request.post(f"{live_server.url}{CHANGELIST}?parked=yes", form={
-        "csrfmiddlewaretoken": token, "action": "redrive_jobs", "index": "0", "confirm": "yes",
-        "_selected_action": str(parked.id)}, headers={"Referer": f"{live_server.url}{CHANGELIST}"})
+    response = page.request.post(
+        f"{live_server.url}{CHANGELIST}?parked=yes",
+        form={
+            "csrfmiddlewaretoken": token,
+            "action": "redrive_jobs",
+            "index": "0",
+            "confirm": "yes",
+            "_selected_action": str(parked.id),
+        },
+        headers={"Referer": f"{live_server.url}{CHANGELIST}"},
+    )
     assert response.status in (200, 302)
     assert reload(parked).status == "failed" and reload(parked).redrives == 0

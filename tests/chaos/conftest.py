@@ -17,7 +17,11 @@ def recorded(transactional_db):
     history.install()
     budgets = {"max_redrives": 5, "max_mirror": 5}
     holder = {"skip": ()}
-    yield type("Recorded", (), {"budgets": budgets, "holder": holder, "events": staticmethod(history.events)})()
+    yield type(
+        "Recorded",
+        (),
+        {"budgets": budgets, "holder": holder, "events": staticmethod(history.events)},
+    )()
     history.uninstall()
 
 
@@ -26,10 +30,18 @@ def assert_invariants(recorded, processes, **kwargs) -> None:
     for process in processes.started:
         process.stop()
     assert not [p for p in processes.started if p.popen.poll() is None]
-    children = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
-    live_children = [pid for pid in children if os.path.exists(f"/proc/{pid}") and
-                     "zombie" not in open(f"/proc/{pid}/status").read().lower()]
+    children = subprocess.run(
+        ["pgrep", "-P", str(os.getpid())], capture_output=True, text=True
+    ).stdout.split()
+    live_children = [
+        pid
+        for pid in children
+        if os.path.exists(f"/proc/{pid}")
+        and "zombie" not in open(f"/proc/{pid}/status").read().lower()
+    ]
     assert not live_children, f"child processes left behind: {live_children}"
     history.settle()
     failures = history.check(**recorded.budgets, **kwargs)
-    assert not failures, "invariants violated:\n" + "\n".join(f"- {name}: {rows}" for name, rows in failures.items())
+    assert not failures, "invariants violated:\n" + "\n".join(
+        f"- {name}: {rows}" for name, rows in failures.items()
+    )

@@ -121,7 +121,9 @@ def uninstall(conn=connection) -> None:
         cursor.execute(UNINSTALL)
 
 
-def check(*, max_redrives: int, max_mirror: int, skip: tuple[str, ...] = (), conn=connection) -> dict[str, list]:
+def check(
+    *, max_redrives: int, max_mirror: int, skip: tuple[str, ...] = (), conn=connection
+) -> dict[str, list]:
     """Run every invariant; return ``{name: offending rows}`` for those that failed."""
     failures = {}
     with conn.cursor() as cursor:
@@ -148,6 +150,9 @@ def settle(conn=connection, timeout: float = 10) -> None:
 
 def events(job_id) -> list[tuple]:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT seq, op, old_status, status, lease_owner, lease_epoch, continuation_seq, redrives, "
-                       "error_code, app FROM durable_jobs_history WHERE job_id = %s ORDER BY seq", [job_id])
+        cursor.execute(
+            "SELECT seq, op, old_status, status, lease_owner, lease_epoch, continuation_seq, redrives, "
+            "error_code, app FROM durable_jobs_history WHERE job_id = %s ORDER BY seq",
+            [job_id],
+        )
         return cursor.fetchall()

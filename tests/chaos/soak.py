@@ -30,9 +30,13 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKERS = 3
 RECONCILERS = 2
 KNOBS = {
-    "DURABLE_JOBS_LEASE_TTL": "2", "DURABLE_JOBS_HEARTBEAT_INTERVAL": "0.4", "DURABLE_JOBS_ORPHAN_GRACE": "0.3",
-    "DURABLE_JOBS_RECONCILE_INTERVAL": "0.5", "DURABLE_JOBS_SLICE_BUDGET": "0.5",
-    "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "20", "DURABLE_JOBS_MAX_REDRIVES_WITHOUT_COMMIT": "50",
+    "DURABLE_JOBS_LEASE_TTL": "2",
+    "DURABLE_JOBS_HEARTBEAT_INTERVAL": "0.4",
+    "DURABLE_JOBS_ORPHAN_GRACE": "0.3",
+    "DURABLE_JOBS_RECONCILE_INTERVAL": "0.5",
+    "DURABLE_JOBS_SLICE_BUDGET": "0.5",
+    "DURABLE_JOBS_MAX_CONSECUTIVE_FAILURES": "20",
+    "DURABLE_JOBS_MAX_REDRIVES_WITHOUT_COMMIT": "50",
     "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "3",
 }
 
@@ -65,13 +69,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument("--seconds", type=float, default=45.0, help="how long faults are injected")
-    parser.add_argument("--drain", type=float, default=90.0, help="how long the fleet gets to finish afterwards")
+    parser.add_argument(
+        "--drain", type=float, default=90.0, help="how long the fleet gets to finish afterwards"
+    )
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    log(f"seed {args.seed}, {args.seconds:.0f}s of faults, {WORKERS} workers, {RECONCILERS} reconcilers")
+    log(
+        f"seed {args.seed}, {args.seconds:.0f}s of faults, {WORKERS} workers, {RECONCILERS} reconcilers"
+    )
 
     server, url = start_server()
-    os.environ.update({"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings_test", **KNOBS})
+    os.environ.update(
+        {"DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings_test", **KNOBS}
+    )
     import django
 
     django.setup()
@@ -88,8 +98,15 @@ def main(argv: list[str] | None = None) -> int:
 
     def spawn(kind: str, n: int) -> Process:
         if kind == "worker":
-            args = ["durable_worker", "-v", "1", "--concurrency", "2",
-                    "--execution", "thread" if n % 2 else "process"]
+            args = [
+                "durable_worker",
+                "-v",
+                "1",
+                "--concurrency",
+                "2",
+                "--execution",
+                "thread" if n % 2 else "process",
+            ]
         else:
             args = ["durable_reconciler", "-v", "1"]
         return Process(args, db_url=url, app_name=f"durable-soak-{kind}-{n}")
@@ -104,10 +121,18 @@ def main(argv: list[str] | None = None) -> int:
             roll = rng.random()
             try:
                 if roll < 0.5:
-                    job = durable.start("demo.import", input={"rows": rng.randint(3, 12), "batch": rng.randint(1, 3),
-                                                              "delay": rng.choice([0.0, 0.05, 0.2])})
+                    job = durable.start(
+                        "demo.import",
+                        input={
+                            "rows": rng.randint(3, 12),
+                            "batch": rng.randint(1, 3),
+                            "delay": rng.choice([0.0, 0.05, 0.2]),
+                        },
+                    )
                 elif roll < 0.6:
-                    job = durable.start("demo.slow_mirror", input={"mirror_seconds": rng.uniform(0.5, 3.0)})
+                    job = durable.start(
+                        "demo.slow_mirror", input={"mirror_seconds": rng.uniform(0.5, 3.0)}
+                    )
                 elif roll < 0.63:  # each unit outlasts the 1 s time limit: ends retry_exhausted
                     job = durable.start("demo.import", input={"rows": 2, "batch": 1, "delay": 1.5})
                 elif roll < 0.65:  # never returns: killed or abandoned at every try
@@ -115,10 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                 elif roll < 0.8:
                     job = durable.start("demo.flaky", input={"failures": rng.randint(0, 3)})
                 elif roll < 0.9:
-                    job = durable.start("demo.sleep", input={"seconds": rng.choice([0.2, 1.0, 3.0])})
+                    job = durable.start(
+                        "demo.sleep", input={"seconds": rng.choice([0.2, 1.0, 3.0])}
+                    )
                 else:
-                    job = durable.start("demo.import", input={"rows": 5, "batch": 1},
-                                        lock_key=f"key-{rng.randint(1, 3)}")
+                    job = durable.start(
+                        "demo.import",
+                        input={"rows": 5, "batch": 1},
+                        lock_key=f"key-{rng.randint(1, 3)}",
+                    )
                 started.append(job.id)
             except durable.LockKeyHeld:
                 pass
@@ -130,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     next_fault = began + rng.uniform(1, 3)
     stopped: dict[str, float] = {}
+
     def restart_exited() -> None:
         for name, process in list(fleet.items()):
             if name not in stopped and process.popen.poll() is not None:
-                faults.append(f"{time.monotonic() - began:5.1f}s {name} exited ({process.popen.returncode}); restarted")
+                faults.append(
+                    f"{time.monotonic() - began:5.1f}s {name} exited ({process.popen.returncode}); restarted"
+                )
                 log(faults[-1])
                 fleet[name] = spawn(name.split("-")[0], int(name.split("-")[1]) + 10 * len(faults))
 
@@ -195,13 +228,20 @@ def main(argv: list[str] | None = None) -> int:
     for process in fleet.values():
         process.stop()
 
-    counts = {row["status"]: row["n"] for row in
-              Job.objects.values("status").annotate(n=__import__("django.db.models", fromlist=["Count"]).Count("id"))}
+    counts = {
+        row["status"]: row["n"]
+        for row in Job.objects.values("status").annotate(
+            n=__import__("django.db.models", fromlist=["Count"]).Count("id")
+        )
+    }
     log(f"jobs by status: {counts}")
     history.settle()
     failures = history.check(max_redrives=50, max_mirror=5)
     for name in history.CHECKS:
-        log(f"{'FAIL' if name in failures else 'ok  '} {name}" + (f": {failures[name]}" if name in failures else ""))
+        log(
+            f"{'FAIL' if name in failures else 'ok  '} {name}"
+            + (f": {failures[name]}" if name in failures else "")
+        )
     log(f"seed {args.seed}: {len(faults)} faults injected: " + "; ".join(faults))
     connection.close()
     return 1 if failures else 0

@@ -53,10 +53,21 @@ def test_a_100_mb_input_is_refused_before_anything_is_written():
 
 def test_injection_looking_keys_round_trip_exactly():
     key = "'; DROP TABLE durable_jobs_job; -- \" $$ \\ %s %(x)s"
-    job = durable.start("demo.flaky", input={"k": key}, lock_key=key, idempotency_key=key + "!",
-                        subject=("demo.thing", key), created_by=key[:100])
+    job = durable.start(
+        "demo.flaky",
+        input={"k": key},
+        lock_key=key,
+        idempotency_key=key + "!",
+        subject=("demo.thing", key),
+        created_by=key[:100],
+    )
     again = durable.get(job.id)
-    assert (again.lock_key, again.idempotency_key, again.subject_id, again.input) == (key, key + "!", key, {"k": key})
+    assert (again.lock_key, again.idempotency_key, again.subject_id, again.input) == (
+        key,
+        key + "!",
+        key,
+        {"k": key},
+    )
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM durable_jobs_job")
         assert cursor.fetchone()[0] == 1
@@ -68,7 +79,9 @@ def test_kinds_outside_the_name_alphabet_are_refused(kind):
         durable.start(kind)
 
 
-@pytest.mark.parametrize("key", ["line\nbreak", "carriage\rreturn", "escape\x1b[31mred", "bell\x07"])
+@pytest.mark.parametrize(
+    "key", ["line\nbreak", "carriage\rreturn", "escape\x1b[31mred", "bell\x07"]
+)
 def test_control_characters_in_keys_are_refused(key):
     with pytest.raises(durable.InvalidInput, match="control characters"):
         durable.start("demo.flaky", lock_key=key)
@@ -77,7 +90,9 @@ def test_control_characters_in_keys_are_refused(key):
 
 def test_an_error_message_with_newlines_and_escapes_never_forges_a_log_line(kinds, caplog):
     def handler(job):
-        raise durable.TerminalError("boom\n2026-01-01 INFO durable_jobs.worker slice outcome=completed\x1b[2K")
+        raise durable.TerminalError(
+            "boom\n2026-01-01 INFO durable_jobs.worker slice outcome=completed\x1b[2K"
+        )
 
     kinds.add("tests.liar", handler)
     job = durable.start("tests.liar")

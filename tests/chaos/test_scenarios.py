@@ -20,24 +20,41 @@ RESCUE = {"DURABLE_JOBS_RECONCILE_INTERVAL": "0.3"}
 
 
 def start_imports(n: int, rows: int = 6, delay: float = 0.05) -> list:
-    return [durable.start("demo.import", input={"rows": rows, "batch": 1, "delay": delay}) for _ in range(n)]
+    return [
+        durable.start("demo.import", input={"rows": rows, "batch": 1, "delay": delay})
+        for _ in range(n)
+    ]
 
 
 def finish_with_rescuer(processes, jobs, *, timeout: float = 60) -> None:
     processes.worker("--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE)
     ids = [job.id for job in jobs]
-    wait_until(lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
-               timeout=timeout, message="every job to finish after the fault")
+    wait_until(
+        lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
+        timeout=timeout,
+        message="every job to finish after the fault",
+    )
 
 
-@pytest.mark.parametrize("point", ["after_claim", "domain_before_commit", "domain_after_commit",
-                                   "terminal_inside", "terminal_after", "before_heartbeat"])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "after_claim",
+        "domain_before_commit",
+        "domain_after_commit",
+        "terminal_inside",
+        "terminal_after",
+        "before_heartbeat",
+    ],
+)
 def test_sigkill_at_a_named_point_loses_nothing_and_duplicates_nothing(recorded, processes, point):
     jobs = start_imports(3, rows=6, delay=0.2)  # long enough for heartbeats to come due
     # Thread execution: the domain points run in the handler's process, which is the
     # worker itself only there (process execution: see the test below).
-    victim = processes.worker(app_name="durable-victim", env={"DURABLE_JOBS_FAULTS": f"{point}=kill@2",
-                                                              "DURABLE_JOBS_EXECUTION": "thread"})
+    victim = processes.worker(
+        app_name="durable-victim",
+        env={"DURABLE_JOBS_FAULTS": f"{point}=kill@2", "DURABLE_JOBS_EXECUTION": "thread"},
+    )
     victim.wait(timeout=60)
     assert victim.popen.returncode == -signal.SIGKILL, victim.output()
     assert f"FAULT {point} kill" in victim.output()
@@ -47,16 +64,26 @@ def test_sigkill_at_a_named_point_loses_nothing_and_duplicates_nothing(recorded,
 
 
 @pytest.mark.parametrize("point", ["domain_before_commit", "domain_after_commit"])
-def test_process_execution__a_handler_process_killed_inside_or_after_its_fence(recorded, processes, point):
+def test_process_execution__a_handler_process_killed_inside_or_after_its_fence(
+    recorded, processes, point
+):
     """Process execution: SIGKILL lands in the child running the handler, mid-fence or just
     after its commit. The worker lives on, charges the interruption to the re-drive budget,
     and the job resumes from its checkpoint: nothing lost, nothing written twice."""
     jobs = start_imports(3, rows=6, delay=0.2)
-    worker = processes.worker("--concurrency", "2", "--reconcile", app_name="durable-victim",
-                              env={**RESCUE, "DURABLE_JOBS_FAULTS": f"{point}=kill@2"})
+    worker = processes.worker(
+        "--concurrency",
+        "2",
+        "--reconcile",
+        app_name="durable-victim",
+        env={**RESCUE, "DURABLE_JOBS_FAULTS": f"{point}=kill@2"},
+    )
     ids = [job.id for job in jobs]
-    wait_until(lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
-               timeout=60, message="every job to finish")
+    wait_until(
+        lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
+        timeout=60,
+        message="every job to finish",
+    )
     assert f"FAULT {point} kill" in worker.output()
     assert "died (signal 9)" in worker.output()
     assert worker.popen.poll() is None, "only the handler's process died"
@@ -71,8 +98,13 @@ def test_a_reconciler_killed_between_select_and_update(recorded, processes):
     wait_until(lambda: Job.objects.filter(processed_count__gte=2).count() == 2, message="progress")
     first.signal(signal.SIGKILL)
     first.wait()
-    reconciler = processes.worker("--reconcile", "--queues", "nothing", app_name="durable-reconciler",
-                                  env={**RESCUE, "DURABLE_JOBS_FAULTS": "reconciler_between=kill"})
+    reconciler = processes.worker(
+        "--reconcile",
+        "--queues",
+        "nothing",
+        app_name="durable-reconciler",
+        env={**RESCUE, "DURABLE_JOBS_FAULTS": "reconciler_between=kill"},
+    )
     reconciler.wait(timeout=30)
     assert "FAULT reconciler_between kill" in reconciler.output()
     finish_with_rescuer(processes, jobs)
@@ -82,15 +114,25 @@ def test_a_reconciler_killed_between_select_and_update(recorded, processes):
 def test_sigstop_past_the_lease_then_sigcont_lands_no_zombie_write(recorded, processes):
     start_imports(2, rows=8, delay=0.6)
     zombie = processes.worker("--concurrency", "2", app_name="durable-zombie")
-    wait_until(lambda: Job.objects.filter(processed_count__gte=1).count() == 2, message="both under way")
+    wait_until(
+        lambda: Job.objects.filter(processed_count__gte=1).count() == 2, message="both under way"
+    )
     zombie.signal(signal.SIGSTOP)
     time.sleep(4.5)  # past the 3 s lease and the 0.5 s grace
     processes.worker("--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE)
-    wait_until(lambda: Job.objects.filter(redrives__gte=1).count() == 2, message="the orphans to be taken")
+    wait_until(
+        lambda: Job.objects.filter(redrives__gte=1).count() == 2, message="the orphans to be taken"
+    )
     zombie.signal(signal.SIGCONT)
-    wait_until(lambda: zombie.output().count("outcome=lease_lost") == 2, timeout=30,
-               message="the zombie to try, and be refused, for both jobs")
-    wait_until(lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(), message="the finish")
+    wait_until(
+        lambda: zombie.output().count("outcome=lease_lost") == 2,
+        timeout=30,
+        message="the zombie to try, and be refused, for both jobs",
+    )
+    wait_until(
+        lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(),
+        message="the finish",
+    )
     assert_invariants(recorded, processes)
 
 
@@ -98,50 +140,83 @@ def test_a_domain_transaction_held_open_past_the_lease(recorded, processes):
     """The heartbeat must not deadlock against the worker's own row lock, and the lease
     written at commit must be fresh, not computed from the transaction's start."""
     jobs = start_imports(1, rows=3, delay=0)
-    worker = processes.worker("--reconcile", app_name="durable-slow-tx",
-                              env={**RESCUE, "DURABLE_JOBS_FAULTS": "domain_before_commit=pause:5"})
+    worker = processes.worker(
+        "--reconcile",
+        app_name="durable-slow-tx",
+        env={**RESCUE, "DURABLE_JOBS_FAULTS": "domain_before_commit=pause:5"},
+    )
     wait_until(lambda: "FAULT domain_before_commit pause" in worker.output(), message="the pause")
-    wait_until(lambda: Job.objects.get(id=jobs[0].id).status == "completed", message="the job to complete")
+    wait_until(
+        lambda: Job.objects.get(id=jobs[0].id).status == "completed", message="the job to complete"
+    )
     job = Job.objects.get(id=jobs[0].id)
     assert job.redrives == 0, "nobody took the job while its fence held the row"
     with __import__("django").db.connection.cursor() as cursor:
-        cursor.execute("SELECT lease_expires_at > at FROM durable_jobs_history WHERE job_id = %s AND op = 'UPDATE' "
-                       "AND status = 'running' AND lease_owner IS NOT NULL ORDER BY seq", [job.id])
+        cursor.execute(
+            "SELECT lease_expires_at > at FROM durable_jobs_history WHERE job_id = %s AND op = 'UPDATE' "
+            "AND status = 'running' AND lease_owner IS NOT NULL ORDER BY seq",
+            [job.id],
+        )
         fresh = [row[0] for row in cursor.fetchall()]
     assert fresh and all(fresh), "every lease the slice wrote lay in the future of its own write"
     assert_invariants(recorded, processes)
 
 
-def test_a_worker_stopped_inside_its_fenced_transaction_is_cut_off_by_the_server(recorded, processes):
+def test_a_worker_stopped_inside_its_fenced_transaction_is_cut_off_by_the_server(
+    recorded, processes
+):
     """The stopped worker holds the job row; PostgreSQL ends its idle transaction after
     FENCED_IDLE_TIMEOUT, the job is re-driven, and the zombie's late commit lands nothing.
     (Thread execution: the fault stops the worker itself.)"""
     jobs = start_imports(1, rows=4, delay=0.2)
-    zombie = processes.worker(app_name="durable-zombie", env={
-        "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2", "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2",
-        "DURABLE_JOBS_EXECUTION": "thread"})
-    wait_until(lambda: "FAULT domain_before_commit stop" in zombie.output(), message="the stop inside the fence")
+    zombie = processes.worker(
+        app_name="durable-zombie",
+        env={
+            "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2",
+            "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2",
+            "DURABLE_JOBS_EXECUTION": "thread",
+        },
+    )
+    wait_until(
+        lambda: "FAULT domain_before_commit stop" in zombie.output(),
+        message="the stop inside the fence",
+    )
     finish_with_rescuer(processes, jobs)
     zombie.signal(signal.SIGCONT)
-    wait_until(lambda: "outcome=" in zombie.output().split("FAULT domain_before_commit stop")[-1], timeout=20,
-               message="the zombie to finish its slice after waking")
+    wait_until(
+        lambda: "outcome=" in zombie.output().split("FAULT domain_before_commit stop")[-1],
+        timeout=20,
+        message="the zombie to finish its slice after waking",
+    )
     assert Job.objects.get(id=jobs[0].id).redrives >= 1
     assert_invariants(recorded, processes)
 
 
 def test_process_execution__a_handler_process_stopped_inside_its_fence_is_killed_at_the_time_limit(
-        recorded, processes):
+    recorded, processes
+):
     """Process execution: the fault stops only the handler's process, so its worker keeps
     the lease alive; the server ends the idle fenced transaction after FENCED_IDLE_TIMEOUT,
     and the time limit kills the stopped process (SIGKILL reaches a stopped process). The
     slice is charged time_limit, the job retries and completes, and nothing lands twice."""
     jobs = start_imports(1, rows=4, delay=0.2)
-    worker = processes.worker(app_name="durable-stalled-child", env={
-        "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2", "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2",
-        "DURABLE_JOBS_SLICE_BUDGET": "1.5"})
-    wait_until(lambda: "FAULT domain_before_commit stop" in worker.output(), message="the stop inside the fence")
-    wait_until(lambda: Job.objects.get(id=jobs[0].id).status == "completed", timeout=60,
-               message="the job to complete after the time limit")
+    worker = processes.worker(
+        app_name="durable-stalled-child",
+        env={
+            "DURABLE_JOBS_FAULTS": "domain_before_commit=stop@2",
+            "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2",
+            "DURABLE_JOBS_SLICE_BUDGET": "1.5",
+        },
+    )
+    wait_until(
+        lambda: "FAULT domain_before_commit stop" in worker.output(),
+        message="the stop inside the fence",
+    )
+    wait_until(
+        lambda: Job.objects.get(id=jobs[0].id).status == "completed",
+        timeout=60,
+        message="the job to complete after the time limit",
+    )
     job = Job.objects.get(id=jobs[0].id)
     assert job.redrives == 0 and job.lease_epoch >= 2, "a time_limit retry, not an orphan take"
     assert "time limit" in worker.output()
@@ -160,8 +235,15 @@ def test_pg_terminate_backend_of_one_worker_connection(recorded, processes, role
     if role == "durable-listener":
         later = durable.start("demo.flaky", input={"failures": 0})
         jobs.append(later)
-    wait_until(lambda: not Job.objects.filter(id__in=[j.id for j in jobs], status__in=["pending", "running"]).exists(),
-               timeout=60, message="every job to finish after the cut")
+    wait_until(
+        lambda: (
+            not Job.objects.filter(
+                id__in=[j.id for j in jobs], status__in=["pending", "running"]
+            ).exists()
+        ),
+        timeout=60,
+        message="every job to finish after the cut",
+    )
     assert worker.popen.poll() is None, "the worker survived"
     if role != "durable-slot-0":
         wait_until(lambda: backends_of(name), message=f"the {role} connection to come back")
@@ -184,18 +266,30 @@ def test_a_poison_handler_that_kills_its_worker_every_slice_is_parked(recorded, 
     parked = Job.objects.get(id=poison.id)
     assert parked.error_code == "poison" and parked.redrives_since_commit == 3
     finish_with_rescuer(processes, healthy)
-    assert all(job.status == "completed" for job in Job.objects.filter(id__in=[j.id for j in healthy]))
+    assert all(
+        job.status == "completed" for job in Job.objects.filter(id__in=[j.id for j in healthy])
+    )
     assert_invariants(recorded, processes)
 
 
 def test_three_reconcilers_over_hundreds_of_orphans_act_once_each(recorded, processes):
     from tests.factories import running
 
-    orphans = [running(kind="demo.flaky", input={"failures": 0}, lease_expires_at=-60) for _ in range(300)]
-    reconcilers = [processes.worker("--reconcile", "--queues", "nothing", app_name=f"durable-rec-{n}", env=RESCUE)
-                   for n in range(3)]
-    wait_until(lambda: not Job.objects.filter(status="running").exists(), message="every orphan taken")
-    assert set(Job.objects.filter(id__in=[o.id for o in orphans]).values_list("redrives", flat=True)) == {1}
+    orphans = [
+        running(kind="demo.flaky", input={"failures": 0}, lease_expires_at=-60) for _ in range(300)
+    ]
+    reconcilers = [
+        processes.worker(
+            "--reconcile", "--queues", "nothing", app_name=f"durable-rec-{n}", env=RESCUE
+        )
+        for n in range(3)
+    ]
+    wait_until(
+        lambda: not Job.objects.filter(status="running").exists(), message="every orphan taken"
+    )
+    assert set(
+        Job.objects.filter(id__in=[o.id for o in orphans]).values_list("redrives", flat=True)
+    ) == {1}
     for reconciler in reconcilers:
         reconciler.signal(signal.SIGTERM)
     finish_with_rescuer(processes, orphans, timeout=90)
@@ -232,7 +326,10 @@ def test_a_claim_storm_over_few_lock_keys_never_runs_two_jobs_of_one_key(recorde
     stop.set()
     for thread in threads:
         thread.join()
-    wait_until(lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(), message="the drain")
+    wait_until(
+        lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(),
+        message="the drain",
+    )
     assert Job.objects.count() >= 6 and refused, "the storm really raced"
     with __import__("django").db.connection.cursor() as cursor:
         cursor.execute("""
@@ -253,7 +350,9 @@ def test_sigkill_before_a_batched_completion_commits(recorded, processes):
     """Quick slices finished but their batched completion never committed: the jobs are
     orphans, re-driven and completed once; nothing was reported completed early."""
     jobs = [durable.start("demo.noop") for _ in range(40)]
-    victim = processes.worker(app_name="durable-victim", env={"DURABLE_JOBS_FAULTS": "before_batched_completion=kill"})
+    victim = processes.worker(
+        app_name="durable-victim", env={"DURABLE_JOBS_FAULTS": "before_batched_completion=kill"}
+    )
     victim.wait(timeout=60)
     assert "FAULT before_batched_completion kill" in victim.output()
     assert "outcome=completed (batched" not in victim.output().split("FAULT")[-1]

@@ -19,7 +19,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("run", "settings", "skip-shell")
 
-_CODE_BLOCK = re.compile(r"^(?P<indent>\s*)\.\. (?:code-block|code|sourcecode)::\s*(?P<lang>\S*)\s*$")
+_CODE_BLOCK = re.compile(
+    r"^(?P<indent>\s*)\.\. (?:code-block|code|sourcecode)::\s*(?P<lang>\S*)\s*$"
+)
 _MARKER = re.compile(r"^\s*\.\. example:\s*(?P<mode>\S+)\s*$")
 _OPTION = re.compile(r"^\s+:[\w-]+:")
 
@@ -39,7 +41,9 @@ class Example:
 
 def documents() -> list[Path]:
     """README.rst and every .rst under docs/ (not the build output)."""
-    docs = sorted(p for p in (ROOT / "docs").rglob("*.rst") if "_build" not in p.relative_to(ROOT).parts)
+    docs = sorted(
+        p for p in (ROOT / "docs").rglob("*.rst") if "_build" not in p.relative_to(ROOT).parts
+    )
     return [ROOT / "README.rst", *docs]
 
 
@@ -52,7 +56,9 @@ def extract(path: Path) -> list[Example]:
     while i < len(lines):
         line = lines[i]
         directive = _CODE_BLOCK.match(line)
-        literal = not directive and line.rstrip().endswith("::") and not line.lstrip().startswith("..")
+        literal = (
+            not directive and line.rstrip().endswith("::") and not line.lstrip().startswith("..")
+        )
         if not (directive or literal):
             i += 1
             continue
@@ -69,7 +75,9 @@ def extract(path: Path) -> list[Example]:
         while directive and j < len(lines) and _OPTION.match(lines[j]):
             j += 1
         body_start = j
-        while j < len(lines) and (not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > base):
+        while j < len(lines) and (
+            not lines[j].strip() or len(lines[j]) - len(lines[j].lstrip()) > base
+        ):
             j += 1
         body = lines[body_start:j]
         while body and not body[0].strip():

@@ -27,7 +27,7 @@ from django.test import override_settings
 import durable_jobs as durable
 from durable_jobs import conf, registry, testing
 from durable_jobs.models import Job
-from durable_jobs.reconciler import Reconciler
+from durable_jobs.runtime.reconciler import Reconciler
 from testproject.demo.models import Effect, Report
 from tests.docs.examples import ROOT, Example, documents, extract
 
@@ -52,8 +52,10 @@ def source_batches(after: int) -> Iterator[Batch]:
     """The README's ``source_batches``: the source rows after ``after``, a batch at a time."""
     rows = [row for row in SOURCE_ROWS if row > after]
     for start in range(0, len(rows), BATCH_SIZE):
-        chunk = tuple(rows[start:start + BATCH_SIZE])
-        yield Batch(rows=chunk, last=chunk[-1], end=SOURCE_ROWS.index(chunk[-1]) + 1, total=len(SOURCE_ROWS))
+        chunk = tuple(rows[start : start + BATCH_SIZE])
+        yield Batch(
+            rows=chunk, last=chunk[-1], end=SOURCE_ROWS.index(chunk[-1]) + 1, total=len(SOURCE_ROWS)
+        )
 
 
 def write_rows(batch: Batch) -> None:
@@ -69,14 +71,16 @@ def stand_ins() -> dict:
     """
     module = ModuleType("docs_examples")
     sys.modules["docs_examples"] = module
-    module.__dict__.update({
-        "Report": Report,
-        "source_batches": source_batches,
-        "write_rows": write_rows,
-        "request_id": "request-7f3a",
-        "user": SimpleNamespace(pk=42),
-        "report_ids": [Report.objects.create(name=f"batch {n}").pk for n in range(3)],
-    })
+    module.__dict__.update(
+        {
+            "Report": Report,
+            "source_batches": source_batches,
+            "write_rows": write_rows,
+            "request_id": "request-7f3a",
+            "user": SimpleNamespace(pk=42),
+            "report_ids": [Report.objects.create(name=f"batch {n}").pk for n in range(3)],
+        }
+    )
     return module.__dict__
 
 
@@ -85,7 +89,10 @@ FIXTURES = {"db": None}  # what an example's own test function may ask for
 #: What a completed job of each kind the examples start must hold: (result, checkpoint).
 #: A kind missing here fails the test: say what its example is expected to produce.
 EXPECTED = {
-    "reports.rebuild": ({"rows": len(SOURCE_ROWS)}, {"cursor": SOURCE_ROWS[-1], "rows": len(SOURCE_ROWS)}),
+    "reports.rebuild": (
+        {"rows": len(SOURCE_ROWS)},
+        {"cursor": SOURCE_ROWS[-1], "rows": len(SOURCE_ROWS)},
+    ),
     # Django's Tasks framework: every task is a job of kind django.tasks; keyed by task.
     "docs_examples.send_welcome": ({"sent_to": 42}, None),
 }
@@ -107,7 +114,7 @@ def run_examples(examples: list[Example], namespace: dict) -> None:
             check_settings_fragment(example)
             continue
         before = set(namespace)
-        exec(compile(example.code, example.where, "exec"), namespace)  # noqa: S102 - our own docs
+        exec(compile(example.code, example.where, "exec"), namespace)
         for name in sorted(set(namespace) - before):
             if name.startswith("test_") and isinstance(namespace[name], FunctionType):
                 call_example_test(example, namespace[name])
@@ -115,22 +122,28 @@ def run_examples(examples: list[Example], namespace: dict) -> None:
 
 def check_settings_fragment(example: Example) -> None:
     fragment: dict = {}
-    exec(compile(example.code, example.where, "exec"), fragment)  # noqa: S102 - our own docs
+    exec(compile(example.code, example.where, "exec"), fragment)
     if "DURABLE_JOBS" in fragment:
         # LISTEN_DATABASE names an alias of the fragment's own DATABASES, when it has some.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Django warns that overriding DATABASES is unusual
             with override_settings(**{k: fragment[k] for k in ("DATABASES",) if k in fragment}):
-                conf.load(fragment["DURABLE_JOBS"])  # raises ConfigurationError naming what is wrong
+                conf.load(
+                    fragment["DURABLE_JOBS"]
+                )  # raises ConfigurationError naming what is wrong
     if "INSTALLED_APPS" in fragment:
         assert "durable_jobs" in fragment["INSTALLED_APPS"], example.where
-    assert {"DURABLE_JOBS", "INSTALLED_APPS"} & set(fragment), f"{example.where}: a settings example sets nothing"
+    assert {"DURABLE_JOBS", "INSTALLED_APPS"} & set(fragment), (
+        f"{example.where}: a settings example sets nothing"
+    )
 
 
 def call_example_test(example: Example, func: FunctionType) -> None:
-    names = func.__code__.co_varnames[:func.__code__.co_argcount]
+    names = func.__code__.co_varnames[: func.__code__.co_argcount]
     missing = [name for name in names if name not in FIXTURES]
-    assert not missing, f"{example.where}: {func.__name__} asks for fixtures this runner lacks: {missing}"
+    assert not missing, (
+        f"{example.where}: {func.__name__} asks for fixtures this runner lacks: {missing}"
+    )
     func(**{name: FIXTURES[name] for name in names})
 
 
@@ -176,17 +189,23 @@ def test_examples__run_and_every_job_they_start_ends_as_asked(document, register
         )
         if job.status == "completed":
             key = expected_key(job)
-            assert key in EXPECTED, f"{_ids(document)}: add what a {key} job should produce to EXPECTED"
+            assert key in EXPECTED, (
+                f"{_ids(document)}: add what a {key} job should produce to EXPECTED"
+            )
             assert (job.result, job.checkpoint) == EXPECTED[key], _ids(document)
 
 
 def readme_example(containing: str) -> Example:
     matches = [e for e in extract(ROOT / "README.rst") if containing in e.code]
-    assert len(matches) == 1, f"expected one README example containing {containing!r}, found {len(matches)}"
+    assert len(matches) == 1, (
+        f"expected one README example containing {containing!r}, found {len(matches)}"
+    )
     return matches[0]
 
 
-def test_readme_handler__completes_when_a_slice_starts_with_nothing_left_to_do(settings, registered_kinds):
+def test_readme_handler__completes_when_a_slice_starts_with_nothing_left_to_do(
+    settings, registered_kinds
+):
     # A tiny slice budget makes every slice yield right after its first batch, so the
     # slice after the last batch starts with nothing left to do -- as a resumed job whose
     # last checkpoint covered everything does.
@@ -202,7 +221,9 @@ def test_readme_handler__completes_when_a_slice_starts_with_nothing_left_to_do(s
     assert (row.status, row.error_code) == ("completed", None)
     assert row.result == {"rows": 7}
     assert row.checkpoint == {"cursor": 7, "rows": 7}
-    assert sorted(Effect.objects.filter(job_id=EFFECTS).values_list("item", flat=True)) == list(SOURCE_ROWS)
+    assert sorted(Effect.objects.filter(job_id=EFFECTS).values_list("item", flat=True)) == list(
+        SOURCE_ROWS
+    )
     report.refresh_from_db()
     assert report.status == "completed"
 
@@ -223,7 +244,9 @@ def test_extractor__finds_every_python_code_block():
         assert len(found) == declared, _ids(document)
 
 
-def test_extractor__tells_python_literal_blocks_from_shell_and_honours_markers(tmp_path, monkeypatch):
+def test_extractor__tells_python_literal_blocks_from_shell_and_honours_markers(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr("tests.docs.examples.ROOT", tmp_path)
     doc = tmp_path / "x.rst"
     doc.write_text(
@@ -241,7 +264,9 @@ def test_extractor__tells_python_literal_blocks_from_shell_and_honours_markers(t
 
 
 def test_examples__a_raising_example_fails_its_document(registered_kinds):
-    example = Example("README.rst", 1, "durable.get('00000000-0000-0000-0000-000000000000')\n", "run", True)
+    example = Example(
+        "README.rst", 1, "durable.get('00000000-0000-0000-0000-000000000000')\n", "run", True
+    )
     with pytest.raises(durable.JobNotFound):
         run_examples([example], {"durable": durable})
 
@@ -258,7 +283,10 @@ def test_docs__name_only_tests_that_exist():
             *classes, function = name.split("::")
             scope = tree.body
             for cls in classes:
-                scope = next((n.body for n in scope if isinstance(n, ast.ClassDef) and n.name == cls), [])
-            assert any(isinstance(n, ast.FunctionDef) and n.name == function for n in scope), \
+                scope = next(
+                    (n.body for n in scope if isinstance(n, ast.ClassDef) and n.name == cls), []
+                )
+            assert any(isinstance(n, ast.FunctionDef) and n.name == function for n in scope), (
                 f"{_ids(document)} names {path}::{name}, which does not exist"
+            )
     assert referenced > 30  # the invariants page links its tests

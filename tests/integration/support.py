@@ -7,10 +7,9 @@ like the fence it pins.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta
 from typing import Any
-
-import threading
 
 import psycopg
 import pytest

@@ -36,7 +36,9 @@ def test_changelist_and_detail_show_progress_and_pretty_json(client, staff):
 def test_cancel_action_needs_its_permission_and_goes_through_the_service(client, staff):
     staff()
     job = JobFactory()
-    response = client.post(CHANGELIST, {"action": "cancel_jobs", "confirm": "yes", "_selected_action": [str(job.id)]})
+    response = client.post(
+        CHANGELIST, {"action": "cancel_jobs", "confirm": "yes", "_selected_action": [str(job.id)]}
+    )
     assert reload(job).cancel_requested_at is None, "no cancel_job permission: no action"
     assert response.status_code in (200, 302)
 
@@ -45,23 +47,50 @@ def test_actions_count_what_changed_and_what_was_refused(client, staff):
     staff("cancel_job", "redrive_job")
     live = JobFactory()
     done = JobFactory(status="completed", finished_at=-1, pending_since=None)
-    response = client.post(CHANGELIST, {"action": "cancel_jobs", "confirm": "yes", "_selected_action": [str(live.id), str(done.id)]},
-                           follow=True)
+    response = client.post(
+        CHANGELIST,
+        {
+            "action": "cancel_jobs",
+            "confirm": "yes",
+            "_selected_action": [str(live.id), str(done.id)],
+        },
+        follow=True,
+    )
     text = response.content.decode()
     assert "Cancellation requested for 1 job(s)." in text and "Refused 1" in text
     assert reload(live).cancelled_by == "admin:op"
-    unrecoverable = JobFactory(status="failed", error_code="unrecoverable", finished_at=-1, pending_since=None)
-    client.post(CHANGELIST, {"action": "redrive_jobs", "confirm": "yes", "_selected_action": [str(unrecoverable.id)]})
+    unrecoverable = JobFactory(
+        status="failed", error_code="unrecoverable", finished_at=-1, pending_since=None
+    )
+    client.post(
+        CHANGELIST,
+        {"action": "redrive_jobs", "confirm": "yes", "_selected_action": [str(unrecoverable.id)]},
+    )
     assert reload(unrecoverable).status == "failed", "force is a separate permission"
-    response = client.post(CHANGELIST, {"action": "force_redrive_jobs",
-                                        "confirm": "yes", "_selected_action": [str(unrecoverable.id)]})
+    response = client.post(
+        CHANGELIST,
+        {
+            "action": "force_redrive_jobs",
+            "confirm": "yes",
+            "_selected_action": [str(unrecoverable.id)],
+        },
+    )
     assert reload(unrecoverable).status == "failed", "no force_redrive_job permission"
 
 
 def test_force_redrive_with_its_permission(client, staff):
     staff("force_redrive_job")
-    unrecoverable = JobFactory(status="failed", error_code="unrecoverable", finished_at=-1, pending_since=None)
-    client.post(CHANGELIST, {"action": "force_redrive_jobs", "confirm": "yes", "_selected_action": [str(unrecoverable.id)]})
+    unrecoverable = JobFactory(
+        status="failed", error_code="unrecoverable", finished_at=-1, pending_since=None
+    )
+    client.post(
+        CHANGELIST,
+        {
+            "action": "force_redrive_jobs",
+            "confirm": "yes",
+            "_selected_action": [str(unrecoverable.id)],
+        },
+    )
     assert reload(unrecoverable).status == "pending"
 
 

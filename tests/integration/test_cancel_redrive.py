@@ -164,8 +164,15 @@ def test_redrive__refused_with_lock_key_held_when_a_live_job_took_the_key(kinds)
     from tests.factories import JobFactory, reload
 
     kinds.add("tests.keyed")
-    failed = JobFactory(kind="tests.keyed", status="failed", lock_key="K", finished_at=-1, pending_since=None,
-                        error_code="terminal", error_class="terminal")
+    failed = JobFactory(
+        kind="tests.keyed",
+        status="failed",
+        lock_key="K",
+        finished_at=-1,
+        pending_since=None,
+        error_code="terminal",
+        error_class="terminal",
+    )
     holder = durable.start("tests.keyed", lock_key="K")
     with transaction.atomic():
         with pytest.raises(durable.LockKeyHeld) as caught:
@@ -195,8 +202,9 @@ def held(other_connection):
     @contextlib.contextmanager
     def hold(job):
         with other_connection.transaction():
-            rows = other_connection.execute("SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE",
-                                            [job.id]).fetchall()
+            rows = other_connection.execute(
+                "SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE", [job.id]
+            ).fetchall()
             assert len(rows) == 1
             yield
 
@@ -215,10 +223,16 @@ def _set_local_lock_timeout(value: str) -> None:
 
 
 OPERATIONS = {
-    "cancel": (lambda: running(kind=KIND), lambda job: durable.cancel(job.id, by="alice"),
-               lambda row: row.cancel_requested_at is None),
-    "redrive": (lambda: _finished("failed", error_code="poison", parked_at=-1),
-                lambda job: durable.redrive(job.id), lambda row: row.status == "failed"),
+    "cancel": (
+        lambda: running(kind=KIND),
+        lambda job: durable.cancel(job.id, by="alice"),
+        lambda row: row.cancel_requested_at is None,
+    ),
+    "redrive": (
+        lambda: _finished("failed", error_code="poison", parked_at=-1),
+        lambda job: durable.redrive(job.id),
+        lambda row: row.status == "failed",
+    ),
 }
 
 
@@ -255,10 +269,21 @@ def test_operator_action__behind_a_held_row_raises_job_busy_and_leaves_the_calle
 def test_cli_cancel__behind_a_held_row_exits_1_with_the_reason(kind, held):
     """Issue 9 item 7: the command line answers instead of hanging."""
     job = running(kind=KIND)
-    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "testproject.settings_test"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "DJANGO_SETTINGS_MODULE": "testproject.settings_test",
+    }
     with held(job):
-        done = subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", "cancel", str(job.id)],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "durable_jobs", "cancel", str(job.id)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     assert done.returncode == 1, done.stderr
     assert "a worker holds it in a transaction" in done.stderr and str(job.id) in done.stderr
     assert reload(job).cancel_requested_at is None
@@ -274,11 +299,18 @@ def test_admin_cancel__behind_a_held_row_shows_a_busy_message(kind, short_wait, 
     client.force_login(user)
     busy, free = running(kind=KIND), running(kind=KIND)
     with held(busy):
-        response = client.post("/admin/durable_jobs/job/",
-                               {"action": "cancel_jobs", "confirm": "yes",
-                                "_selected_action": [str(busy.id), str(free.id)]},
-                               follow=True)
+        response = client.post(
+            "/admin/durable_jobs/job/",
+            {
+                "action": "cancel_jobs",
+                "confirm": "yes",
+                "_selected_action": [str(busy.id), str(free.id)],
+            },
+            follow=True,
+        )
     text = response.content.decode()
     assert "Cancellation requested for 1 job(s)." in text
-    assert "Busy, not changed, try again: 1" in text and "a worker holds it in a transaction" in text
+    assert (
+        "Busy, not changed, try again: 1" in text and "a worker holds it in a transaction" in text
+    )
     assert reload(busy).cancel_requested_at is None and reload(free).cancel_requested_at is not None

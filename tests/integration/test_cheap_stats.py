@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from durable_jobs import stats
+from durable_jobs.console import stats
 from tests.factories import JobFactory, running
 
 pytestmark = pytest.mark.django_db
@@ -20,7 +20,9 @@ def fill_finished(kind: str, status: str, n: int) -> None:
         cursor.execute(
             "INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at, updated_at,"
             " finished_at) SELECT gen_random_uuid(), 'default', %s, %s, 'default', now(), now(), now()"
-            " FROM generate_series(1, %s)", [kind, status, n])
+            " FROM generate_series(1, %s)",
+            [kind, status, n],
+        )
 
 
 def test_a_large_table_counts_live_jobs_exactly_and_estimates_finished_ones(monkeypatch):
@@ -29,7 +31,14 @@ def test_a_large_table_counts_live_jobs_exactly_and_estimates_finished_ones(monk
     JobFactory(kind="tests.a")
     JobFactory(kind="tests.a", pending_since=-60)
     running(kind="tests.b", lease_expires_at=-30)
-    JobFactory(kind="tests.b", status="failed", parked_at=-1, finished_at=-1, error_code="poison", pending_since=None)
+    JobFactory(
+        kind="tests.b",
+        status="failed",
+        parked_at=-1,
+        finished_at=-1,
+        error_code="poison",
+        pending_since=None,
+    )
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE durable_jobs_job")
     monkeypatch.setattr(stats, "EXACT_BELOW", 100)  # "large" from 100 rows on
@@ -64,15 +73,27 @@ def test_a_small_table_is_counted_exactly():
     assert data["estimated"] is False and data["by_kind"] == {"tests.a": {"completed": 5}}
 
 
-def test_the_backlog_figures_and_throughput_windows_come_from_one_statement(django_assert_max_num_queries):
+def test_the_backlog_figures_and_throughput_windows_come_from_one_statement(
+    django_assert_max_num_queries,
+):
     JobFactory(kind="tests.a", status="completed", finished_at=-30, pending_since=None)
     JobFactory(kind="tests.a", status="cancelled", finished_at=-180, pending_since=None)
-    JobFactory(kind="tests.a", status="completed", finished_at=-1200, pending_since=None)  # before every window
-    JobFactory(kind="tests.a", status="failed", parked_at=-10, finished_at=-10, error_code="poison",
-               pending_since=None)
+    JobFactory(
+        kind="tests.a", status="completed", finished_at=-1200, pending_since=None
+    )  # before every window
+    JobFactory(
+        kind="tests.a",
+        status="failed",
+        parked_at=-10,
+        finished_at=-10,
+        error_code="poison",
+        pending_since=None,
+    )
     running(kind="tests.a", lease_owner=None, lease_expires_at=None, next_run_at=30)  # retrying
     JobFactory(kind="tests.a", held_since=-60, next_run_at=60)
-    JobFactory(kind="tests.a", tenant_id="other", status="completed", finished_at=-30, pending_since=None)
+    JobFactory(
+        kind="tests.a", tenant_id="other", status="completed", finished_at=-30, pending_since=None
+    )
     with django_assert_max_num_queries(5):
         data = stats.collect(tenant="default")
     assert data["finished_last"] == {
@@ -100,7 +121,8 @@ def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypat
         cursor.execute(
             "INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at, updated_at,"
             " finished_at) SELECT gen_random_uuid(), 'default', 'tests.a', 'completed', 'default', now(), now(),"
-            " statement_timestamp() - i * interval '200 milliseconds' FROM generate_series(1, 600) AS i")
+            " statement_timestamp() - i * interval '200 milliseconds' FROM generate_series(1, 600) AS i"
+        )
     monkeypatch.setattr(store, "FINISHED_SAMPLE", 200)
 
     data = stats.collect()
@@ -114,5 +136,8 @@ def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypat
     monkeypatch.setattr(store, "FINISHED_SAMPLE", 1000)  # now the sample holds every row
     data = stats.collect()
     assert data["finished_last_estimated"] == []
-    assert data["finished_last"]["1m"]["completed"] in (299, 300)  # the clock moved a few ms since the insert
+    assert data["finished_last"]["1m"]["completed"] in (
+        299,
+        300,
+    )  # the clock moved a few ms since the insert
     assert data["finished_last"]["15m"]["completed"] == 600

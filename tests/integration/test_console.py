@@ -9,9 +9,10 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 import durable_jobs as durable
-from durable_jobs import admin as console_admin
-from durable_jobs import explain, testing
-from durable_jobs.reconciler import Reconciler
+from durable_jobs import testing
+from durable_jobs.console import admin as console_admin
+from durable_jobs.console import explain
+from durable_jobs.runtime.reconciler import Reconciler
 from tests.factories import JobFactory, reload, running
 
 pytestmark = pytest.mark.django_db
@@ -43,9 +44,15 @@ def test_filters_narrow_the_list_to_what_they_name(client, operator):
     other_kind = JobFactory(kind="tests.b", queue_name="reports", tenant_id="acme")
     expired = running(lease_expires_at=-60)
     alive = running()
-    parked = JobFactory(status="failed", parked_at=-1, finished_at=-1, error_code="poison", pending_since=None)
-    held = JobFactory(held_since=-60, wait_for=[{"profile": "stock-level"}], wait_label="forged-label",
-                      next_run_at=30)
+    parked = JobFactory(
+        status="failed", parked_at=-1, finished_at=-1, error_code="poison", pending_since=None
+    )
+    held = JobFactory(
+        held_since=-60,
+        wait_for=[{"profile": "stock-level"}],
+        wait_label="forged-label",
+        next_run_at=30,
+    )
     satisfied = JobFactory(held_since=-60, wait_satisfied_at=-1)
 
     page = listed(client, "?kind=tests.b")
@@ -68,7 +75,9 @@ def test_filters_narrow_the_list_to_what_they_name(client, operator):
     page = listed(client, "?held=yes")
     assert str(held.id) in page and str(satisfied.id) not in page and str(pending.id) not in page
     assert "stock-level" in page, "the held-by-wait label is a column"
-    assert "forged-label" not in page, "the label is rebuilt from the validated conditions (invariant 23)"
+    assert "forged-label" not in page, (
+        "the label is rebuilt from the validated conditions (invariant 23)"
+    )
     page = listed(client, "?status=running")
     assert str(expired.id) in page and str(pending.id) not in page
 
@@ -85,14 +94,21 @@ def test_filter_choices_include_kinds_in_the_table_and_registered_ones(client, o
 def test_search_is_exact_on_keys_and_a_prefix_on_kinds(client, operator):
     operator()
     console_admin.console._choices_cache.clear()
-    job = JobFactory(kind="reports.rebuild", idempotency_key="req-42", lock_key="report:7", subject_type="app.report",
-                     subject_id="7")
+    job = JobFactory(
+        kind="reports.rebuild",
+        idempotency_key="req-42",
+        lock_key="report:7",
+        subject_type="app.report",
+        subject_id="7",
+    )
     other = JobFactory(kind="tests.noop")
     for term in (str(job.id), str(job.id).upper(), "req-42", "report:7", "7", "reports.re"):
         page = listed(client, f"?q={term}")
         assert str(job.id) in page and str(other.id) not in page, term
     for near_miss in (str(job.id)[:8], "req-4", "eports"):
-        assert str(job.id) not in listed(client, f"?q={near_miss}"), f"{near_miss!r} is not an exact match"
+        assert str(job.id) not in listed(client, f"?q={near_miss}"), (
+            f"{near_miss!r} is not an exact match"
+        )
 
 
 def test_a_large_result_shows_an_estimate_and_deep_pages_are_bounded(client, operator, monkeypatch):
@@ -113,12 +129,25 @@ def test_the_detail_page_groups_fields_caps_payloads_and_escapes(client, operato
     nested: object = "leaf"
     for _ in range(60):
         nested = {"k": nested, "pad": "x" * 300}
-    job = JobFactory(kind="tests.noop", input=nested, meta={"note": "<script>alert(1)</script>"},
-                     next_run_at=3600, cancel_requested_at=-5, cancelled_by="admin:<b>eve</b>")
+    job = JobFactory(
+        kind="tests.noop",
+        input=nested,
+        meta={"note": "<script>alert(1)</script>"},
+        next_run_at=3600,
+        cancel_requested_at=-5,
+        cancelled_by="admin:<b>eve</b>",
+    )
     response = client.get(f"{CHANGELIST}{job.id}/change/")
     page = response.content.decode()
-    for group in ("Identity and scope", "Why isn&#x27;t it running?", "Payloads", "Lease and delivery",
-                  "Budgets and counters", "Timeline", "Error"):
+    for group in (
+        "Identity and scope",
+        "Why isn&#x27;t it running?",
+        "Payloads",
+        "Lease and delivery",
+        "Budgets and counters",
+        "Timeline",
+        "Error",
+    ):
         assert group in page, group
     assert "truncated" in page
     assert len(page) < 200_000, "a big nested payload no longer explodes into megabytes of HTML"
@@ -135,40 +164,62 @@ def test_explain_names_each_reason_a_pending_job_waits(settings):
     unknown = JobFactory(kind="nobody.knows", queue_name="side")
     reasons = " ".join(explain.explain(reload(unknown)))
     assert "No handler for kind 'nobody.knows'" in reasons and "queue 'side'" in reasons
-    held = JobFactory(kind="demo.flaky", held_since=-120, wait_for=[{"after": "2030-01-01T00:00:00Z"}],
-                      wait_label="after 2030-01-01T00:00:00Z", next_run_at=60)
+    held = JobFactory(
+        kind="demo.flaky",
+        held_since=-120,
+        wait_for=[{"after": "2030-01-01T00:00:00Z"}],
+        wait_label="after 2030-01-01T00:00:00Z",
+        next_run_at=60,
+    )
     reasons = explain.explain(reload(held))
-    assert any("Waiting for after 2030-01-01T00:00:00Z" in r and "held since" in r for r in reasons), reasons
+    assert any(
+        "Waiting for after 2030-01-01T00:00:00Z" in r and "held since" in r for r in reasons
+    ), reasons
     leased = JobFactory(kind="demo.flaky", lease_owner="w-1", lease_expires_at=30)
     assert any("lease is held by w-1" in r for r in explain.explain(reload(leased)))
     done = JobFactory(kind="demo.flaky", status="completed", finished_at=-1, pending_since=None)
     assert explain.explain(reload(done)) == [
-        "It is completed: finished jobs never run again (start a new job instead)."]
+        "It is completed: finished jobs never run again (start a new job instead)."
+    ]
 
 
 def test_an_action_asks_for_confirmation_and_changes_nothing_until_confirmed(client, operator):
     operator("cancel_job")
     jobs = [JobFactory(), JobFactory()]
-    response = client.post(CHANGELIST, {"action": "cancel_jobs", "_selected_action": [str(j.id) for j in jobs]})
+    response = client.post(
+        CHANGELIST, {"action": "cancel_jobs", "_selected_action": [str(j.id) for j in jobs]}
+    )
     page = response.content.decode()
     assert response.status_code == 200 and "Request cancellation: 2 jobs" in page
     assert 'name="confirm" value="yes"' in page and "csrfmiddlewaretoken" in page
     assert all(reload(j).cancel_requested_at is None for j in jobs)
 
 
-def test_select_all_starts_a_bulk_job_that_acts_on_every_match_in_chunks(client, operator, monkeypatch):
+def test_select_all_starts_a_bulk_job_that_acts_on_every_match_in_chunks(
+    client, operator, monkeypatch
+):
     operator("cancel_job", "redrive_job")
-    monkeypatch.setattr("durable_jobs.durable.CHUNK", 3)
+    monkeypatch.setattr("durable_jobs.console.bulk.CHUNK", 3)
     # Every slice hands back after one chunk: the job resumes from its committed cursor.
-    monkeypatch.setattr("durable_jobs.context.Slice.should_yield", lambda self: True)
+    monkeypatch.setattr("durable_jobs.runtime.context.Slice.should_yield", lambda self: True)
     targets = [JobFactory(queue_name="side", next_run_at=3600) for _ in range(7)]
     finished = JobFactory(status="completed", queue_name="side", finished_at=-1, pending_since=None)
     untouched = JobFactory(status="pending", queue_name="elsewhere", next_run_at=3600)
-    response = client.post(f"{CHANGELIST}?queue=side", {"action": "cancel_jobs", "select_across": "1",
-                                                         "_selected_action": [str(targets[0].id)],
-                                                         "index": "0", "confirm": "yes"}, follow=True)
+    response = client.post(
+        f"{CHANGELIST}?queue=side",
+        {
+            "action": "cancel_jobs",
+            "select_across": "1",
+            "_selected_action": [str(targets[0].id)],
+            "index": "0",
+            "confirm": "yes",
+        },
+        follow=True,
+    )
     assert "Started a background job" in response.content.decode()
-    assert all(reload(j).cancel_requested_at is None for j in targets), "the request itself changed nothing"
+    assert all(reload(j).cancel_requested_at is None for j in targets), (
+        "the request itself changed nothing"
+    )
     bulk = testing.assert_started("durable_jobs.bulk_action", count=1)[0]
     assert bulk.input["filters"] == {"queue": "side"}
     slices = testing.run_jobs(queues=["default"])
@@ -183,11 +234,19 @@ def test_select_all_starts_a_bulk_job_that_acts_on_every_match_in_chunks(client,
 
 def test_a_cancelled_bulk_job_stops_between_chunks(client, operator, monkeypatch):
     operator("cancel_job")
-    monkeypatch.setattr("durable_jobs.durable.CHUNK", 2)
-    monkeypatch.setattr("durable_jobs.context.Slice.should_yield", lambda self: True)
+    monkeypatch.setattr("durable_jobs.console.bulk.CHUNK", 2)
+    monkeypatch.setattr("durable_jobs.runtime.context.Slice.should_yield", lambda self: True)
     targets = [JobFactory(queue_name="side", next_run_at=3600) for _ in range(6)]
-    client.post(f"{CHANGELIST}?queue=side", {"action": "cancel_jobs", "select_across": "1", "index": "0",
-                                              "_selected_action": [str(targets[0].id)], "confirm": "yes"})
+    client.post(
+        f"{CHANGELIST}?queue=side",
+        {
+            "action": "cancel_jobs",
+            "select_across": "1",
+            "index": "0",
+            "_selected_action": [str(targets[0].id)],
+            "confirm": "yes",
+        },
+    )
     bulk = testing.assert_started("durable_jobs.bulk_action", count=1)[0]
     testing.run_jobs(queues=["default"], max_slices=1)
     durable.cancel(bulk.id)
@@ -195,12 +254,16 @@ def test_a_cancelled_bulk_job_stops_between_chunks(client, operator, monkeypatch
     bulk = reload(bulk)
     assert bulk.status == "cancelled"
     assert bulk.processed_count == 2 and bulk.checkpoint["changed"] == 2
-    assert sum(reload(j).cancel_requested_at is not None for j in targets) == 2, "only the first chunk ran"
+    assert sum(reload(j).cancel_requested_at is not None for j in targets) == 2, (
+        "only the first chunk ran"
+    )
 
 
 def test_the_live_view_reports_progress_and_honours_permissions(client, operator):
     job = JobFactory(total_count=10, processed_count=3)
-    assert client.get(f"{CHANGELIST}live/?id={job.id}").status_code == 302, "anonymous: to the login page"
+    assert client.get(f"{CHANGELIST}live/?id={job.id}").status_code == 302, (
+        "anonymous: to the login page"
+    )
     user = User.objects.create_user("staff-no-perm", password="pw", is_staff=True)
     client.force_login(user)
     assert client.get(f"{CHANGELIST}live/?id={job.id}").status_code == 403
@@ -208,20 +271,37 @@ def test_the_live_view_reports_progress_and_honours_permissions(client, operator
     data = json.loads(client.get(f"{CHANGELIST}live/?id={job.id}&id=not-a-uuid").content or b"{}")
     assert data == {"error": "not a job id"}
     data = json.loads(client.get(f"{CHANGELIST}live/?id={job.id}").content)
-    assert data["jobs"][str(job.id)] == {"status": "pending", "processed": 3, "total": 10, "percent": 30,
-                                         "live": True}
+    assert data["jobs"][str(job.id)] == {
+        "status": "pending",
+        "processed": 3,
+        "total": 10,
+        "percent": 30,
+        "live": True,
+    }
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_bulk_cancel_skips_a_row_a_worker_holds_and_counts_it_busy(client, operator, other_connection):
+def test_the_bulk_cancel_skips_a_row_a_worker_holds_and_counts_it_busy(
+    client, operator, other_connection
+):
     operator("cancel_job")
     targets = [JobFactory(queue_name="side", next_run_at=3600) for _ in range(4)]
     held = targets[1]
-    client.post(f"{CHANGELIST}?queue=side", {"action": "cancel_jobs", "select_across": "1", "index": "0",
-                                              "_selected_action": [str(targets[0].id)], "confirm": "yes"})
+    client.post(
+        f"{CHANGELIST}?queue=side",
+        {
+            "action": "cancel_jobs",
+            "select_across": "1",
+            "index": "0",
+            "_selected_action": [str(targets[0].id)],
+            "confirm": "yes",
+        },
+    )
     bulk = testing.assert_started("durable_jobs.bulk_action", count=1)[0]
     with other_connection.transaction():  # a worker's fenced() transaction holding one job row
-        other_connection.execute("SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [held.id])
+        other_connection.execute(
+            "SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [held.id]
+        )
         testing.run_jobs(queues=["default"])
     bulk = reload(bulk)
     assert bulk.status == "completed", bulk.error_message
@@ -237,11 +317,17 @@ def test_request_cancel_many_matches_each_job_by_its_own_scope_and_live_status()
     mine = JobFactory(tenant_id="acme", organization_id="eu")
     tenant_wide = JobFactory(tenant_id="acme")
     finished = JobFactory(tenant_id="acme", status="completed", finished_at=-1, pending_since=None)
-    changed = store.request_cancel_many([
-        (mine.id, "acme", "eu"),
-        (tenant_wide.id, "acme", "eu"),  # wrong organization: a null one is not a wildcard
-        (finished.id, "acme", None),
-    ], by="admin:op")
+    changed = store.request_cancel_many(
+        [
+            (mine.id, "acme", "eu"),
+            (tenant_wide.id, "acme", "eu"),  # wrong organization: a null one is not a wildcard
+            (finished.id, "acme", None),
+        ],
+        by="admin:op",
+    )
     assert changed == {mine.id}
     assert reload(mine).cancelled_by == "admin:op"
-    assert reload(tenant_wide).cancel_requested_at is None and reload(finished).cancel_requested_at is None
+    assert (
+        reload(tenant_wide).cancel_requested_at is None
+        and reload(finished).cancel_requested_at is None
+    )

@@ -18,7 +18,11 @@ def test_an_unknown_kind_retries_with_a_clear_code_then_fails_instead_of_crashin
     job = JobFactory(kind="tests.nobody_handles_this")
     assert [r.outcome for r in testing.run_jobs()] == ["retrying"]
     waiting = reload(job)
-    assert (waiting.status, waiting.error_code, waiting.lease_owner) == ("running", "unknown_kind", None)
+    assert (waiting.status, waiting.error_code, waiting.lease_owner) == (
+        "running",
+        "unknown_kind",
+        None,
+    )
     assert waiting.next_run_at > waiting.lease_expires_at, "it backs off instead of spinning"
     reports = testing.run_jobs(fast_forward=True)
     assert reports[-1].outcome == "failed"
@@ -30,8 +34,15 @@ def test_an_unknown_kind_retries_with_a_clear_code_then_fails_instead_of_crashin
 def test_a_verdict_decided_but_not_recorded_is_recorded_without_running_the_work(kinds):
     ran = []
     kinds.add("tests.counted", lambda job: ran.append(job.id) or durable.DONE)
-    job = running(kind="tests.counted", lease_owner=None, lease_expires_at=-1, next_run_at=-1,
-                  error_code="retry_exhausted", error_class="transient", consecutive_failures=5)
+    job = running(
+        kind="tests.counted",
+        lease_owner=None,
+        lease_expires_at=-1,
+        next_run_at=-1,
+        error_code="retry_exhausted",
+        error_class="transient",
+        consecutive_failures=5,
+    )
     assert [r.outcome for r in testing.run_jobs()] == ["failed"]
     assert ran == [], "the handler never ran again"
     after = reload(job)
@@ -70,7 +81,11 @@ def test_a_classifier_maps_exceptions_to_classes(kinds):
     def handler(job):
         raise KeyError("missing")
 
-    kinds.add("tests.classified", handler, classify=lambda e: "unrecoverable" if isinstance(e, KeyError) else "transient")
+    kinds.add(
+        "tests.classified",
+        handler,
+        classify=lambda e: "unrecoverable" if isinstance(e, KeyError) else "transient",
+    )
     job = durable.start("tests.classified")
     testing.run_jobs()
     assert reload(job).error_code == "unrecoverable"
@@ -127,8 +142,11 @@ def _force_takeover(job):
     from django.db import connection
 
     with connection.cursor() as cursor:  # test-only: expire the lease so it can be taken
-        cursor.execute("UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 hour' "
-                       "WHERE id = %s", [job.id])
+        cursor.execute(
+            "UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 hour' "
+            "WHERE id = %s",
+            [job.id],
+        )
     assert store.take_orphan(job.id, grace_ms=0, backoff_ms=0) is not None
 
 
@@ -160,7 +178,11 @@ def test_a_failing_mirror_rolls_back_the_completion_and_its_own_writes(kinds):
     assert report.status == "queued", "the mirror's write rolled back with the completion"
     assert [r.outcome for r in testing.run_jobs(fast_forward=True)] == ["parked"]
     parked = reload(job)
-    assert (parked.status, parked.error_code, parked.mirror_attempts) == ("failed", "mirror_failed", 2)
+    assert (parked.status, parked.error_code, parked.mirror_attempts) == (
+        "failed",
+        "mirror_failed",
+        2,
+    )
     assert parked.domain_mirrored_at is None
 
 

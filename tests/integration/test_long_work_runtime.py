@@ -15,11 +15,10 @@ from django.db import connection
 
 import durable_jobs as durable
 from durable_jobs import conf, registry, store, testing
+from durable_jobs.db import is_connection_loss
 from durable_jobs.exceptions import ConfigurationError
-from durable_jobs.executor import is_connection_loss
 from tests.factories import reload, running
 from tests.integration.support import in_thread, lease_of, other_connection_fixture  # noqa: F401
-
 
 # ---------------------------------------------------------------------------------------
 # heartbeat_leases: one statement, never waiting behind a locked row (invariants 5, 12)
@@ -40,15 +39,23 @@ def test_heartbeat_leases__skips_a_locked_row_and_beats_the_others(other_connect
     try:
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")  # a wait would fail the test, not hang it
-        answers = store.heartbeat_leases([lease_of(locked), lease_of(free), lease_of(cancelled), stale])
+        answers = store.heartbeat_leases(
+            [lease_of(locked), lease_of(free), lease_of(cancelled), stale]
+        )
     finally:
         other_connection.execute("ROLLBACK")
         with connection.cursor() as cursor:
             cursor.execute("RESET lock_timeout")
-    assert answers == {locked.id: store.BUSY, free.id: store.BEATEN, cancelled.id: store.CANCEL_REQUESTED,
-                       taken.id: store.LOST}
+    assert answers == {
+        locked.id: store.BUSY,
+        free.id: store.BEATEN,
+        cancelled.id: store.CANCEL_REQUESTED,
+        taken.id: store.LOST,
+    }
     assert reload(free).lease_expires_at > before
-    assert reload(locked).lease_expires_at == locked.lease_expires_at, "the busy row was not touched"
+    assert reload(locked).lease_expires_at == locked.lease_expires_at, (
+        "the busy row was not touched"
+    )
 
 
 @pytest.mark.django_db
@@ -69,8 +76,9 @@ def test_heartbeat_leases__refuses_a_lease_released_by_its_holder():
 @pytest.mark.django_db
 def test_charge_interruption__redrives_on_the_poison_budget_not_the_failure_count():
     job = running(consecutive_failures=1, redrives_since_commit=0)
-    row = store.charge_interruption(lease_of(job), reason="interrupted: connection lost", backoff_ms=0,
-                                    max_redrives=3)
+    row = store.charge_interruption(
+        lease_of(job), reason="interrupted: connection lost", backoff_ms=0, max_redrives=3
+    )
     assert (row.status, row.lease_owner, row.lease_epoch) == ("pending", None, job.lease_epoch + 1)
     assert (row.redrives, row.redrives_since_commit, row.consecutive_failures) == (1, 1, 1)
     assert row.error_message == "interrupted: connection lost"
@@ -79,8 +87,9 @@ def test_charge_interruption__redrives_on_the_poison_budget_not_the_failure_coun
 @pytest.mark.django_db
 def test_charge_interruption__parks_poison_past_the_budget():
     job = running(redrives_since_commit=2)
-    row = store.charge_interruption(lease_of(job), reason="interrupted: the process died", backoff_ms=0,
-                                    max_redrives=2)
+    row = store.charge_interruption(
+        lease_of(job), reason="interrupted: the process died", backoff_ms=0, max_redrives=2
+    )
     assert (row.status, row.error_code) == ("failed", "poison")
     assert row.parked_at is not None and "the process died" in row.error_message
 
@@ -88,10 +97,18 @@ def test_charge_interruption__parks_poison_past_the_budget():
 @pytest.mark.django_db
 def test_charge_interruption__is_fenced_on_owner_and_epoch():
     job = running()
-    assert store.charge_interruption(lease_of(job, owner="someone-else"), reason="x", backoff_ms=0,
-                                     max_redrives=5) is None
-    assert store.charge_interruption(lease_of(job, epoch=job.lease_epoch - 1), reason="x", backoff_ms=0,
-                                     max_redrives=5) is None
+    assert (
+        store.charge_interruption(
+            lease_of(job, owner="someone-else"), reason="x", backoff_ms=0, max_redrives=5
+        )
+        is None
+    )
+    assert (
+        store.charge_interruption(
+            lease_of(job, epoch=job.lease_epoch - 1), reason="x", backoff_ms=0, max_redrives=5
+        )
+        is None
+    )
     assert reload(job).status == "running" and reload(job).redrives == 0
 
 
@@ -135,7 +152,9 @@ def test_is_connection_loss__a_terminated_backend_is_a_loss(other_connection):
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         pid = cursor.fetchone()[0]
-    cut = threading.Timer(0.3, lambda: other_connection.execute("SELECT pg_terminate_backend(%s)", [pid]))
+    cut = threading.Timer(
+        0.3, lambda: other_connection.execute("SELECT pg_terminate_backend(%s)", [pid])
+    )
     cut.start()
     with pytest.raises(Exception) as raised:
         with connection.cursor() as cursor:
@@ -147,10 +166,12 @@ def test_is_connection_loss__a_terminated_backend_is_a_loss(other_connection):
 
 @pytest.mark.django_db(transaction=True)
 def test_is_connection_loss__deadlocks_timeouts_and_constraint_errors_are_the_work_s_own():
-    for sql in ("SET LOCAL statement_timeout = '10ms'; SELECT pg_sleep(1)",
-                "SELECT 1/0",
-                "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END $$",
-                "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END $$"):
+    for sql in (
+        "SET LOCAL statement_timeout = '10ms'; SELECT pg_sleep(1)",
+        "SELECT 1/0",
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40P01'; END $$",
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '40001'; END $$",
+    ):
         with pytest.raises(Exception) as raised:
             with connection.cursor() as cursor:
                 cursor.execute("BEGIN")
@@ -194,11 +215,17 @@ def test_settings__execution_is_process_or_thread():
 def test_the_row_sent_to_a_handler_process_arrives_as_it_was_claimed():
     import json
 
-    from durable_jobs.child import decode_row, encode_row
     from durable_jobs.models import Job
+    from durable_jobs.runtime.child import decode_row, encode_row
 
-    job = running(input={"n": [1, 2, {"deep": "ü"}]}, checkpoint={"at": 3}, cancel_requested_at=-5,
-                  total_count=10, processed_count=4, organization_id="org-1")
+    job = running(
+        input={"n": [1, 2, {"deep": "ü"}]},
+        checkpoint={"at": 3},
+        cancel_requested_at=-5,
+        total_count=10,
+        processed_count=4,
+        organization_id="org-1",
+    )
     row = reload(job)
     arrived = decode_row(json.loads(json.dumps(encode_row(row))), "default")
     for field in Job._meta.concrete_fields:
@@ -224,8 +251,8 @@ def test_a_handler_raising_a_base_exception_fails_its_slice_instead_of_killing_t
 def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_at_once(kinds):
     """A slot's batch is claimed while slices are quick; when one turns out slow, the jobs
     queued behind it go back to the queue while it runs, not after."""
-    from durable_jobs.runner import ChildRunner
-    from durable_jobs.worker import Pace, SlotState, Worker
+    from durable_jobs.runtime.runner import ChildRunner
+    from durable_jobs.runtime.worker import Pace, SlotState, Worker
 
     slow = durable.start("demo.sleep", input={"seconds": 3}, priority=10)
     quick = [durable.start("demo.noop") for _ in range(2)]
@@ -252,8 +279,9 @@ def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_a
         watcher.join()
     assert released == ["running"], "handed back while the slow slice still ran"
     assert reload(slow).status == "completed"
-    assert all(reload(job).status == "running" and reload(job).redrives == 0 for job in quick), \
+    assert all(reload(job).status == "running" and reload(job).redrives == 0 for job in quick), (
         "released uncharged, deliverable again"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,11 +291,14 @@ def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_a
 
 
 def _slice_of(job):
-    from durable_jobs.context import Slice
+    from durable_jobs.runtime.context import Slice
     from durable_jobs.states import Lease
 
-    return Slice(job, registry.get(job.kind), Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
-                                                    ttl_ms=60_000))
+    return Slice(
+        job,
+        registry.get(job.kind),
+        Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=60_000),
+    )
 
 
 def _ttl():
@@ -281,11 +312,13 @@ def _claim(count):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_is_handed_back_unstarted(settings):
+def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_is_handed_back_unstarted(
+    settings,
+):
     """The queued claim goes back to the queue while the slow slice runs; the time limit
     kills the slow one only, and the queued one never started in the child."""
-    from durable_jobs.runner import ChildRunner
-    from durable_jobs.worker import Pace, SlotState, Worker
+    from durable_jobs.runtime.runner import ChildRunner
+    from durable_jobs.runtime.worker import Pace, SlotState, Worker
 
     settings.DURABLE_JOBS = {**getattr(settings, "DURABLE_JOBS", {}), "TIME_LIMIT": 1.0}
     slow = durable.start("demo.sleep", input={"seconds": 30, "stubborn": True}, priority=10)
@@ -300,22 +333,28 @@ def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_is_h
         runner.close()
     assert reload(slow).error_code == "time_limit"
     row = reload(queued)
-    assert row.lease_owner is None and row.redrives == 0 and row.consecutive_failures == 0, "released uncharged"
+    assert row.lease_owner is None and row.redrives == 0 and row.consecutive_failures == 0, (
+        "released uncharged"
+    )
     assert row.checkpoint is None, "it never started in the child"
 
 
 @pytest.mark.django_db(transaction=True)
 def test_process_execution__a_shutdown_takes_back_the_runs_queued_in_the_child():
-    from durable_jobs.runner import ChildRunner
+    from durable_jobs.runtime.runner import ChildRunner
 
-    running_one, queued = durable.start("demo.sleep", input={"seconds": 30}, priority=10), \
-        durable.start("demo.progress_then_fail", input={"steps": 1})
+    running_one, queued = (
+        durable.start("demo.sleep", input={"seconds": 30}, priority=10),
+        durable.start("demo.progress_then_fail", input={"steps": 1}),
+    )
     stopping = threading.Event()
     runner = ChildRunner(role="durable-child-test", stopping=stopping)
     first, second = _claim(2)
     assert first.id == running_one.id
     try:
-        assert runner.send_ahead([(first, _slice_of(first).lease), (second, _slice_of(second).lease)])
+        assert runner.send_ahead(
+            [(first, _slice_of(first).lease), (second, _slice_of(second).lease)]
+        )
         timer = threading.Timer(0.3, stopping.set)
         timer.start()
         ran = runner.run(_slice_of(first))
@@ -329,14 +368,16 @@ def test_process_execution__a_shutdown_takes_back_the_runs_queued_in_the_child()
 
 @pytest.mark.django_db(transaction=True)
 def test_process_execution__a_child_killed_with_a_run_queued_charges_the_running_one_and_the_queued_one_runs_once():
-    from durable_jobs.runner import ChildRunner
+    from durable_jobs.runtime.runner import ChildRunner
 
     durable.start("demo.sleep", input={"seconds": 30, "stubborn": True}, priority=10)
     queued = durable.start("demo.progress_then_fail", input={"steps": 1})
     runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
     first, second = _claim(2)
     try:
-        assert runner.send_ahead([(first, _slice_of(first).lease), (second, _slice_of(second).lease)])
+        assert runner.send_ahead(
+            [(first, _slice_of(first).lease), (second, _slice_of(second).lease)]
+        )
         pid = runner.pid
         timer = threading.Timer(0.3, lambda: os.killpg(pid, signal.SIGKILL))
         timer.start()
@@ -355,8 +396,8 @@ def test_process_execution__a_child_killed_with_a_run_queued_charges_the_running
 
 @pytest.mark.django_db(transaction=True)
 def test_process_execution__a_quick_batch_queued_in_the_child_completes_each_job_once():
-    from durable_jobs.runner import ChildRunner
-    from durable_jobs.worker import Pace, SlotState, Worker
+    from durable_jobs.runtime.runner import ChildRunner
+    from durable_jobs.runtime.worker import Pace, SlotState, Worker
 
     jobs = [durable.start("demo.noop") for _ in range(6)]
     worker = Worker(concurrency=1, execution="process")
@@ -386,9 +427,8 @@ def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_wa
     it back, instead of waiting for an answer that never comes. (Should the child start
     it first, it runs exactly once; either way the call returns.)
     """
-    from durable_jobs.runner import ChildRunner
-
-    from durable_jobs import executor
+    from durable_jobs.runtime import executor
+    from durable_jobs.runtime.runner import ChildRunner
 
     job = durable.start("demo.progress_then_fail", input={"steps": 1})
     runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
@@ -402,7 +442,9 @@ def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_wa
         runner.take_back(timeout=0.2)
         assert runner.holds(claimed.id), "no answer yet: the child is stopped"
         os.kill(runner.pid, signal.SIGCONT)
-        supervisor = threading.Thread(target=lambda: outcome.update(ran=runner.run(context)), daemon=True)
+        supervisor = threading.Thread(
+            target=lambda: outcome.update(ran=runner.run(context)), daemon=True
+        )
         supervisor.start()
         supervisor.join(20)
         assert not supervisor.is_alive(), "the slot waits forever for a run the child withdrew"
@@ -413,8 +455,12 @@ def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_wa
         assert row.checkpoint is None, "withdrawn: it never started"
         assert executor.record(context, ran) == ("handed_back", None)
         row = reload(job)
-        assert row.lease_owner is None and row.next_run_at is not None, "released: deliverable again"
-        assert (row.redrives, row.consecutive_failures, row.interruptions) == (0, 0, 0), "nothing charged"
+        assert row.lease_owner is None and row.next_run_at is not None, (
+            "released: deliverable again"
+        )
+        assert (row.redrives, row.consecutive_failures, row.interruptions) == (0, 0, 0), (
+            "nothing charged"
+        )
     else:
         assert (ran.end, ran.code, row.checkpoint) == ("failed", "after_progress", {"step": 1})
 
@@ -425,8 +471,8 @@ def test_process_execution__every_way_a_slice_ends_crosses_the_pipe_unchanged():
     transient ``child_error``, never a transition nobody wrote."""
     import json
 
-    from durable_jobs.executor import Ran
-    from durable_jobs.runner import _ran_of
+    from durable_jobs.runtime.executor import Ran
+    from durable_jobs.runtime.runner import _ran_of
 
     ends = [
         Ran(end="done", result_json='{"rows": 3}'),

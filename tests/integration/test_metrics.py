@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 import durable_jobs as durable
 from durable_jobs import metrics, signals, testing
-from durable_jobs.prometheus import PrometheusSink
+from durable_jobs.console.prometheus import PrometheusSink
 from tests.factories import JobFactory, running
 
 pytestmark = pytest.mark.django_db
@@ -29,9 +29,21 @@ def test_counters_follow_what_the_worker_did(sink):
     testing.run_jobs(fast_forward=True)
     assert sink.get_sample_value("durable_jobs_jobs_started_total", {"kind": "demo.flaky"}) == 1
     assert sink.get_sample_value("durable_jobs_jobs_completed_total", {"kind": "demo.flaky"}) == 1
-    assert sink.get_sample_value("durable_jobs_jobs_failed_total", {"kind": "demo.always_fails"}) == 1
-    assert sink.get_sample_value("durable_jobs_slices_total", {"kind": "demo.flaky", "outcome": "retrying"}) == 1
-    assert sink.get_sample_value("durable_jobs_slice_seconds_count", {"kind": "demo.flaky", "outcome": "completed"}) == 1
+    assert (
+        sink.get_sample_value("durable_jobs_jobs_failed_total", {"kind": "demo.always_fails"}) == 1
+    )
+    assert (
+        sink.get_sample_value(
+            "durable_jobs_slices_total", {"kind": "demo.flaky", "outcome": "retrying"}
+        )
+        == 1
+    )
+    assert (
+        sink.get_sample_value(
+            "durable_jobs_slice_seconds_count", {"kind": "demo.flaky", "outcome": "completed"}
+        )
+        == 1
+    )
 
 
 def test_a_raising_sink_never_breaks_a_job():
@@ -60,7 +72,9 @@ def test_the_scrape_view_refuses_strangers_and_a_wrong_token(client, settings):
 def test_the_scrape_view_answers_the_bearer_token(client, settings):
     settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "METRICS_TOKEN": "s3cret-token-0123456789"}
     JobFactory(kind="demo.flaky")
-    text = client.get("/metrics/durable-jobs", HTTP_AUTHORIZATION="Bearer s3cret-token-0123456789").content.decode()
+    text = client.get(
+        "/metrics/durable-jobs", HTTP_AUTHORIZATION="Bearer s3cret-token-0123456789"
+    ).content.decode()
     assert 'durable_jobs_jobs{kind="demo.flaky",status="pending"} 1.0' in text
 
 
@@ -70,8 +84,14 @@ def test_the_scrape_view_reports_database_gauges(client):
     client.force_login(user)
     JobFactory(kind="demo.flaky")
     running(kind="demo.flaky", lease_expires_at=-60)
-    JobFactory(kind="demo.flaky", status="failed", parked_at=-1, finished_at=-1, error_code="poison",
-               pending_since=None)
+    JobFactory(
+        kind="demo.flaky",
+        status="failed",
+        parked_at=-1,
+        finished_at=-1,
+        error_code="poison",
+        pending_since=None,
+    )
     text = client.get("/metrics/durable-jobs").content.decode()
     assert 'durable_jobs_jobs{kind="demo.flaky",status="pending"} 1.0' in text
     assert "durable_jobs_running_expired_leases 1.0" in text

@@ -23,7 +23,9 @@ WRITE_SQL = re.compile(
 # A raw cursor or statement outside the store. (``connections[alias]`` itself is allowed:
 # the runtime opens, closes and inspects connections; it runs no SQL through them.)
 # ``super().execute(`` is a management command's BaseCommand.execute, not SQL.
-RAW_SQL = re.compile(r"\.cursor\(|(?<!super\(\))\.execute\(|\.executemany\(|\bRawSQL\(|\.raw\(|\.extra\(")
+RAW_SQL = re.compile(
+    r"\.cursor\(|(?<!super\(\))\.execute\(|\.executemany\(|\bRawSQL\(|\.raw\(|\.extra\("
+)
 
 
 def _modules_outside_the_store() -> list[Path]:
@@ -127,7 +129,9 @@ def test_store__is_where_the_writing_sql_lives():
     found = {m.group(0).split()[0].upper() for m in WRITE_SQL.finditer(source)}
     assert {"UPDATE", "INSERT"} <= found
     assert RAW_SQL.search(source)
-    assert RAW_SQL.search('connection.cursor().execute("SELECT 1")') and RAW_SQL.search("cur.execute(sql)")
+    assert RAW_SQL.search('connection.cursor().execute("SELECT 1")') and RAW_SQL.search(
+        "cur.execute(sql)"
+    )
     assert not RAW_SQL.search("return super().execute(*args, **options)")
     assert WRITE_SQL.search('cursor.execute("update durable_jobs_job set status = 1")')
     assert WRITE_SQL.search('f"DELETE FROM {models.TABLE} WHERE"')

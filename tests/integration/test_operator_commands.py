@@ -49,8 +49,13 @@ def test_cancel_and_redrive_act_through_the_service(kinds):
     pending = JobFactory()
     assert "cancellation requested" in run("cancel", str(pending.id), "--by", "ops")
     assert reload(pending).cancelled_by == "ops" and reload(pending).status == "pending"
-    failed = JobFactory(status="failed", error_code="unrecoverable", error_class="unrecoverable",
-                        finished_at=-1, pending_since=None)
+    failed = JobFactory(
+        status="failed",
+        error_code="unrecoverable",
+        error_class="unrecoverable",
+        finished_at=-1,
+        pending_since=None,
+    )
     with pytest.raises(CommandError, match="force"):
         run("redrive", str(failed.id))
     assert "pending again" in run("redrive", str(failed.id), "--force")
@@ -69,11 +74,20 @@ def test_a_missing_or_foreign_job_is_an_error_naming_it(kinds):
 def test_stats_counts_by_kind_and_status_and_reports_the_backlog(kinds):
     JobFactory(kind="tests.a", pending_since=-120)
     running(kind="tests.a", lease_expires_at=-60)
-    JobFactory(kind="tests.b", status="failed", parked_at=-1, finished_at=-1, error_code="poison",
-               pending_since=None)
+    JobFactory(
+        kind="tests.b",
+        status="failed",
+        parked_at=-1,
+        finished_at=-1,
+        error_code="poison",
+        pending_since=None,
+    )
     JobFactory(kind="tests.b", status="completed", finished_at=-30, pending_since=None)
     data = json.loads(run("stats", "--json"))
-    assert data["by_kind"] == {"tests.a": {"pending": 1, "running": 1}, "tests.b": {"completed": 1, "failed": 1}}
+    assert data["by_kind"] == {
+        "tests.a": {"pending": 1, "running": 1},
+        "tests.b": {"completed": 1, "failed": 1},
+    }
     assert data["running_expired_leases"] == 1
     assert data["parked_by_reason"] == {"poison": 1}
     assert data["oldest_pending_seconds"] >= 119
@@ -90,13 +104,22 @@ def test_exit_codes_of_the_command_line(kinds):
     def cli(*args):
         import os
 
-        return subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", *args], cwd=ROOT,
-                              env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False)
+        return subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "durable_jobs", *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
 
     ok = cli("show", str(job.id))
     assert ok.returncode == 0, ok.stderr
     missing = cli("show", "00000000-0000-0000-0000-000000000000")
-    assert missing.returncode == 1 and "no job 00000000-0000-0000-0000-000000000000" in missing.stderr
+    assert (
+        missing.returncode == 1 and "no job 00000000-0000-0000-0000-000000000000" in missing.stderr
+    )
     refused = cli("redrive", str(job.id))
     assert refused.returncode == 1 and "still live" in refused.stderr
     bad = cli("list", "--status", "bogus")
@@ -126,8 +149,12 @@ def test_stats_counts_only_the_scope_it_is_given(kinds):
     assert counted("--tenant", "tenant-b", "--organization", "org-x") == set()
     assert counted("--all-tenants") == {"tests.wide", "tests.org", "tests.other"}
     assert json.loads(run("stats", "--json", "--organization", "org-x"))["scope"] == {
-        "tenant": "default", "organization": "org-x"}
-    assert run("stats", "--organization", "org-x").startswith("scope: tenant default, organization org-x\n")
+        "tenant": "default",
+        "organization": "org-x",
+    }
+    assert run("stats", "--organization", "org-x").startswith(
+        "scope: tenant default, organization org-x\n"
+    )
     with pytest.raises(CommandError, match="--all-tenants counts every tenant"):
         run("stats", "--all-tenants", "--tenant", "tenant-b")
 
@@ -140,16 +167,29 @@ def test_errors_under_json_are_one_json_object_on_stderr_with_the_exit_status(ki
     def cli(*args):
         import os
 
-        result = subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", *args], cwd=ROOT,
-                                env={**os.environ, **env}, capture_output=True, text=True, timeout=60, check=False)
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "durable_jobs", *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         assert result.stdout == "", result.stdout
         return result.returncode, json.loads(result.stderr)
 
     missing = "00000000-0000-0000-0000-000000000000"
-    assert cli("--json", "show", missing) == (1, {"error": f"no job {missing} in this scope",
-                                                  "code": "job_not_found", "exit_status": 1})
+    assert cli("--json", "show", missing) == (
+        1,
+        {"error": f"no job {missing} in this scope", "code": "job_not_found", "exit_status": 1},
+    )
     status, error = cli("redrive", str(job.id), "--json")
-    assert (status, error["code"], error["exit_status"]) == (1, "wrong_state", 1) and "still live" in error["error"]
+    assert (status, error["code"], error["exit_status"]) == (
+        1,
+        "wrong_state",
+        1,
+    ) and "still live" in error["error"]
     status, error = cli("--json", "show", "not-a-uuid")
     assert (status, error["code"], error["exit_status"]) == (2, "invalid_input", 2)
     status, error = cli("list", "--status", "bogus", "--json")
@@ -169,8 +209,22 @@ def test_json_stats_from_the_command_line_before_the_action(kinds):
     env = {"DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "testproject.settings_test"}
     import os
 
-    result = subprocess.run([sys.executable, str(ROOT / "manage.py"), "durable_jobs", "--json", "stats",
-                             "--organization", "org-x"], cwd=ROOT, env={**os.environ, **env},
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "durable_jobs",
+            "--json",
+            "stats",
+            "--organization",
+            "org-x",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["by_kind"] == {"tests.a": {"pending": 1}}

@@ -14,7 +14,8 @@ import time
 import pytest
 from django.db import connections
 
-from durable_jobs import pooling, store
+from durable_jobs import store
+from durable_jobs.runtime import pooling
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -45,7 +45,9 @@ def test_cancel_racing_completion_leaves_exactly_one_terminal_status(kinds):
         lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=1000)
         completed, cancelled = race(lambda: store.complete(lease), lambda: durable.cancel(job.id))
         after = reload(job)
-        assert completed is not None and after.status == "completed", "the holder's completion stands"
+        assert completed is not None and after.status == "completed", (
+            "the holder's completion stands"
+        )
         assert isinstance(cancelled, durable.WrongState) or cancelled.status == "running"
 
 
@@ -70,7 +72,11 @@ def test_operator_redrive_racing_a_late_completion(kinds):
         if done is not None:
             assert after.status == "completed" and isinstance(redriven, durable.WrongState)
         else:
-            assert after.status == "pending" and after.lease_epoch == 2 and not isinstance(redriven, Exception)
+            assert (
+                after.status == "pending"
+                and after.lease_epoch == 2
+                and not isinstance(redriven, Exception)
+            )
 
 
 def test_orphan_take_racing_the_old_worker_s_heartbeat(kinds):
@@ -79,7 +85,10 @@ def test_orphan_take_racing_the_old_worker_s_heartbeat(kinds):
     for _ in range(10):
         job = running(lease_expires_at=-60)
         lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=60_000)
-        beat, taken = race(lambda: store.heartbeat(lease), lambda: store.take_orphan(job.id, grace_ms=0, backoff_ms=0))
+        beat, taken = race(
+            lambda: store.heartbeat(lease),
+            lambda: store.take_orphan(job.id, grace_ms=0, backoff_ms=0),
+        )
         if taken is not None:
             assert beat is None or reload(job).lease_epoch == 2
             assert store.heartbeat(lease) is None, "after the take the old lease is dead"
@@ -115,12 +124,14 @@ def test_an_orphan_take_waits_for_a_fenced_transaction_holding_the_row(kinds):
 
     wrote, taken = race(fenced_writer, taker)
     assert wrote is True, "the fence held the row: its write landed first"
-    assert taken is None, "the checkpoint renewed the lease, so the job was no orphan by the time the take ran"
+    assert taken is None, (
+        "the checkpoint renewed the lease, so the job was no orphan by the time the take ran"
+    )
     assert reload(job).checkpoint == {"at": 1}
 
 
 def _reconcile():
-    from durable_jobs.reconciler import Reconciler
+    from durable_jobs.runtime.reconciler import Reconciler
 
     return Reconciler().run_pass()
 
@@ -135,8 +146,15 @@ def test_cancel_racing_a_yield_or_a_failure_still_ends_the_job_cancelled(kinds, 
         if step == "yield":
             holder = lambda: store.yield_slice(lease)  # noqa: E731
         else:
-            holder = lambda: store.fail_slice(lease, error_class="transient", code="x", message="m",  # noqa: E731
-                                              max_failures=5, backoff_base_ms=10, backoff_max_ms=10)
+            holder = lambda: store.fail_slice(
+                lease,
+                error_class="transient",
+                code="x",
+                message="m",
+                max_failures=5,
+                backoff_base_ms=10,
+                backoff_max_ms=10,
+            )
         written, requested = race(holder, lambda: durable.cancel(job.id))
         assert written is not None and not isinstance(requested, Exception)
         _reconcile()
@@ -146,12 +164,20 @@ def test_cancel_racing_a_yield_or_a_failure_still_ends_the_job_cancelled(kinds, 
 def test_cancel_racing_an_operator_redrive_ends_consistently(kinds):
     kinds.add("tests.noop")
     for _ in range(5):
-        job = running(status="failed", lease_owner=None, finished_at=-1, error_code="terminal", error_class="terminal")
+        job = running(
+            status="failed",
+            lease_owner=None,
+            finished_at=-1,
+            error_code="terminal",
+            error_class="terminal",
+        )
         redriven, cancelled = race(lambda: durable.redrive(job.id), lambda: durable.cancel(job.id))
         assert not isinstance(redriven, Exception)
         _reconcile()
         after = reload(job)
-        if isinstance(cancelled, durable.WrongState):  # the cancel came first: a failed job is not live
+        if isinstance(
+            cancelled, durable.WrongState
+        ):  # the cancel came first: a failed job is not live
             assert after.status == "pending"
         else:  # the re-drive came first: the pending job was then cancelled
             assert after.status == "cancelled"

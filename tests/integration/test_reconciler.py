@@ -11,7 +11,7 @@ from django.db import connections
 from django.test import override_settings
 
 from durable_jobs import conf, store
-from durable_jobs.reconciler import Reconciler, run_as_leader
+from durable_jobs.runtime.reconciler import Reconciler, run_as_leader
 from durable_jobs.states import Lease
 from tests.factories import JobFactory, reload, running
 from tests.integration.support import other_connection_fixture  # noqa: F401  (fixture override)
@@ -45,8 +45,13 @@ class TestCancelStep:
 
     def test_ends_a_running_job_whose_worker_is_gone(self, mirrored):
         gone = running(kind="tests.mirrored", cancel_requested_at=-5, lease_expires_at=-60)
-        released = running(kind="tests.mirrored", cancel_requested_at=-5, lease_owner=None, lease_expires_at=-1,
-                           next_run_at=30)
+        released = running(
+            kind="tests.mirrored",
+            cancel_requested_at=-5,
+            lease_owner=None,
+            lease_expires_at=-1,
+            next_run_at=30,
+        )
         Reconciler().run_pass()
         assert reload(gone).status == "cancelled"
         assert reload(released).status == "cancelled"
@@ -54,7 +59,9 @@ class TestCancelStep:
     def test_leaves_a_running_job_with_a_live_lease_to_its_worker(self, mirrored):
         live = running(kind="tests.mirrored", cancel_requested_at=-1, lease_expires_at=60)
         Reconciler().run_pass()
-        assert reload(live).status == "running", "Invariant 8: the worker ends it at its next heartbeat"
+        assert reload(live).status == "running", (
+            "Invariant 8: the worker ends it at its next heartbeat"
+        )
         assert mirrored == []
 
     def test_a_job_not_asked_to_cancel_is_never_cancelled(self, mirrored):
@@ -82,7 +89,9 @@ class TestOrphanStep:
         Reconciler().run_pass()
         assert reload(fresh).status == "running" and reload(fresh).redrives == 0
         after = reload(retry)
-        assert after.status == "running" and after.redrives == 0, "DESIGN §6: a queued retry is not an orphan"
+        assert after.status == "running" and after.redrives == 0, (
+            "DESIGN §6: a queued retry is not an orphan"
+        )
 
     def test_parks_a_job_redriven_too_often_without_progress_as_poison(self, kinds):
         kinds.add("tests.noop")
@@ -91,7 +100,11 @@ class TestOrphanStep:
             report = Reconciler().run_pass()
         after = reload(job)
         assert report.parked == 1
-        assert after.status == "failed" and after.error_code == "poison" and after.parked_at is not None
+        assert (
+            after.status == "failed"
+            and after.error_code == "poison"
+            and after.parked_at is not None
+        )
         assert "6 times" in after.error_message
 
     def test_a_committed_unit_resets_the_poison_budget(self, kinds):
@@ -101,16 +114,24 @@ class TestOrphanStep:
         assert store.heartbeat(lease, committed=True) is False
         # the lease (1 ms) now expires; the job is an orphan again, but with a fresh budget
         with connections["default"].cursor() as cursor:
-            cursor.execute("UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 minute' "
-                           "WHERE id = %s", [job.id])
+            cursor.execute(
+                "UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 minute' "
+                "WHERE id = %s",
+                [job.id],
+            )
         with settings_with(MAX_REDRIVES_WITHOUT_COMMIT=5):
             Reconciler().run_pass()
         after = reload(job)
         assert after.status == "pending" and after.redrives_since_commit == 1
 
     def test_records_a_verdict_whose_worker_died_without_running_the_work_again(self, mirrored):
-        job = running(kind="tests.mirrored", lease_expires_at=-60, error_code="retry_exhausted",
-                      error_class="transient", consecutive_failures=5)
+        job = running(
+            kind="tests.mirrored",
+            lease_expires_at=-60,
+            error_code="retry_exhausted",
+            error_class="transient",
+            consecutive_failures=5,
+        )
         report = Reconciler().run_pass()
         after = reload(job)
         assert report.verdicts_recorded == 1
@@ -127,23 +148,35 @@ class TestStalePendingStep:
             report = Reconciler().run_pass()
         assert report.stale_pending == 1
         after = reload(stale)
-        assert (after.status, after.redrives, after.redrives_since_commit, after.lease_epoch) == ("pending", 0, 0, 0)
+        assert (after.status, after.redrives, after.redrives_since_commit, after.lease_epoch) == (
+            "pending",
+            0,
+            0,
+            0,
+        )
 
 
 class TestRetention:
     def test_deletes_only_old_finished_unparked_jobs_in_batches(self, kinds):
-        old_done = [JobFactory(status="completed", finished_at=-90_000, pending_since=None) for _ in range(5)]
+        old_done = [
+            JobFactory(status="completed", finished_at=-90_000, pending_since=None)
+            for _ in range(5)
+        ]
         recent = JobFactory(status="completed", finished_at=-10, pending_since=None)
-        parked = JobFactory(status="failed", finished_at=-90_000, parked_at=-90_000, error_code="poison")
+        parked = JobFactory(
+            status="failed", finished_at=-90_000, parked_at=-90_000, error_code="poison"
+        )
         live = JobFactory(pending_since=-90_000)
         with settings_with(RETENTION=86_400):
             assert store.delete_finished(older_than_ms=86_400_000, limit=2) == 2, "bounded batch"
             Reconciler().run_pass()
         assert all(reload(job) is None for job in old_done)
-        assert reload(recent) is not None and reload(parked) is not None and reload(live) is not None
+        assert (
+            reload(recent) is not None and reload(parked) is not None and reload(live) is not None
+        )
 
     def test_retention_none_keeps_everything(self, kinds):
-        job = JobFactory(status="completed", finished_at=-10**7, pending_since=None)
+        job = JobFactory(status="completed", finished_at=-(10**7), pending_since=None)
         with settings_with(RETENTION=None):
             assert Reconciler().run_pass().deleted == 0
         assert reload(job) is not None
@@ -182,7 +215,11 @@ def test_take_orphan_decides_the_poison_verdict_in_its_own_update(kinds):
     kinds.add("tests.noop")
     job = running(lease_expires_at=-60, redrives_since_commit=2)
     parked = store.take_orphan(job.id, grace_ms=0, backoff_ms=0, max_redrives=2)
-    assert (parked.status, parked.error_code, parked.redrives_since_commit) == ("failed", "poison", 3)
+    assert (parked.status, parked.error_code, parked.redrives_since_commit) == (
+        "failed",
+        "poison",
+        3,
+    )
     assert parked.parked_at is not None and parked.next_run_at is None and parked.lease_epoch == 2
     below = running(lease_expires_at=-60, redrives_since_commit=1)
     assert store.take_orphan(below.id, grace_ms=0, backoff_ms=0, max_redrives=2).status == "pending"
@@ -194,9 +231,18 @@ def test_take_orphan_decides_the_poison_verdict_in_its_own_update(kinds):
 
 
 def _parked(reason, **fields):
-    defaults = {"status": "failed", "lease_owner": None, "lease_epoch": 4, "lease_expires_at": -60,
-                "next_run_at": None, "pending_since": None, "finished_at": -30, "parked_at": -30,
-                "error_code": reason, "error_class": "terminal"}
+    defaults = {
+        "status": "failed",
+        "lease_owner": None,
+        "lease_epoch": 4,
+        "lease_expires_at": -60,
+        "next_run_at": None,
+        "pending_since": None,
+        "finished_at": -30,
+        "parked_at": -30,
+        "error_code": reason,
+        "error_class": "terminal",
+    }
     defaults.update(fields)
     return JobFactory(**defaults)
 
@@ -205,8 +251,12 @@ def _parked(reason, **fields):
 def told(kinds):
     """A kind whose mirror records what it was told: (job id, outcome, error code, parked?)."""
     seen: list[tuple] = []
-    kinds.add("tests.told", mirror=lambda job, outcome: seen.append(
-        (job.id, outcome, job.error_code, job.parked_at is not None)))
+    kinds.add(
+        "tests.told",
+        mirror=lambda job, outcome: seen.append(
+            (job.id, outcome, job.error_code, job.parked_at is not None)
+        ),
+    )
     return seen
 
 
@@ -218,7 +268,11 @@ class TestTellParkedStep:
         assert told == [(job.id, "failed", reason, True)]
         assert report.parked_told == 1
         after = reload(job)
-        assert after.domain_mirrored_at is not None and after.status == "failed" and after.error_code == reason
+        assert (
+            after.domain_mirrored_at is not None
+            and after.status == "failed"
+            and after.error_code == reason
+        )
         Reconciler().run_pass()
         assert len(told) == 1, "told once"
 
@@ -243,10 +297,16 @@ class TestTellParkedStep:
                 Reconciler().run_pass()
         assert calls == ["failed"] * 3
         after = reload(job)
-        assert (after.park_mirror_attempts, after.domain_mirrored_at, after.status) == (3, None, "failed")
+        assert (after.park_mirror_attempts, after.domain_mirrored_at, after.status) == (
+            3,
+            None,
+            "failed",
+        )
         assert sum("giving up" in record.getMessage() for record in caplog.records) == 1
 
-    def test_a_kind_without_a_mirror_is_stamped_and_an_unknown_kind_is_left_for_one_that_knows_it(self, kinds):
+    def test_a_kind_without_a_mirror_is_stamped_and_an_unknown_kind_is_left_for_one_that_knows_it(
+        self, kinds
+    ):
         kinds.add("tests.plain")
         plain = _parked("poison", kind="tests.plain")
         unknown = _parked("poison", kind="tests.nobody_knows")
@@ -271,13 +331,16 @@ def test_a_mirror_runs_with_only_its_own_job_row_locked(kinds, other_connection)
             other_connection.execute("SET LOCAL lock_timeout = '1s'")
             try:
                 locked = other_connection.execute(
-                    "SELECT id FROM durable_jobs_job WHERE id = ANY(%s) FOR UPDATE NOWAIT", [others]).fetchall()
+                    "SELECT id FROM durable_jobs_job WHERE id = ANY(%s) FOR UPDATE NOWAIT", [others]
+                ).fetchall()
                 seen.append(("others free", len(locked)))
             except psycopg.errors.LockNotAvailable:
                 seen.append(("others locked", 0))
         with other_connection.transaction():
             try:
-                other_connection.execute("SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE NOWAIT", [job.id])
+                other_connection.execute(
+                    "SELECT id FROM durable_jobs_job WHERE id = %s FOR UPDATE NOWAIT", [job.id]
+                )
                 seen.append(("own free", 1))
             except psycopg.errors.LockNotAvailable:
                 seen.append(("own locked", 1))
@@ -299,7 +362,9 @@ def test_a_mirror_failure_count_survives_a_pass_that_dies(kinds, other_connectio
             raise RuntimeError("the mirror refused")
         # The next candidate's mirror loses the connection: the pass dies here.
         pid = backend.connection.info.backend_pid
-        other_connection.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # waits until it is gone
+        other_connection.execute(
+            "SELECT pg_terminate_backend(%s, 5000)", [pid]
+        )  # waits until it is gone
         with backend.cursor() as cursor:
             cursor.execute("SELECT 1")
 
@@ -309,11 +374,14 @@ def test_a_mirror_failure_count_survives_a_pass_that_dies(kinds, other_connectio
     with pytest.raises(Exception):  # noqa: B017 - whichever error the cut connection raises
         Reconciler().run_pass()
     backend.close()
-    counted = other_connection.execute("SELECT status, mirror_attempts FROM durable_jobs_job WHERE id = %s",
-                                       [failing.id]).fetchone()
+    counted = other_connection.execute(
+        "SELECT status, mirror_attempts FROM durable_jobs_job WHERE id = %s", [failing.id]
+    ).fetchone()
     assert counted == ("pending", 1), "the failed attempt stays counted"
     stranded = other_connection.execute(
-        "SELECT id FROM durable_jobs_job WHERE id = ANY(%s) FOR UPDATE NOWAIT", [[failing.id, cut.id]]).fetchall()
+        "SELECT id FROM durable_jobs_job WHERE id = ANY(%s) FOR UPDATE NOWAIT",
+        [[failing.id, cut.id]],
+    ).fetchall()
     assert len(stranded) == 2, "nothing is left locked"
     assert reload(cut).status == "pending" and reload(cut).mirror_attempts == 0
 
@@ -324,7 +392,9 @@ def test_a_mirror_failure_count_survives_a_pass_that_dies(kinds, other_connectio
 
 
 @pytest.mark.django_db(transaction=True)
-def test_run_as_leader__runs_no_pass_while_another_worker_leads_and_takes_over_when_it_resigns(kinds):
+def test_run_as_leader__runs_no_pass_while_another_worker_leads_and_takes_over_when_it_resigns(
+    kinds,
+):
     """Invariant 14: every worker runs the loop, only the leader reconciles; leadership moves."""
     kinds.add("tests.noop")
     store.acquire_leadership("reconciler", "host:1:alive", ttl_ms=600_000)
@@ -359,7 +429,9 @@ def wait_for(predicate, timeout=10.0):
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("args, reconcile", [([], True), (["--reconcile"], True), (["--no-reconcile"], False)])
+@pytest.mark.parametrize(
+    "args, reconcile", [([], True), (["--reconcile"], True), (["--no-reconcile"], False)]
+)
 def test_durable_worker__reconciles_unless_told_not_to(args, reconcile):
     """Issue 9 item 4: `manage.py durable_worker` alone recovers crashed workers' jobs;
     `--reconcile` stays accepted for existing command lines."""

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from durable_jobs import reconciler as reconciler_module
 from durable_jobs.models import Job
-from durable_jobs.reconciler import PassReport, Reconciler
+from durable_jobs.runtime import reconciler as reconciler_module
+from durable_jobs.runtime.reconciler import PassReport, Reconciler
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -33,8 +33,16 @@ def _old_finished(n: int) -> None:
 def test_one_pass_deletes_past_the_old_cap_and_keeps_parked_and_young_jobs(settings):
     settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "RETENTION": 30 * DAY}
     _old_finished(12_500)  # the old pass stopped at 10 x 1,000 rows
-    parked = [JobFactory(status="failed", next_run_at=None, finished_at=-40 * DAY, parked_at=-40 * DAY,
-                         error_code="poison") for _ in range(2)]
+    parked = [
+        JobFactory(
+            status="failed",
+            next_run_at=None,
+            finished_at=-40 * DAY,
+            parked_at=-40 * DAY,
+            error_code="poison",
+        )
+        for _ in range(2)
+    ]
     young = [JobFactory(status="completed", next_run_at=None, finished_at=-DAY) for _ in range(2)]
     live = JobFactory(status="pending")
     report = PassReport()

@@ -11,7 +11,7 @@ from django.db import IntegrityError, connection
 import durable_jobs as durable
 from durable_jobs import testing
 from durable_jobs.exceptions import ConfigurationError
-from durable_jobs.reconciler import Reconciler
+from durable_jobs.runtime.reconciler import Reconciler
 from tests.factories import JobFactory, reload, running
 
 pytestmark = pytest.mark.django_db
@@ -32,7 +32,11 @@ def test_a_mirror_raising_a_database_error_never_blocks_the_reconciler(kinds):
     assert reload(bad).mirror_attempts == 1 and reload(bad).status == "pending"
     Reconciler().run_pass()
     parked = reload(bad)
-    assert (parked.status, parked.error_code, parked.mirror_attempts) == ("failed", "mirror_failed", 2)
+    assert (parked.status, parked.error_code, parked.mirror_attempts) == (
+        "failed",
+        "mirror_failed",
+        2,
+    )
 
 
 def test_a_mirror_s_statement_timeout_counts_against_the_mirror_not_the_work(kinds):
@@ -45,7 +49,9 @@ def test_a_mirror_s_statement_timeout_counts_against_the_mirror_not_the_work(kin
     job = durable.start("tests.slow_mirror")
     assert [r.outcome for r in testing.run_jobs()] == ["mirror_retry"]
     after = reload(job)
-    assert after.mirror_attempts == 1 and after.lease_owner is None and after.consecutive_failures == 0
+    assert (
+        after.mirror_attempts == 1 and after.lease_owner is None and after.consecutive_failures == 0
+    )
 
 
 def test_a_handler_calling_sys_exit_fails_its_slice_and_the_slot_lives(kinds):
@@ -59,18 +65,30 @@ def test_a_handler_calling_sys_exit_fails_its_slice_and_the_slot_lives(kinds):
 
 
 def test_handler_policy_is_validated_and_timedeltas_accepted(kinds):
-    handler = kinds.add("tests.policy", slice_budget=timedelta(minutes=5), lease_ttl=timedelta(seconds=90))
+    handler = kinds.add(
+        "tests.policy", slice_budget=timedelta(minutes=5), lease_ttl=timedelta(seconds=90)
+    )
     assert handler.setting("SLICE_BUDGET") == 300.0 and handler.setting("LEASE_TTL") == 90.0
-    for bad in ({"slice_budget": -1}, {"max_consecutive_failures": "5"}, {"lease_ttl": float("nan")},
-                {"mirror": "not callable"}, {"classify": 3}, {"queue": "bad queue"}):
+    for bad in (
+        {"slice_budget": -1},
+        {"max_consecutive_failures": "5"},
+        {"lease_ttl": float("nan")},
+        {"mirror": "not callable"},
+        {"classify": 3},
+        {"queue": "bad queue"},
+    ):
         with pytest.raises(ConfigurationError):
             kinds.add("tests.policy_bad", **bad)
 
 
 def test_start_many_repeating_a_key_with_another_kind_is_a_conflict():
     with pytest.raises(durable.IdempotencyConflict):
-        durable.start_many([{"kind": "demo.flaky", "idempotency_key": "k"},
-                            {"kind": "demo.noop", "idempotency_key": "k"}])
+        durable.start_many(
+            [
+                {"kind": "demo.flaky", "idempotency_key": "k"},
+                {"kind": "demo.noop", "idempotency_key": "k"},
+            ]
+        )
 
 
 def test_an_aware_run_after_beyond_ten_years_is_refused():

@@ -55,7 +55,11 @@ def test_save_checkpoint__an_unstorable_state_fails_the_job_at_once(kinds, state
         outcomes, after = _run_one(kinds, handler)
 
     assert outcomes == ["failed"], "one slice, no retries"
-    assert (after.status, after.error_class, after.consecutive_failures) == ("failed", "terminal", 1)
+    assert (after.status, after.error_class, after.consecutive_failures) == (
+        "failed",
+        "terminal",
+        1,
+    )
     assert after.error_message.startswith("InvalidCheckpoint: checkpoint:")
     assert named in after.error_message
     assert (after.checkpoint, after.processed_count) == (None, 0), "nothing of the call was stored"
@@ -112,13 +116,17 @@ BAD_PROGRESS = {
 }
 
 
-@pytest.mark.parametrize(("method", "kwargs", "field", "named"), BAD_PROGRESS.values(), ids=BAD_PROGRESS.keys())
+@pytest.mark.parametrize(
+    ("method", "kwargs", "field", "named"), BAD_PROGRESS.values(), ids=BAD_PROGRESS.keys()
+)
 def test_progress__a_bad_count_fails_the_job_at_once_naming_it(kinds, method, kwargs, field, named):
     """processed/total are non-negative integers within bigint: "lots" or 2**70 no longer
     reach the database as a DataError (retried as transient), and -5/-10 are not stored."""
 
     def handler(job):
-        getattr(job, method)(**({"state": {"c": 1}} if method == "save_checkpoint" else {}), **kwargs)
+        getattr(job, method)(
+            **({"state": {"c": 1}} if method == "save_checkpoint" else {}), **kwargs
+        )
         return durable.DONE
 
     outcomes, after = _run_one(kinds, handler)

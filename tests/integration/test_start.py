@@ -95,12 +95,23 @@ def test_start__ids_are_time_ordered_so_the_primary_key_grows_at_its_right_edge(
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("extra", [
-    {},
-    {"input": {"b": 1, "a": [1.5, None, "ü"], "n": 10**20}, "meta": {"z": {"y": True}}, "priority": -3,
-     "total_count": 7, "created_by": "alice", "lock_key": "k1", "idempotency_key": "i1", "queue": "other"},
-    {"subject": ("demo.report", "42"), "run_after": 30, "scope": ("acme", "org-1")},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {
+            "input": {"b": 1, "a": [1.5, None, "ü"], "n": 10**20},
+            "meta": {"z": {"y": True}},
+            "priority": -3,
+            "total_count": 7,
+            "created_by": "alice",
+            "lock_key": "k1",
+            "idempotency_key": "i1",
+            "queue": "other",
+        },
+        {"subject": ("demo.report", "42"), "run_after": 30, "scope": ("acme", "org-1")},
+    ],
+)
 def test_start__returns_exactly_the_row_it_wrote(kind, extra):
     """Issue #14: the insert reads back only what the server decides; the job start()
     returns must still equal the stored row, field by field."""
@@ -128,16 +139,31 @@ def prepare_threshold():
 
 def _prepared_inserts() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-                       ["%INSERT INTO durable_jobs_job%"])
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+            ["%INSERT INTO durable_jobs_job%"],
+        )
         return cursor.fetchone()[0]
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("extra", [{}, {"input": {"a": [1, "ü"]}, "lock_key": "k1", "idempotency_key": "i1",
-                                        "subject": ("demo.report", "42"), "run_after": 30, "priority": 3}])
-def test_start__prepares_its_insert_only_where_the_connection_prepares_statements(kind, prepare_threshold,
-                                                                                  extra):
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {
+            "input": {"a": [1, "ü"]},
+            "lock_key": "k1",
+            "idempotency_key": "i1",
+            "subject": ("demo.report", "42"),
+            "run_after": 30,
+            "priority": 3,
+        },
+    ],
+)
+def test_start__prepares_its_insert_only_where_the_connection_prepares_statements(
+    kind, prepare_threshold, extra
+):
     """Django's default (no ``prepare_threshold``) prepares nothing, so a transaction-mode
     pooler that loses prepared statements between transactions is safe; a connection that
     prepares statements gets the start's insert prepared, and the same rows."""

@@ -72,7 +72,11 @@ def test_start__the_run_after_bounds_sit_a_day_back_and_max_run_after_ahead(how)
     _start(how, run_after=now - timedelta(hours=23))
     _start(how, run_after=now + timedelta(days=365, hours=23))
     _start(how, run_after=timedelta(days=365, hours=23))
-    for outside in (now - timedelta(hours=25), now + timedelta(days=366, hours=1), timedelta(days=366, hours=1)):
+    for outside in (
+        now - timedelta(hours=25),
+        now + timedelta(days=366, hours=1),
+        timedelta(days=366, hours=1),
+    ):
         with pytest.raises(RunAfterOutOfRange):
             _start(how, run_after=outside)
     stored = 3 if how == "start" else 6

@@ -41,11 +41,8 @@ def _kinds(kinds):
     kinds.add("tests.batch_other")
 
 
-
 def _wakeups(conn) -> list[str]:
     return [notice.payload for notice in conn.notifies(timeout=0.3, stop_after=20)]
-
-
 
 
 def _release_once_someone_waits_on_a_lock(release: threading.Event) -> threading.Thread:
@@ -80,15 +77,20 @@ def _release_once_someone_waits_on_a_lock(release: threading.Event) -> threading
 
 REFUSED_BATCHES = {
     "key-of-another-organization": (
-        IdempotencyConflict, [{"kind": QUEUED}] * 3 + [{"kind": QUEUED, "idempotency_key": "taken"}],
+        IdempotencyConflict,
+        [{"kind": QUEUED}] * 3 + [{"kind": QUEUED, "idempotency_key": "taken"}],
     ),
     "key-of-another-kind": (
-        IdempotencyConflict, [{"kind": QUEUED}] * 3 + [{"kind": QUEUED, "idempotency_key": "same-org"}],
+        IdempotencyConflict,
+        [{"kind": QUEUED}] * 3 + [{"kind": QUEUED, "idempotency_key": "same-org"}],
     ),
     "key-repeated-with-another-kind": (
         IdempotencyConflict,
-        [{"kind": QUEUED, "idempotency_key": "fresh"}, {"kind": QUEUED},
-         {"kind": "tests.batch_other", "idempotency_key": "fresh"}],
+        [
+            {"kind": QUEUED, "idempotency_key": "fresh"},
+            {"kind": QUEUED},
+            {"kind": "tests.batch_other", "idempotency_key": "fresh"},
+        ],
     ),
 }
 
@@ -134,9 +136,12 @@ def test_start_many__refused_inside_an_outer_transaction_writes_nothing_and_the_
         later = durable.start(KIND, scope=("default", "org-a"))
 
     assert job_count(other_connection) == before + 1
-    assert other_connection.execute(
-        "SELECT count(*) FROM durable_jobs_job WHERE id = %s", [later.id]
-    ).fetchone()[0] == 1
+    assert (
+        other_connection.execute(
+            "SELECT count(*) FROM durable_jobs_job WHERE id = %s", [later.id]
+        ).fetchone()[0]
+        == 1
+    )
     assert Report.objects.count() == 2
     assert _wakeups(other_connection) == ["default"], "the refused batch's queue was never woken"
 
@@ -146,7 +151,9 @@ def test_start_many__refused_inside_an_outer_transaction_writes_nothing_and_the_
 # ---------------------------------------------------------------------------------------
 
 
-def _hold_a_start_open(holding: threading.Event, release: threading.Event, winner: dict, **start_kwargs):
+def _hold_a_start_open(
+    holding: threading.Event, release: threading.Event, winner: dict, **start_kwargs
+):
     def first() -> None:
         with transaction.atomic():
             winner["job"] = durable.start(KIND, **start_kwargs)
@@ -166,8 +173,13 @@ def test_start_many__racing_a_start_on_an_idempotency_key_returns_the_first_job(
     watcher = _release_once_someone_waits_on_a_lock(release)
     try:
         with transaction.atomic():
-            ids = durable.start_many([{"kind": KIND, "idempotency_key": "req-1"},
-                                      {"kind": KIND, "idempotency_key": "req-2"}, {"kind": KIND}])
+            ids = durable.start_many(
+                [
+                    {"kind": KIND, "idempotency_key": "req-1"},
+                    {"kind": KIND, "idempotency_key": "req-2"},
+                    {"kind": KIND},
+                ]
+            )
             Report.objects.create(name="still usable")
     finally:
         release.set()
@@ -180,7 +192,9 @@ def test_start_many__racing_a_start_on_an_idempotency_key_returns_the_first_job(
     assert job_count(other_connection) == 3 and Report.objects.count() == 1
 
 
-def test_start_many__racing_a_start_on_a_lock_key_names_the_holder_and_writes_nothing(other_connection):
+def test_start_many__racing_a_start_on_a_lock_key_names_the_holder_and_writes_nothing(
+    other_connection,
+):
     """Invariant 9: losing the lock-key race at the index refuses the whole batch with a
     ``LockKeyHeld`` naming the winner; the caller's transaction stays usable."""
     holding, release, winner = threading.Event(), threading.Event(), {}
@@ -202,15 +216,21 @@ def test_start_many__racing_a_start_on_a_lock_key_names_the_holder_and_writes_no
     assert job_count(other_connection) == 1 and Report.objects.count() == 1
 
 
-def test_start_many__a_retry_racing_its_original_with_a_lock_key_returns_the_first_job(other_connection):
+def test_start_many__a_retry_racing_its_original_with_a_lock_key_returns_the_first_job(
+    other_connection,
+):
     """Invariant 9: same idempotency key and lock key as the racing original: the batch
     loses at the lock-key index, yet answers with the original, as ``start()`` does."""
     holding, release, winner = threading.Event(), threading.Event(), {}
-    thread = _hold_a_start_open(holding, release, winner, idempotency_key="req-1", lock_key="report:1")
+    thread = _hold_a_start_open(
+        holding, release, winner, idempotency_key="req-1", lock_key="report:1"
+    )
     assert holding.wait(5)
     watcher = _release_once_someone_waits_on_a_lock(release)
     try:
-        ids = durable.start_many([{"kind": KIND, "idempotency_key": "req-1", "lock_key": "report:1"}])
+        ids = durable.start_many(
+            [{"kind": KIND, "idempotency_key": "req-1", "lock_key": "report:1"}]
+        )
     finally:
         release.set()
         thread.join(5)
@@ -232,7 +252,9 @@ def _item(n: int) -> dict:
     return {"kind": QUEUED, "input": {"n": n, "text": "x" * 4_000}}
 
 
-def test_start_many__a_batch_over_max_batch_bytes_is_refused_before_anything_is_written(other_connection):
+def test_start_many__a_batch_over_max_batch_bytes_is_refused_before_anything_is_written(
+    other_connection,
+):
     """Four jobs of ~4 kB fit in 20 kB; a fifth is just over. The refusal names the size
     and the limit, stores nothing, and the caller's transaction carries on."""
     other_connection.execute(f"LISTEN {CHANNEL}")
@@ -245,7 +267,9 @@ def test_start_many__a_batch_over_max_batch_bytes_is_refused_before_anything_is_
     error = caught.value
     assert isinstance(error, ValueError) and error.field == "jobs"
     assert error.limit == 20_000 and 20_000 < error.size < 25_000 and error.count == 5
-    assert "20000" in str(error) and "MAX_BATCH_BYTES" in str(error) and str(error.size) in str(error)
+    assert (
+        "20000" in str(error) and "MAX_BATCH_BYTES" in str(error) and str(error.size) in str(error)
+    )
     assert job_count(other_connection) == 4 == len(set(landed))
     assert _wakeups(other_connection) == ["reports"]
 

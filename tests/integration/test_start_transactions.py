@@ -41,9 +41,6 @@ def _notifications(conn, *, timeout: float = 0.3) -> list:
     return list(conn.notifies(timeout=timeout, stop_after=5))
 
 
-
-
-
 # ---------------------------------------------------------------------------------------
 # Rollback and the wake-up
 # ---------------------------------------------------------------------------------------

@@ -216,7 +216,10 @@ def test_terminal_cas__stamps_the_mirror_as_landed_with_the_transition(end):
     job = running(lease_epoch=2)
     kwargs = {"code": "terminal", "error_class": "terminal"} if end == "fail_terminal" else {}
     ended = getattr(store, end)(lease_of(job), **kwargs)
-    assert ended.domain_mirrored_at is not None and reload(job).domain_mirrored_at == ended.domain_mirrored_at
+    assert (
+        ended.domain_mirrored_at is not None
+        and reload(job).domain_mirrored_at == ended.domain_mirrored_at
+    )
 
 
 @pytest.mark.django_db
@@ -332,4 +335,6 @@ def test_complete_many__fences_each_row_on_its_own_epoch():
     assert reload(jobs[0]).status == "completed" and reload(jobs[0]).result == {"n": 1}
     assert reload(jobs[0]).domain_mirrored_at is not None
     assert reload(jobs[1]).status == "running", "the stale epoch completed nothing"
-    assert store.complete_many([(leases[0], None)]) == set(), "a completed job is never completed again"
+    assert store.complete_many([(leases[0], None)]) == set(), (
+        "a completed job is never completed again"
+    )

@@ -209,9 +209,19 @@ def test_park__refused_for_a_finished_job(status):
 
 def _parked(reason, **fields):
     """A job parked by the reconciler or the executor, whose domain row was never told."""
-    defaults = {"status": "failed", "lease_owner": None, "lease_epoch": 4, "lease_expires_at": -60,
-                "next_run_at": None, "pending_since": None, "finished_at": -30, "parked_at": -30,
-                "error_code": reason, "error_class": "terminal", "error_message": f"parked: {reason}"}
+    defaults = {
+        "status": "failed",
+        "lease_owner": None,
+        "lease_epoch": 4,
+        "lease_expires_at": -60,
+        "next_run_at": None,
+        "pending_since": None,
+        "finished_at": -30,
+        "parked_at": -30,
+        "error_code": reason,
+        "error_class": "terminal",
+        "error_message": f"parked: {reason}",
+    }
     defaults.update(fields)
     return JobFactory(**defaults)
 
@@ -224,7 +234,10 @@ def test_stamp_parked_mirrored__stamps_the_parked_job_and_returns_the_row_for_it
     stamped = store.stamp_parked_mirrored(job.id, epoch=4)
 
     assert stamped is not None and stamped.domain_mirrored_at is not None
-    assert (stamped.status, stamped.error_code) == ("failed", reason) and stamped.parked_at is not None
+    assert (stamped.status, stamped.error_code) == (
+        "failed",
+        reason,
+    ) and stamped.parked_at is not None
     assert store.stamp_parked_mirrored(job.id, epoch=4) is None, "told once"
 
 
@@ -234,7 +247,12 @@ def test_stamp_parked_mirrored__stamps_the_parked_job_and_returns_the_row_for_it
     [
         (lambda: _parked("poison"), 3),
         (lambda: _parked("poison", domain_mirrored_at=timezone.now()), 4),
-        (lambda: JobFactory(status="failed", lease_epoch=4, finished_at=-5, error_code="terminal"), 4),
+        (
+            lambda: JobFactory(
+                status="failed", lease_epoch=4, finished_at=-5, error_code="terminal"
+            ),
+            4,
+        ),
         (lambda: running(lease_epoch=4), 4),
         (lambda: _parked("poison", status="completed"), 4),
     ],
@@ -257,7 +275,11 @@ def test_bump_park_mirror_attempts__counts_on_the_row_and_changes_nothing_else()
     assert store.bump_park_mirror_attempts(job.id, epoch=4) == 2
     after = reload(job)
     assert (after.status, after.error_code, after.mirror_attempts, after.domain_mirrored_at) == (
-        "failed", "mirror_failed", 5, None)
+        "failed",
+        "mirror_failed",
+        5,
+        None,
+    )
 
 
 @pytest.mark.django_db
@@ -284,8 +306,10 @@ def test_select_parked_untold__reads_its_partial_index():
     """DESIGN §3: the candidate query is proportional to its candidates, not to the table."""
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute("EXPLAIN " + store.SELECT_PARKED_UNTOLD,
-                       {"kinds": ["tests.a"], "bounds": [3], "limit": 10, "tenant": None, "job_id": None})
+        cursor.execute(
+            "EXPLAIN " + store.SELECT_PARKED_UNTOLD,
+            {"kinds": ["tests.a"], "bounds": [3], "limit": 10, "tenant": None, "job_id": None},
+        )
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "durable_jobs_parked_untold" in plan, plan
 
@@ -428,7 +452,11 @@ def test_operator_redrive__resets_the_count_of_attempts_to_tell_a_parked_subject
     """Invariant 13: a redriven job that parks again gets its full budget to tell its subject."""
     job = _parked("poison", park_mirror_attempts=5)
     redriven = store.operator_redrive(job.id, DEFAULT_SCOPE, force=False, grace_ms=GRACE_MS)
-    assert (redriven.status, redriven.park_mirror_attempts, redriven.domain_mirrored_at) == ("pending", 0, None)
+    assert (redriven.status, redriven.park_mirror_attempts, redriven.domain_mirrored_at) == (
+        "pending",
+        0,
+        None,
+    )
 
 
 @pytest.mark.django_db
@@ -550,7 +578,9 @@ def test_select_cancelling__returns_cancel_requested_jobs_no_worker_runs_of_the_
     A running job with a live lease is its worker's to end, so it is not selected."""
     wanted = JobFactory(cancel_requested_at=-5)
     abandoned = running(cancel_requested_at=-4, lease_expires_at=-60)
-    released = running(cancel_requested_at=-4, lease_owner=None, lease_expires_at=-1, next_run_at=30)
+    released = running(
+        cancel_requested_at=-4, lease_owner=None, lease_expires_at=-1, next_run_at=30
+    )
     running(cancel_requested_at=-4)  # a live lease: its worker ends it
     running(cancel_requested_at=-4, lease_expires_at=-0.1)  # expired, but inside the grace
     JobFactory()  # not requested
@@ -559,8 +589,12 @@ def test_select_cancelling__returns_cancel_requested_jobs_no_worker_runs_of_the_
 
     with transaction.atomic():
         everyone = {j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10)}
-        ours = {j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10, tenant="default")}
-        theirs = {j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10, tenant="tenant-b")}
+        ours = {
+            j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10, tenant="default")
+        }
+        theirs = {
+            j.id for j in store.select_cancelling(grace_ms=GRACE_MS, limit=10, tenant="tenant-b")
+        }
 
     assert everyone == {wanted.id, abandoned.id, released.id, other_tenant.id}
     assert ours == {wanted.id, abandoned.id, released.id}
@@ -675,14 +709,19 @@ LEADER = "reconciler"
 
 def _expire_leader(name=LEADER):
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE durable_jobs_leader SET expires_at = clock_timestamp() - interval '1 second' "
-                       "WHERE name = %s", [name])
+        cursor.execute(
+            "UPDATE durable_jobs_leader SET expires_at = clock_timestamp() - interval '1 second' "
+            "WHERE name = %s",
+            [name],
+        )
 
 
 def _leader_row(name=LEADER):
     with connection.cursor() as cursor:
-        cursor.execute("SELECT owner, epoch, expires_at - clock_timestamp() FROM durable_jobs_leader WHERE name = %s",
-                       [name])
+        cursor.execute(
+            "SELECT owner, epoch, expires_at - clock_timestamp() FROM durable_jobs_leader WHERE name = %s",
+            [name],
+        )
         return cursor.fetchone()
 
 
@@ -712,7 +751,9 @@ def test_acquire_leadership__takes_over_only_after_expiry_with_the_epoch_bumped(
     store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000)
     _expire_leader()
     assert store.acquire_leadership(LEADER, "host:2:b", ttl_ms=60_000) == 2
-    assert store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000) is None, "the old leader lost it"
+    assert store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000) is None, (
+        "the old leader lost it"
+    )
     assert _leader_row()[:2] == ("host:2:b", 2)
 
 
@@ -724,7 +765,9 @@ def test_resign_leadership__frees_the_name_at_once_for_the_next_epoch():
     assert store.acquire_leadership(LEADER, "host:2:b", ttl_ms=60_000) is None
     assert store.resign_leadership(LEADER, "host:1:a") is True
     assert store.acquire_leadership(LEADER, "host:2:b", ttl_ms=60_000) == 2
-    assert store.resign_leadership(LEADER, "host:1:a") is False, "a resigned leader cannot resign its successor"
+    assert store.resign_leadership(LEADER, "host:1:a") is False, (
+        "a resigned leader cannot resign its successor"
+    )
     assert store.acquire_leadership(LEADER, "host:1:a", ttl_ms=60_000) is None
 
 

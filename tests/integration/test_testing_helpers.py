@@ -28,7 +28,9 @@ def test_run_jobs_runs_every_slice_until_idle():
 def test_fast_forward_runs_retries_and_scheduled_jobs_to_their_end():
     flaky = durable.start("demo.flaky", input={"failures": 2})
     later = durable.start("demo.flaky", input={"failures": 0}, run_after=timedelta(hours=1))
-    assert [r.outcome for r in testing.run_jobs()] == ["retrying"], "the retry and the later job are not due"
+    assert [r.outcome for r in testing.run_jobs()] == ["retrying"], (
+        "the retry and the later job are not due"
+    )
     outcomes = [r.outcome for r in testing.run_jobs(fast_forward=True)]
     assert outcomes.count("completed") == 2
     assert reload(flaky).result == {"attempts": 3} and reload(later).status == "completed"

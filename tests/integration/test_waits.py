@@ -17,11 +17,12 @@ import pytest
 from django.core.management import call_command
 
 import durable_jobs as durable
-from durable_jobs import stats, store, testing
+from durable_jobs import store, testing
+from durable_jobs.console import stats
 from durable_jobs.exceptions import InvalidInput
-from durable_jobs.executor import run_slice
 from durable_jobs.models import Job
-from durable_jobs.reconciler import Reconciler
+from durable_jobs.runtime.executor import run_slice
+from durable_jobs.runtime.reconciler import Reconciler
 from durable_jobs.waits import checks
 from durable_jobs.waits.explain import explain_hold
 from durable_jobs.waits.gate import CheckSlots
@@ -33,7 +34,9 @@ KIND = "tests.waited"
 
 
 def iso(instant) -> str:
-    return instant.astimezone(tz=None).isoformat() if instant.tzinfo is None else instant.isoformat()
+    return (
+        instant.astimezone(tz=None).isoformat() if instant.tzinfo is None else instant.isoformat()
+    )
 
 
 class Waits:
@@ -72,8 +75,11 @@ def handled(kinds):
     """A handler that records each run, and a mirror that records each outcome it was told."""
     ran: list = []
     told: list = []
-    kinds.add(KIND, lambda job: ran.append(job.id) or durable.DONE,
-              mirror=lambda row, outcome: told.append((row.id, outcome, row.error_code)))
+    kinds.add(
+        KIND,
+        lambda job: ran.append(job.id) or durable.DONE,
+        mirror=lambda row, outcome: told.append((row.id, outcome, row.error_code)),
+    )
     return ran, told
 
 
@@ -82,6 +88,7 @@ def outcomes(**kwargs) -> list[str]:
 
 
 # --- invariant 16: `after` is one exact reschedule, polling nothing ----------------------
+
 
 def test_after__an_instant_not_yet_due_is_one_exact_reschedule_that_spends_nothing(handled):
     ran, _ = handled
@@ -93,8 +100,14 @@ def test_after__an_instant_not_yet_due_is_one_exact_reschedule_that_spends_nothi
     assert held.status == "pending" and held.lease_owner is None, "a held job holds no lease"
     assert held.next_run_at == instant, "rescheduled to the instant exactly"
     assert held.held_since is not None and held.wait_satisfied_at is None
-    assert (held.wait_checks, held.consecutive_failures, held.redrives, held.redrives_since_commit,
-            held.continuation_seq, held.interruptions) == (0, 0, 0, 0, 0, 0), "the hold spent no budget"
+    assert (
+        held.wait_checks,
+        held.consecutive_failures,
+        held.redrives,
+        held.redrives_since_commit,
+        held.continuation_seq,
+        held.interruptions,
+    ) == (0, 0, 0, 0, 0, 0), "the hold spent no budget"
     assert held.started_at is None, "no slice has started"
     assert list(Job.objects.held().values_list("id", flat=True)) == [job.id]
     assert outcomes() == [], "nothing polls it before its instant"
@@ -140,14 +153,17 @@ def test_start__an_after_past_the_ceiling_is_refused_by_the_database_clock(handl
     assert Job.objects.count() == 1, "only the start within the ceiling was stored"
 
 
-@pytest.mark.parametrize(("wait_for", "field"), [
-    ([{"after": "2026-02-31T09:00:00Z"}], "wait_for[0]"),
-    ([{"after": "2026-09-01T24:00:00Z"}], "wait_for[0]"),
-    ([{"after": "2026-09-01T09:00:00"}], "wait_for[0]"),
-    ([{"profile": "undeclared"}], "wait_for[0]"),
-    ([{"after": "2026-09-01T09:00:00Z"}, {"after": "2026-09-02T09:00:00Z"}], "wait_for[1]"),
-    ([{"profile": "x"}] * 5, "wait_for"),
-])
+@pytest.mark.parametrize(
+    ("wait_for", "field"),
+    [
+        ([{"after": "2026-02-31T09:00:00Z"}], "wait_for[0]"),
+        ([{"after": "2026-09-01T24:00:00Z"}], "wait_for[0]"),
+        ([{"after": "2026-09-01T09:00:00"}], "wait_for[0]"),
+        ([{"profile": "undeclared"}], "wait_for[0]"),
+        ([{"after": "2026-09-01T09:00:00Z"}, {"after": "2026-09-02T09:00:00Z"}], "wait_for[1]"),
+        ([{"profile": "x"}] * 5, "wait_for"),
+    ],
+)
 def test_start__a_bad_condition_is_refused_naming_it_and_stores_nothing(handled, wait_for, field):
     with pytest.raises(InvalidInput) as caught:
         durable.start(KIND, wait_for=wait_for)
@@ -164,6 +180,7 @@ def test_start__a_wait_key_needs_a_wait_and_start_many_refuses_waits(handled):
 
 
 # --- tier 2: real check executables ----------------------------------------------------
+
 
 def test_profile__go_clears_the_wait_and_the_handler_runs(handled, waits):
     ran, _ = handled
@@ -182,13 +199,20 @@ def test_profile__not_yet_holds_until_the_next_check_by_the_backoff_floor(handle
     held = reload(job)
     due_in = (held.next_run_at - store.database_now()).total_seconds()
     assert 25 < due_in <= 30, "the first check of a hold waits the (floored) base"
-    assert (held.status, held.lease_owner, held.wait_checks, held.wait_faults) == ("pending", None, 1, 0)
+    assert (held.status, held.lease_owner, held.wait_checks, held.wait_faults) == (
+        "pending",
+        None,
+        1,
+        0,
+    )
     assert handled[0] == [] and waits.runs("later") == 1
 
 
 def test_profile__conditions_are_a_conjunction_checked_in_the_order_written(handled, waits):
     waits.declare(first="exit 0", second="exit 75", third="exit 0")
-    job = durable.start(KIND, wait_for=[{"profile": "first"}, {"profile": "second"}, {"profile": "third"}])
+    job = durable.start(
+        KIND, wait_for=[{"profile": "first"}, {"profile": "second"}, {"profile": "third"}]
+    )
     assert outcomes() == ["held"]
     assert (waits.runs("first"), waits.runs("second"), waits.runs("third")) == (1, 1, 0)
     assert reload(job).wait_checks == 2
@@ -200,7 +224,11 @@ def test_profile__never_fails_the_job_with_its_own_code_through_the_mirror(handl
     job = durable.start(KIND, wait_for=[{"profile": "doomed"}])
     assert outcomes() == ["failed"]
     failed = reload(job)
-    assert (failed.status, failed.error_code, failed.error_class) == ("failed", "wait_never", "terminal")
+    assert (failed.status, failed.error_code, failed.error_class) == (
+        "failed",
+        "wait_never",
+        "terminal",
+    )
     assert "'doomed'" in failed.error_message
     assert ran == [] and told == [(job.id, "failed", "wait_never")]
 
@@ -214,7 +242,11 @@ def test_profile__cannot_tell_counts_consecutive_faults_then_fails(handled, wait
     testing.fast_forward(job)
     assert outcomes() == ["failed"]
     failed = reload(job)
-    assert (failed.error_code, failed.wait_faults, failed.wait_checks) == ("wait_faults_exhausted", 2, 2)
+    assert (failed.error_code, failed.wait_faults, failed.wait_checks) == (
+        "wait_faults_exhausted",
+        2,
+        2,
+    )
     assert handled[0] == []
 
 
@@ -229,8 +261,9 @@ def test_profile__an_answer_resets_the_fault_streak(handled, waits):
     assert outcomes() == ["held"] and reload(job).wait_faults == 0
     flag.unlink()
     testing.fast_forward(job)
-    assert outcomes() == ["held"] and reload(job).wait_faults == 1, \
+    assert outcomes() == ["held"] and reload(job).wait_faults == 1, (
         "a check that works after an outage has no debt"
+    )
 
 
 def test_profile__a_hanging_check_and_its_children_are_killed_at_the_timeout(handled, waits):
@@ -247,7 +280,9 @@ def test_profile__a_hanging_check_and_its_children_are_killed_at_the_timeout(han
 
 def test_check__megabytes_of_output_are_read_and_capped_not_a_hang(waits):
     waits.declare(chatty="head -c 5000000 /dev/zero\nexit 75")
-    answer = checks.run(waits.profiles["chatty"], env=dict(checks.BASE_ENVIRONMENT), timeout=20, output_cap=1000)
+    answer = checks.run(
+        waits.profiles["chatty"], env=dict(checks.BASE_ENVIRONMENT), timeout=20, output_cap=1000
+    )
     assert answer.answer == checks.NOT_YET
     assert len(answer.output) == 1000 and answer.output_bytes == 5_000_000
 
@@ -256,29 +291,45 @@ def test_check__the_environment_is_minimal_and_never_the_workers(handled, waits,
     monkeypatch.setenv("DATABASE_URL", "postgresql://leaked:secret@db/prod")
     monkeypatch.setenv("SECRET_KEY", "do-not-leak")
     dump = waits.dir / "env.txt"
-    waits.declare(nosy=f"env > '{dump}'\n[ -z \"$DATABASE_URL\" ] && [ -z \"$SECRET_KEY\" ] && exit 0\nexit 65")
+    waits.declare(
+        nosy=f'env > \'{dump}\'\n[ -z "$DATABASE_URL" ] && [ -z "$SECRET_KEY" ] && exit 0\nexit 65'
+    )
     job = durable.start(KIND, wait_for=[{"profile": "nosy"}], wait_key="ticket:42")
     assert outcomes() == ["completed"], "the check saw neither DATABASE_URL nor SECRET_KEY"
     env = dict(line.split("=", 1) for line in dump.read_text().splitlines())
     assert "leaked" not in dump.read_text() and "do-not-leak" not in dump.read_text()
     assert env["DURABLE_JOB_ID"] == str(job.id) and env["DURABLE_JOB_KIND"] == KIND
     assert env["DURABLE_WAIT_PROFILE"] == "nosy" and env["DURABLE_WAIT_KEY"] == "ticket:42"
-    assert set(env) - {"PWD", "SHLVL", "_"} <= {*checks.BASE_ENVIRONMENT, "DURABLE_JOB_ID", "DURABLE_JOB_KIND",
-                                                 "DURABLE_JOB_TENANT", "DURABLE_WAIT_PROFILE",
-                                                 "DURABLE_WAIT_CHECKS", "DURABLE_WAIT_KEY"}
+    assert set(env) - {"PWD", "SHLVL", "_"} <= {
+        *checks.BASE_ENVIRONMENT,
+        "DURABLE_JOB_ID",
+        "DURABLE_JOB_KIND",
+        "DURABLE_JOB_TENANT",
+        "DURABLE_WAIT_PROFILE",
+        "DURABLE_WAIT_CHECKS",
+        "DURABLE_WAIT_KEY",
+    }
 
 
 def test_check__a_missing_or_unexecutable_check_cannot_tell(waits):
     waits.declare(present="exit 0")
     os.chmod(waits.profiles["present"], 0o644)
-    assert checks.run(waits.profiles["present"], env={}, timeout=5, output_cap=10).answer == checks.CANNOT_TELL
-    assert checks.run("/nonexistent/check", env={}, timeout=5, output_cap=10).answer == checks.CANNOT_TELL
+    assert (
+        checks.run(waits.profiles["present"], env={}, timeout=5, output_cap=10).answer
+        == checks.CANNOT_TELL
+    )
+    assert (
+        checks.run("/nonexistent/check", env={}, timeout=5, output_cap=10).answer
+        == checks.CANNOT_TELL
+    )
 
 
 def test_profile__a_hold_past_its_maximum_fails_without_running_the_check(handled, waits):
     waits.declare(later="exit 75")
     waits.configure(WAIT_MAX_HOLD=3600)
-    job = JobFactory(kind=KIND, wait_for=[{"profile": "later"}], held_since=-3700, next_run_at=0, wait_checks=7)
+    job = JobFactory(
+        kind=KIND, wait_for=[{"profile": "later"}], held_since=-3700, next_run_at=0, wait_checks=7
+    )
     assert outcomes() == ["failed"]
     failed = reload(job)
     assert failed.error_code == "wait_max_hold" and waits.runs("later") == 0 and handled[0] == []
@@ -292,13 +343,19 @@ def test_profile__a_profile_not_declared_on_this_worker_cannot_tell(handled, wai
 
 # --- invariant 19: unreadable is not satisfied ------------------------------------------
 
-@pytest.mark.parametrize("stored", [
-    [{"until": "2026-09-01T09:00:00Z"}],
-    [{"after": "2026-02-31T09:00:00Z"}],
-    [{"after": "2020-09-01T09:00:00Z"}, {"after": "2020-09-02T09:00:00Z"}],
-    [{"profile": "two words"}],
-])
-def test_unreadable__a_condition_this_version_cannot_read_fails_the_job_never_runs_it(handled, stored):
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        [{"until": "2026-09-01T09:00:00Z"}],
+        [{"after": "2026-02-31T09:00:00Z"}],
+        [{"after": "2020-09-01T09:00:00Z"}, {"after": "2020-09-02T09:00:00Z"}],
+        [{"profile": "two words"}],
+    ],
+)
+def test_unreadable__a_condition_this_version_cannot_read_fails_the_job_never_runs_it(
+    handled, stored
+):
     ran, told = handled
     job = JobFactory(kind=KIND, wait_for=stored)
     assert outcomes() == ["failed"]
@@ -308,6 +365,7 @@ def test_unreadable__a_condition_this_version_cannot_read_fails_the_job_never_ru
 
 
 # --- invariants 17 and 18: the hold clock and the backoff survive a restart -----------
+
 
 def test_hold_clock__starts_once_and_the_backoff_grows_from_it_across_pickups(handled, waits):
     waits.declare(later="exit 75")
@@ -320,7 +378,9 @@ def test_hold_clock__starts_once_and_the_backoff_grows_from_it_across_pickups(ha
     testing.fast_forward(job)
     assert outcomes() == ["held"]
     again = reload(job)
-    assert again.held_since == since - timedelta(seconds=300), "held_since is written once, never reset"
+    assert again.held_since == since - timedelta(seconds=300), (
+        "held_since is written once, never reset"
+    )
     due_in = (again.next_run_at - store.database_now()).total_seconds()
     assert 55 < due_in <= 60, "the cadence doubled after ten base periods held"
     assert again.wait_checks == 2
@@ -344,11 +404,16 @@ def test_hold__is_neither_an_orphan_nor_stale_to_the_reconciler(handled, waits):
     Reconciler().run_pass()
     after = reload(job)
     assert (after.status, after.redrives, after.lease_epoch, after.next_run_at) == (
-        "pending", 0, before.lease_epoch, before.next_run_at)
+        "pending",
+        0,
+        before.lease_epoch,
+        before.next_run_at,
+    )
     assert store.count_stale_pending(pending_ttl_ms=1000) == 0
 
 
 # --- cancel of a held job ----------------------------------------------------------------
+
 
 def test_cancel__a_held_job_ends_at_the_reconcilers_next_pass_not_its_next_check(handled, waits):
     ran, told = handled
@@ -367,16 +432,21 @@ def test_cancel__a_held_job_ends_at_the_reconcilers_next_pass_not_its_next_check
 
 # --- invariant 22: one hold per target ---------------------------------------------------
 
+
 def test_coalesce__a_second_start_for_a_held_target_returns_the_holder(handled, waits, kinds):
     kinds.add("tests.other_kind")
     waits.declare(later="exit 75")
     first = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="ticket:7")
     assert first.coalesced is False
     assert outcomes() == ["held"]
-    second = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="ticket:7", input={"other": 1})
+    second = durable.start(
+        KIND, wait_for=[{"profile": "later"}], wait_key="ticket:7", input={"other": 1}
+    )
     assert second.id == first.id and second.coalesced is True
     assert Job.objects.count() == 1
-    other_scope = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="ticket:7", scope=("default", "org"))
+    other_scope = durable.start(
+        KIND, wait_for=[{"profile": "later"}], wait_key="ticket:7", scope=("default", "org")
+    )
     assert other_scope.id != first.id and not other_scope.coalesced, "a key is per scope"
     with pytest.raises(InvalidInput, match="wait_key"):
         durable.start("tests.other_kind", wait_for=[{"profile": "later"}], wait_key="ticket:7")
@@ -387,7 +457,9 @@ def test_coalesce__a_target_cleared_a_moment_ago_does_not_start_a_second_run(han
     first = durable.start(KIND, wait_for=[{"profile": "ready"}], wait_key="deploy:9")
     assert outcomes() == ["completed"]
     sibling = durable.start(KIND, wait_for=[{"profile": "ready"}], wait_key="deploy:9")
-    assert sibling.id == first.id and sibling.coalesced, "cleared and ran moments ago: the same intent"
+    assert sibling.id == first.id and sibling.coalesced, (
+        "cleared and ran moments ago: the same intent"
+    )
     assert outcomes() == [] and handled[0] == [first.id]
     shift_satisfied(first.id, -16 * 60)  # past the window (the backoff ceiling, 15 min)
     later = durable.start(KIND, wait_for=[{"profile": "ready"}], wait_key="deploy:9")
@@ -406,11 +478,15 @@ def shift_satisfied(job_id, seconds: float) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE durable_jobs_job SET wait_satisfied_at = wait_satisfied_at + %s * interval '1 second'"
-                       " WHERE id = %s", [seconds, job_id])
+        cursor.execute(
+            "UPDATE durable_jobs_job SET wait_satisfied_at = wait_satisfied_at + %s * interval '1 second'"
+            " WHERE id = %s",
+            [seconds, job_id],
+        )
 
 
 # --- capacity bound -------------------------------------------------------------------------
+
 
 def test_capacity__a_pickup_denied_a_check_turn_is_held_shortly_and_counted(handled, waits):
     waits.declare(ready="exit 0")
@@ -433,6 +509,7 @@ def test_capacity__a_pickup_denied_a_check_turn_is_held_shortly_and_counted(hand
 
 # --- operators see holds -----------------------------------------------------------------
 
+
 def test_explain_stats_and_cli__say_what_a_held_job_waits_for(handled, waits):
     waits.declare(later="exit 75")
     instant = store.database_now() - timedelta(seconds=5)
@@ -443,7 +520,9 @@ def test_explain_stats_and_cli__say_what_a_held_job_waits_for(handled, waits):
     held = reload(job)
     explanation = explain_hold(held)
     assert explanation.label == f"after {iso(instant)} + later"
-    assert explanation.checks == 1 and explanation.faults == 0 and explanation.profiles == ("later",)
+    assert (
+        explanation.checks == 1 and explanation.faults == 0 and explanation.profiles == ("later",)
+    )
     assert explanation.next_check == held.next_run_at and not explanation.waiting_on_instant
     assert "Waiting for after" in explanation.summary and "Next check" in explanation.summary
     assert explain_hold(reload(plain)) is None
@@ -461,8 +540,13 @@ def test_explain_stats_and_cli__say_what_a_held_job_waits_for(handled, waits):
 
 
 def test_explain__shows_only_validated_bytes(handled):
-    job = JobFactory(kind=KIND, wait_for=[{"profile": "ok"}, {"profile": "evil\nline\x1b[31m"}],
-                     wait_label="forged\nlabel", held_since=-10, next_run_at=60)
+    job = JobFactory(
+        kind=KIND,
+        wait_for=[{"profile": "ok"}, {"profile": "evil\nline\x1b[31m"}],
+        wait_label="forged\nlabel",
+        held_since=-10,
+        next_run_at=60,
+    )
     explanation = explain_hold(reload(job))
     assert explanation.label == "ok" and "forged" not in explanation.summary
     assert "\n" not in explanation.summary and "\x1b" not in explanation.summary
@@ -497,7 +581,9 @@ def test_coalesce__two_concurrent_starts_for_one_target_make_one_job(handled, wa
     def first() -> None:
         try:
             with transaction.atomic():
-                results["first"] = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="pr:5")
+                results["first"] = durable.start(
+                    KIND, wait_for=[{"profile": "later"}], wait_key="pr:5"
+                )
                 inserted.set()
                 release.wait(10)  # hold the transaction open while the second start races in
         finally:
@@ -507,7 +593,9 @@ def test_coalesce__two_concurrent_starts_for_one_target_make_one_job(handled, wa
         try:
             inserted.wait(10)
             # Neither start's lookup can see the other's uncommitted row: only the index can stop this one.
-            results["second"] = durable.start(KIND, wait_for=[{"profile": "later"}], wait_key="pr:5")
+            results["second"] = durable.start(
+                KIND, wait_for=[{"profile": "later"}], wait_key="pr:5"
+            )
         except Exception as error:  # noqa: BLE001 - reported below
             results["second"] = error
         finally:
@@ -541,13 +629,17 @@ def test_redrive__a_failed_wait_job_whose_key_is_held_again_is_refused_clearly(h
     assert reload(failed).status == "failed", "nothing changed"
 
 
-def test_check__a_descendant_that_escapes_the_group_and_keeps_the_pipe_does_not_hang_the_worker(waits):
+def test_check__a_descendant_that_escapes_the_group_and_keeps_the_pipe_does_not_hang_the_worker(
+    waits,
+):
     pidfile = waits.dir / "escaped.pid"
     # setsid puts the child in a session of its own, out of reach of the group kill,
     # still holding the check's output pipe.
     waits.declare(escapes=f"setsid sleep 30 &\necho $! > '{pidfile}'\nexit 75")
     began = time.monotonic()
-    answer = checks.run(waits.profiles["escapes"], env=dict(checks.BASE_ENVIRONMENT), timeout=5, output_cap=100)
+    answer = checks.run(
+        waits.profiles["escapes"], env=dict(checks.BASE_ENVIRONMENT), timeout=5, output_cap=100
+    )
     assert answer.answer == checks.NOT_YET
     assert time.monotonic() - began < 25, "the answer came without waiting for the escaped process"
     os.kill(int(pidfile.read_text()), 9)
@@ -566,4 +658,6 @@ def test_redrive__a_wait_whose_faults_ran_out_gets_a_fresh_fault_budget(handled,
     waits.declare(broken="exit 75")  # the check was fixed
     assert outcomes() == ["held"]
     again = reload(job)
-    assert (again.wait_faults, again.held_since) == (0, since), "the hold clock is kept: written once"
+    assert (again.wait_faults, again.held_since) == (0, since), (
+        "the hold clock is kept: written once"
+    )

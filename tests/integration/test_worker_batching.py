@@ -10,7 +10,7 @@ from django.db.models import Count
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.models import Job
-from durable_jobs.worker import PREFETCH_WINDOW, Pace, SlotState, Worker
+from durable_jobs.runtime.worker import PREFETCH_WINDOW, Pace, SlotState, Worker
 from tests.factories import reload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,7 +23,9 @@ def test_a_burst_of_quick_jobs_is_claimed_in_batches_and_all_complete():
     assert Job.objects.filter(status="completed").count() == 60
     claims = Job.objects.values("started_at").annotate(n=Count("id"))
     assert max(row["n"] for row in claims) > 1, "some jobs were claimed by one statement"
-    assert all(job.lease_epoch == 1 and job.redrives == 0 for job in Job.objects.all()), "each row its own claim"
+    assert all(job.lease_epoch == 1 and job.redrives == 0 for job in Job.objects.all()), (
+        "each row its own claim"
+    )
 
 
 def test_claims_left_unstarted_at_shutdown_are_handed_back_without_spending_budget():
@@ -35,15 +37,22 @@ def test_claims_left_unstarted_at_shutdown_are_handed_back_without_spending_budg
     assert worker._run_claimed(slot, claimed, 60_000, None) is Pace.SLOW
     for job in claimed:
         after = reload(job)
-        assert (after.status, after.lease_owner, after.redrives, after.consecutive_failures) == ("running", None, 0, 0)
-    assert len(store.dequeue(["default"], "next", 60_000, limit=5)) == 3, "deliverable again at once"
+        assert (after.status, after.lease_owner, after.redrives, after.consecutive_failures) == (
+            "running",
+            None,
+            0,
+            0,
+        )
+    assert len(store.dequeue(["default"], "next", 60_000, limit=5)) == 3, (
+        "deliverable again at once"
+    )
 
 
 @pytest.mark.parametrize("execution", ["thread", "process"])
 def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(execution):
     """Slices each under QUICK_SLICE but together past PREFETCH_WINDOW: the claims still
     waiting go back to the queue at once (the whole batch never runs), charged nothing."""
-    from durable_jobs.runner import ChildRunner
+    from durable_jobs.runtime.runner import ChildRunner
 
     per_slice = 0.03
     count = 8
@@ -51,7 +60,11 @@ def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(
     jobs = [durable.start("demo.brief", input={"seconds": per_slice}) for _ in range(count)]
     worker = Worker(concurrency=1, execution=execution)
     slot = SlotState(number=0, generation=0, owner="slot")
-    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping) if execution == "process" else None
+    runner = (
+        ChildRunner(role="durable-child-test", stopping=worker.stopping)
+        if execution == "process"
+        else None
+    )
     try:
         if runner is not None:
             runner.ensure_started()
@@ -68,12 +81,19 @@ def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(
     assert completed, "the batch ran until its window closed"
     assert handed_back, "what was still waiting after the window was not run by this slot"
     for row in handed_back:
-        assert (row.lease_owner, row.lease_epoch, row.redrives, row.consecutive_failures) == (None, 1, 0, 0)
-    assert len(store.dequeue(["default"], "next", 60_000, limit=count)) == len(handed_back), "deliverable again"
+        assert (row.lease_owner, row.lease_epoch, row.redrives, row.consecutive_failures) == (
+            None,
+            1,
+            0,
+            0,
+        )
+    assert len(store.dequeue(["default"], "next", 60_000, limit=count)) == len(handed_back), (
+        "deliverable again"
+    )
 
 
 def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():
-    from durable_jobs.worker import next_batch
+    from durable_jobs.runtime.worker import next_batch
 
     assert next_batch(4, 4, Pace.QUICK, 32) == 8
     assert next_batch(32, 32, Pace.QUICK, 32) == 32, "MAX_PREFETCH caps it"
@@ -87,27 +107,34 @@ def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():
 def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
     from durable_jobs import conf
     from durable_jobs.exceptions import ConfigurationError
-    from durable_jobs.worker import prefetch_ceiling
+    from durable_jobs.runtime.worker import prefetch_ceiling
 
     assert prefetch_ceiling(None, "process") == 64
-    assert prefetch_ceiling(None, "thread") == 8, "a crash in thread execution takes the whole batch"
+    assert prefetch_ceiling(None, "thread") == 8, (
+        "a crash in thread execution takes the whole batch"
+    )
     assert prefetch_ceiling(1, "process") == 1
     for bad in (0, -4, 2.5, "8", True):
         with pytest.raises(ConfigurationError, match="MAX_PREFETCH"):
             conf.Settings(MAX_PREFETCH=bad)
 
 
-@pytest.mark.parametrize(("kind", "job_input", "pace"), [
-    ("demo.brief", {"seconds": 0.0}, Pace.QUICK),
-    ("demo.brief", {"seconds": 0.08}, Pace.SLOW),
-    ("demo.slow_mirror", {"mirror_seconds": 0.08}, Pace.SLOW),
-])
-def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(monkeypatch, kind, job_input, pace):
+@pytest.mark.parametrize(
+    ("kind", "job_input", "pace"),
+    [
+        ("demo.brief", {"seconds": 0.0}, Pace.QUICK),
+        ("demo.brief", {"seconds": 0.08}, Pace.SLOW),
+        ("demo.slow_mirror", {"mirror_seconds": 0.08}, Pace.SLOW),
+    ],
+)
+def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(
+    monkeypatch, kind, job_input, pace
+):
     """On a saturated machine a slot thread hears of a no-op run tens of milliseconds late.
     Judged by that delay, every slice looked slow and every slot fell back to one claim
     per job. Judged by its own work, a quick run stays quick, while a slow handler (by the
     handler process's clock) or a slow mirror (on the slot) is still slow."""
-    from durable_jobs.runner import ChildRunner
+    from durable_jobs.runtime.runner import ChildRunner
 
     late = 0.08  # past QUICK_SLICE, as a starved slot thread sees a no-op
     pump = ChildRunner._pump

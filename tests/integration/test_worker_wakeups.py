@@ -13,7 +13,7 @@ from django.db import transaction
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.models import Job
-from durable_jobs.worker import Worker
+from durable_jobs.runtime.worker import Worker
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,7 +23,11 @@ POLL = 60.0  # far longer than any wait below: only a notification can explain a
 @pytest.fixture
 def idle_worker(settings, monkeypatch):
     """A 4-slot worker (thread execution) asleep on a long poll, counting its dequeues."""
-    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "POLL_INTERVAL": POLL, "NOTIFY_CHANNEL": "durable_jobs"}
+    settings.DURABLE_JOBS = {
+        **settings.DURABLE_JOBS,
+        "POLL_INTERVAL": POLL,
+        "NOTIFY_CHANNEL": "durable_jobs",
+    }
     calls: list[int] = []
     real_dequeue = store.dequeue
 
@@ -64,8 +68,11 @@ def test_one_transaction_of_many_starts_runs_them_all_without_the_poll(idle_work
     _worker, calls = idle_worker
     with transaction.atomic():  # its identical notifications reach the worker as one
         ids = [durable.start("demo.noop").id for _ in range(40)]
-    _wait(lambda: Job.objects.filter(id__in=ids, status="completed").count() == 40, "all 40 jobs to run",
-          timeout=20)
+    _wait(
+        lambda: Job.objects.filter(id__in=ids, status="completed").count() == 40,
+        "all 40 jobs to run",
+        timeout=20,
+    )
     assert sum(calls) == 40
 
 

@@ -11,9 +11,9 @@ import pytest
 from django.test import override_settings
 
 import durable_jobs as durable
-from durable_jobs import registry, store, zygote
-from durable_jobs.runner import ChildRunner
-from tests.factories import reload
+from durable_jobs import registry, store
+from durable_jobs.runtime import zygote
+from durable_jobs.runtime.runner import ChildRunner
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,13 +45,15 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 
 def _run_one(runner: ChildRunner, kind: str, **start):
-    from durable_jobs.context import Slice
+    from durable_jobs.runtime.context import Slice
     from durable_jobs.states import Lease
 
     job = durable.start(kind, **start)
     [claimed] = store.dequeue(["default"], "slot", 60_000, limit=1)
     assert claimed.id == job.id
-    lease = Lease(job_id=claimed.id, owner=claimed.lease_owner, epoch=claimed.lease_epoch, ttl_ms=60_000)
+    lease = Lease(
+        job_id=claimed.id, owner=claimed.lease_owner, epoch=claimed.lease_epoch, ttl_ms=60_000
+    )
     return runner.run(Slice(claimed, registry.get(kind), lease))
 
 
@@ -61,9 +63,13 @@ def test_every_slots_handler_process_is_forked_from_one_zygote_and_runs_handlers
         for runner in runners:
             runner.ensure_started()
         parents = {_parent_of(runner.pid) for runner in runners}
-        assert len(parents) == 1 and os.getpid() not in parents, "children of one zygote, not of the worker"
+        assert len(parents) == 1 and os.getpid() not in parents, (
+            "children of one zygote, not of the worker"
+        )
         ran = _run_one(runners[1], "demo.progress_then_fail", input={"steps": 1})
-        assert (ran.end, ran.code) == ("failed", "after_progress"), "the handler ran, and wrote its checkpoint"
+        assert (ran.end, ran.code) == ("failed", "after_progress"), (
+            "the handler ran, and wrote its checkpoint"
+        )
     finally:
         for runner in runners:
             runner.close()
@@ -101,7 +107,9 @@ def test_a_zygote_that_dies_is_started_again_for_the_next_child():
         runner.close()
 
 
-def test_a_zygote_that_cannot_start_falls_back_to_starting_children_from_scratch(monkeypatch, caplog):
+def test_a_zygote_that_cannot_start_falls_back_to_starting_children_from_scratch(
+    monkeypatch, caplog
+):
     # The zygote reads the fault plan from the environment it inherits; it dies once
     # Django is set up, before it says it is ready.
     monkeypatch.setenv("DURABLE_JOBS_FAULTS", "zygote_ready=kill")
@@ -110,8 +118,14 @@ def test_a_zygote_that_cannot_start_falls_back_to_starting_children_from_scratch
         with caplog.at_level("DEBUG", logger="durable_jobs.worker"):
             for runner in runners:
                 runner.ensure_started()
-        assert all(_parent_of(runner.pid) == os.getpid() for runner in runners), "spawned by the worker itself"
-        warnings = [r for r in caplog.records if r.levelname == "WARNING" and "from scratch" in r.getMessage()]
+        assert all(_parent_of(runner.pid) == os.getpid() for runner in runners), (
+            "spawned by the worker itself"
+        )
+        warnings = [
+            r
+            for r in caplog.records
+            if r.levelname == "WARNING" and "from scratch" in r.getMessage()
+        ]
         assert len(warnings) == 1, "said once, not for every child"
         assert _run_one(runners[0], "demo.noop").end == "done"
     finally:
@@ -141,15 +155,21 @@ def test_a_handler_process_opens_no_connection_its_handler_does_not_need():
         runner.ensure_started()
         assert _run_one(runner, "demo.noop").end == "done"
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
-                           ["%durable-child-budget"])
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                ["%durable-child-budget"],
+            )
             assert cursor.fetchone()[0] == 0
         ran = _run_one(runner, "demo.progress_then_fail", input={"steps": 1})
         assert ran.code == "after_progress"
         with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
-                           ["%durable-child-budget"])
-            assert cursor.fetchone()[0] == 1, "a handler that writes connects, under the slot's name"
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                ["%durable-child-budget"],
+            )
+            assert cursor.fetchone()[0] == 1, (
+                "a handler that writes connects, under the slot's name"
+            )
     finally:
         runner.close()
 

@@ -219,15 +219,29 @@ def expected_fail_code(m: ModelJob, error_class: str, code: str | None, max_fail
     return code
 
 
-def insert_fields(job_id, *, queue, priority=0, lock_key=None, idempotency_key=None, delay_ms=0,
-                  total=None):
+def insert_fields(
+    job_id, *, queue, priority=0, lock_key=None, idempotency_key=None, delay_ms=0, total=None
+):
     """The fields ``insert_job`` takes, as ``durable_jobs.start`` builds them."""
     return {
-        "id": job_id, "kind": "tests.model", "created_by": None, "input": None, "meta": None,
-        "idempotency_key": idempotency_key, "lock_key": lock_key, "subject_type": None,
-        "subject_id": None, "progress_job_id": None, "queue": queue, "priority": priority,
-        "total_count": total, "run_at": None, "delay_ms": delay_ms,
-        "wait_for": None, "wait_key": None, "wait_label": None,
+        "id": job_id,
+        "kind": "tests.model",
+        "created_by": None,
+        "input": None,
+        "meta": None,
+        "idempotency_key": idempotency_key,
+        "lock_key": lock_key,
+        "subject_type": None,
+        "subject_id": None,
+        "progress_job_id": None,
+        "queue": queue,
+        "priority": priority,
+        "total_count": total,
+        "run_at": None,
+        "delay_ms": delay_ms,
+        "wait_for": None,
+        "wait_key": None,
+        "wait_label": None,
     }
 
 
@@ -253,17 +267,21 @@ DEQUEUE = dict(
 )
 HOLDER_WRITES = {
     "heartbeat": dict(
-        committed=st.booleans(), processed=st.sampled_from([None, 3, 7]), total=TOTALS,
+        committed=st.booleans(),
+        processed=st.sampled_from([None, 3, 7]),
+        total=TOTALS,
         lock_timeout_ms=st.sampled_from([None, 1_000]),
     ),
     "write_checkpoint": dict(
         checkpoint=st.sampled_from([{"cursor": 1}, {"cursor": 2}, [1, "two"], None]),
-        processed=st.sampled_from([None, 5]), total=TOTALS,
+        processed=st.sampled_from([None, 5]),
+        total=TOTALS,
     ),
     "yield_slice": dict(interrupted=st.booleans(), delay_ms=DELAYS),
     "fail_slice": dict(
-        error_class=st.sampled_from(["transient", "transient", "transient", "terminal",
-                                     "unrecoverable"]),
+        error_class=st.sampled_from(
+            ["transient", "transient", "transient", "terminal", "unrecoverable"]
+        ),
         code=st.sampled_from([None, "boom", "terminal", "unrecoverable", "retry_exhausted"]),
         message=st.sampled_from([None, "it broke"]),
         # The retry budget is the handler's policy, passed with each call: small, so that
@@ -275,7 +293,8 @@ HOLDER_WRITES = {
 }
 EPOCH_FENCED_WRITES = {
     "complete": dict(
-        result=st.sampled_from([None, {"ok": True}]), processed=st.sampled_from([None, 11]),
+        result=st.sampled_from([None, {"ok": True}]),
+        processed=st.sampled_from([None, 11]),
         total=st.sampled_from([None, 12]),
     ),
     "fail_terminal": dict(
@@ -286,7 +305,8 @@ EPOCH_FENCED_WRITES = {
     "cancel": dict(),
     "complete_many": dict(result=st.sampled_from([None, {"ok": True}]), with_others=st.booleans()),
     "bump_mirror_attempts": dict(
-        max_attempts=st.sampled_from([1, 1, 2, 3]), delay_ms=DELAYS,
+        max_attempts=st.sampled_from([1, 1, 2, 3]),
+        delay_ms=DELAYS,
         message=st.sampled_from([None, "mirror failed: KeyError"]),
     ),
 }
@@ -296,14 +316,16 @@ JOB_STATEMENTS = {
     "request_cancel": dict(scope=SCOPE_CHOICE, by=st.sampled_from([None, "alice", "bob"])),
     "cancel_pending": dict(),
     "expire_lease": dict(),
-    "take_orphan": dict(grace_ms=GRACES, backoff_ms=DELAYS,
-                        max_redrives=st.sampled_from([None, None, 0, 1, 2])),
+    "take_orphan": dict(
+        grace_ms=GRACES, backoff_ms=DELAYS, max_redrives=st.sampled_from([None, None, 0, 1, 2])
+    ),
     "bump_pending_mirror_attempts": dict(
         max_attempts=st.sampled_from([1, 2, 3]),
         message=st.sampled_from([None, "mirror failed: KeyError"]),
     ),
-    "record_enqueue": dict(queue_job_id=st.sampled_from(["msg-1", "msg-2"]),
-                           queue=st.sampled_from(QUEUES[:3])),
+    "record_enqueue": dict(
+        queue_job_id=st.sampled_from(["msg-1", "msg-2"]), queue=st.sampled_from(QUEUES[:3])
+    ),
     "redrive_pending": dict(pending_ttl_ms=GRACES),
     "park": dict(
         stale=st.sampled_from([False, True, True]),
@@ -315,8 +337,13 @@ JOB_STATEMENTS = {
 }
 #: Statements by job id; those whose precondition takes a few steps to set up (an expired
 #: lease under a claim, a failed job) more likely.
-JOB_STATEMENT_CHOICES = [*sorted(JOB_STATEMENTS), "expire_lease", "take_orphan", "take_orphan",
-                         "operator_redrive"]
+JOB_STATEMENT_CHOICES = [
+    *sorted(JOB_STATEMENTS),
+    "expire_lease",
+    "take_orphan",
+    "take_orphan",
+    "operator_redrive",
+]
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -361,15 +388,20 @@ class StoreMachine(RuleBasedStateMachine):
         self._step += 1
         return self.start_job(**params)
 
-    @precondition(lambda self: len(self.model) < MAX_JOBS
-                  and sum(m.status not in FINAL for m in self.model.values()) < MAX_IN_PLAY)
+    @precondition(
+        lambda self: (
+            len(self.model) < MAX_JOBS
+            and sum(m.status not in FINAL for m in self.model.values()) < MAX_IN_PLAY
+        )
+    )
     @rule(target=jobs, **START)
     def start(self, **params):
         self._step += 1
         return self.start_job(**params)
 
-    @rule(target=leases, job=jobs, how=st.sampled_from(["claim", "claim", "dequeue"]),
-          data=st.data())
+    @rule(
+        target=leases, job=jobs, how=st.sampled_from(["claim", "claim", "dequeue"]), data=st.data()
+    )
     def deliver(self, job, how, data):
         self._step += 1
         job = self._steer_job(job, data)
@@ -390,8 +422,9 @@ class StoreMachine(RuleBasedStateMachine):
         else:
             via = data.draw(VIA, label="which lease")
             lease = self._as_terminal(lease, via)
-            params = data.draw(st.fixed_dictionaries(EPOCH_FENCED_WRITES[statement]),
-                               label=statement)
+            params = data.draw(
+                st.fixed_dictionaries(EPOCH_FENCED_WRITES[statement]), label=statement
+            )
         getattr(self, statement)(lease, **params)
 
     @rule(job=jobs, statement=st.sampled_from(JOB_STATEMENT_CHOICES), data=st.data())
@@ -416,19 +449,26 @@ class StoreMachine(RuleBasedStateMachine):
         if self.focus is not None and data.draw(self.FOCUS, label="the previous step's job"):
             job_id = self.focus
         in_play = self._in_play()
-        if (self.model[job_id].status in FINAL and in_play
-                and data.draw(self.STEER, label="steer to a job in play")):
+        if (
+            self.model[job_id].status in FINAL
+            and in_play
+            and data.draw(self.STEER, label="steer to a job in play")
+        ):
             job_id = data.draw(st.sampled_from([m.id for m in in_play]), label="job in play")
         self.focus = job_id
         return job_id
 
     def _steer_lease(self, lease: Lease, data) -> Lease:
-        if (self.focus in self.granted
-                and data.draw(self.FOCUS, label="the previous step's job, one of its leases")):
+        if self.focus in self.granted and data.draw(
+            self.FOCUS, label="the previous step's job, one of its leases"
+        ):
             lease = data.draw(st.sampled_from(self.history[self.focus]), label="lease")
         granted = [self.granted[m.id] for m in self._in_play() if m.id in self.granted]
-        if (self.model[lease.job_id].status in FINAL and granted
-                and data.draw(self.STEER, label="steer to a job in play")):
+        if (
+            self.model[lease.job_id].status in FINAL
+            and granted
+            and data.draw(self.STEER, label="steer to a job in play")
+        ):
             lease = data.draw(st.sampled_from(granted), label="latest lease of a job in play")
         self.focus = lease.job_id
         return lease
@@ -461,8 +501,11 @@ class StoreMachine(RuleBasedStateMachine):
     def _holds(self, lease: Lease) -> dict[str, bool]:
         """LEASE_HELD: status = 'running' AND lease_owner = owner AND lease_epoch = epoch."""
         m = self.model[lease.job_id]
-        return {"running": m.status == "running", "owner": m.lease_owner == lease.owner,
-                "epoch": m.lease_epoch == lease.epoch}
+        return {
+            "running": m.status == "running",
+            "owner": m.lease_owner == lease.owner,
+            "epoch": m.lease_epoch == lease.epoch,
+        }
 
     def _epoch_holds(self, lease: Lease) -> dict[str, bool]:
         """_TERMINAL_FENCE: status = 'running' AND lease_epoch = epoch; the owner is not read."""
@@ -539,16 +582,29 @@ class StoreMachine(RuleBasedStateMachine):
         # (priority first), not left to run times a few microseconds apart, and hypothesis
         # needs every example to replay the same way.
         n = len(self.model)
-        fields = insert_fields(job_id, queue=QUEUES[n], priority=n, lock_key=lock_key,
-                               idempotency_key=idempotency_key, delay_ms=delay_ms, total=total)
+        fields = insert_fields(
+            job_id,
+            queue=QUEUES[n],
+            priority=n,
+            lock_key=lock_key,
+            idempotency_key=idempotency_key,
+            delay_ms=delay_ms,
+            total=total,
+        )
         # The idempotency key is tenant-wide and looked up first; a lock key is per scope
         # (a null organization is one value) and held by a live job only.
-        same_key = [m for m in self.model.values()
-                    if idempotency_key is not None and m.idempotency_key == idempotency_key
-                    and m.tenant == scope.tenant]
-        holder = [m for m in self.model.values()
-                  if lock_key is not None and m.lock_key == lock_key and m.scope == scope
-                  and m.live]
+        same_key = [
+            m
+            for m in self.model.values()
+            if idempotency_key is not None
+            and m.idempotency_key == idempotency_key
+            and m.tenant == scope.tenant
+        ]
+        holder = [
+            m
+            for m in self.model.values()
+            if lock_key is not None and m.lock_key == lock_key and m.scope == scope and m.live
+        ]
         if same_key:
             result = store.insert_job(fields, scope, notify_channel=None)
             assert not result.created and result.job.id == same_key[0].id
@@ -564,9 +620,15 @@ class StoreMachine(RuleBasedStateMachine):
         assert result.created and result.job.id == job_id
         _note("start:applied")
         self.model[job_id] = ModelJob(
-            id=job_id, tenant=scope.tenant, organization=scope.organization,
-            queue=fields["queue"], priority=n, lock_key=lock_key, idempotency_key=idempotency_key,
-            total_count=total, next_run=self._run_at(delay_ms),
+            id=job_id,
+            tenant=scope.tenant,
+            organization=scope.organization,
+            queue=fields["queue"],
+            priority=n,
+            lock_key=lock_key,
+            idempotency_key=idempotency_key,
+            total_count=total,
+            next_run=self._run_at(delay_ms),
         )
         self._same_as_stored(result.job)
         self.focus = job_id
@@ -580,12 +642,17 @@ class StoreMachine(RuleBasedStateMachine):
             redrives -= 1
         # CLAIM: scope, live, the delivery pair, and a free (null) or expired lease. It
         # reads neither the owner, nor next_run_at, nor a cancel request, nor a verdict.
-        clauses = {"scope": scope == "own", "live": m.live,
-                   "seq": seq == m.continuation_seq, "redrives": redrives == m.redrives,
-                   "lease free or expired": m.lease in ("none", "past")}
+        clauses = {
+            "scope": scope == "own",
+            "live": m.live,
+            "seq": seq == m.continuation_seq,
+            "redrives": redrives == m.redrives,
+            "lease free or expired": m.lease in ("none", "past"),
+        }
         taking_over = m.lease_owner is not None
-        row = store.claim(m.id, self._scope(m, scope), Delivery(seq=seq, redrives=redrives),
-                          owner, ttl_ms)
+        row = store.claim(
+            m.id, self._scope(m, scope), Delivery(seq=seq, redrives=redrives), owner, ttl_ms
+        )
         self._check("claim", row is not None, clauses, (delivery, scope, m.status, m.lease))
         if row is None:
             return multiple()
@@ -603,8 +670,12 @@ class StoreMachine(RuleBasedStateMachine):
         for m in self.model.values():
             if m.queue not in queues:
                 continue
-            clauses = {"live": m.live, "no owner": m.lease_owner is None,
-                       "due": m.next_run == "due", "no cancel request": not m.cancel_requested}
+            clauses = {
+                "live": m.live,
+                "no owner": m.lease_owner is None,
+                "due": m.next_run == "due",
+                "no cancel request": not m.cancel_requested,
+            }
             failing = [name for name, holds in clauses.items() if not holds]
             if not failing:
                 eligible.append(m)
@@ -630,8 +701,11 @@ class StoreMachine(RuleBasedStateMachine):
     def heartbeat(self, lease, committed, processed, total, lock_timeout_ms):
         m = self.model[lease.job_id]
         clauses = self._holds(lease)
-        kwargs: dict[str, Any] = {"processed": processed, "committed": committed,
-                                  "lock_timeout_ms": lock_timeout_ms}
+        kwargs: dict[str, Any] = {
+            "processed": processed,
+            "committed": committed,
+            "lock_timeout_ms": lock_timeout_ms,
+        }
         if total != "unset":
             kwargs["total"] = total
         reply = store.heartbeat(lease, **kwargs)
@@ -692,16 +766,22 @@ class StoreMachine(RuleBasedStateMachine):
         m = self.model[lease.job_id]
         clauses = self._holds(lease)
         reply = store.fail_slice(
-            lease, error_class=error_class, code=code, message=message,
-            max_failures=max_failures, backoff_base_ms=backoff_ms, backoff_max_ms=backoff_ms,
+            lease,
+            error_class=error_class,
+            code=code,
+            message=message,
+            max_failures=max_failures,
+            backoff_base_ms=backoff_ms,
+            backoff_max_ms=backoff_ms,
         )
         self._check("fail_slice", reply is not None, clauses, (lease, m.lease_owner, m.status))
         if reply is None:
             return
         # Invariant 3: the verdict comes from the counter this very statement increments.
         error_code = expected_fail_code(m, error_class, code, max_failures)
-        assert reply == FailReply(consecutive_failures=m.consecutive_failures + 1,
-                                  error_code=error_code)
+        assert reply == FailReply(
+            consecutive_failures=m.consecutive_failures + 1, error_code=error_code
+        )
         verdict = error_code in VERDICT_CODES
         assert reply.verdict == (error_code if verdict else None)
         _note(f"fail_slice:applied:code={error_code}")
@@ -745,8 +825,10 @@ class StoreMachine(RuleBasedStateMachine):
 
     def complete(self, lease, result, processed, total):
         m = self.model[lease.job_id]
-        if self._terminal(lease, store.complete, result=result, processed=processed,
-                          total=total) is None:
+        if (
+            self._terminal(lease, store.complete, result=result, processed=processed, total=total)
+            is None
+        ):
             return
         self._ended(m, "completed")
         m.error_class = m.error_code = m.error_message = None
@@ -758,8 +840,12 @@ class StoreMachine(RuleBasedStateMachine):
 
     def fail_terminal(self, lease, code, error_class, message):
         m = self.model[lease.job_id]
-        if self._terminal(lease, store.fail_terminal, code=code, error_class=error_class,
-                          message=message) is None:
+        if (
+            self._terminal(
+                lease, store.fail_terminal, code=code, error_class=error_class, message=message
+            )
+            is None
+        ):
             return
         self._ended(m, "failed")
         m.error_code = code
@@ -783,8 +869,9 @@ class StoreMachine(RuleBasedStateMachine):
         assert done <= {item.job_id for item in items}
         for item, item_clauses in zip(items, clauses, strict=True):
             m = self.model[item.job_id]
-            self._check("complete_many", item.job_id in done, item_clauses,
-                        (item, m.lease_epoch, m.status))
+            self._check(
+                "complete_many", item.job_id in done, item_clauses, (item, m.lease_epoch, m.status)
+            )
             if item.job_id in done:
                 self._ended(m, "completed")
                 m.error_class = m.error_code = m.error_message = None
@@ -794,10 +881,12 @@ class StoreMachine(RuleBasedStateMachine):
     def bump_mirror_attempts(self, lease, max_attempts, delay_ms, message):
         m = self.model[lease.job_id]
         clauses = self._epoch_holds(lease)
-        row = store.bump_mirror_attempts(lease, max_attempts=max_attempts, delay_ms=delay_ms,
-                                         message=message)
-        self._check("bump_mirror_attempts", row is not None, clauses,
-                    (lease, m.lease_epoch, m.status))
+        row = store.bump_mirror_attempts(
+            lease, max_attempts=max_attempts, delay_ms=delay_ms, message=message
+        )
+        self._check(
+            "bump_mirror_attempts", row is not None, clauses, (lease, m.lease_epoch, m.status)
+        )
         if row is None:
             return
         # Invariant 11: counted on its own counter, the lease given back; parked
@@ -849,22 +938,34 @@ class StoreMachine(RuleBasedStateMachine):
                 [m.id],
             )
             touched = cursor.rowcount == 1
-        self._check("expire_lease", touched,
-                    {"running": m.status == "running", "owner": m.lease_owner is not None})
+        self._check(
+            "expire_lease",
+            touched,
+            {"running": m.status == "running", "owner": m.lease_owner is not None},
+        )
         if touched:
             m.lease = "past"
 
     def take_orphan(self, m: ModelJob, grace_ms, backoff_ms, max_redrives):
         # TAKE_ORPHAN: running under a claim (owner set) whose lease expired past the
         # grace; never a cancel-requested row, never a verdict row.
-        clauses = {"running": m.status == "running", "owner": m.lease_owner is not None,
-                   "lease expired": m.lease == "past", "past the grace": grace_ms == 0,
-                   "no cancel request": not m.cancel_requested,
-                   "no verdict": m.error_code not in VERDICT_CODES}
-        row = store.take_orphan(m.id, grace_ms=grace_ms, backoff_ms=backoff_ms,
-                                max_redrives=max_redrives)
-        self._check("take_orphan", row is not None, clauses,
-                    (m.status, m.lease_owner, m.lease, grace_ms, m.cancel_requested, m.error_code))
+        clauses = {
+            "running": m.status == "running",
+            "owner": m.lease_owner is not None,
+            "lease expired": m.lease == "past",
+            "past the grace": grace_ms == 0,
+            "no cancel request": not m.cancel_requested,
+            "no verdict": m.error_code not in VERDICT_CODES,
+        }
+        row = store.take_orphan(
+            m.id, grace_ms=grace_ms, backoff_ms=backoff_ms, max_redrives=max_redrives
+        )
+        self._check(
+            "take_orphan",
+            row is not None,
+            clauses,
+            (m.status, m.lease_owner, m.lease, grace_ms, m.cancel_requested, m.error_code),
+        )
         if row is None:
             return
         # A new delivery and a new epoch either way; the poison verdict is decided from
@@ -879,8 +980,10 @@ class StoreMachine(RuleBasedStateMachine):
             m.pending_since = False
             m.error_code = "poison"
             m.error_class = m.error_class or "terminal"
-            m.error_message = (f"re-driven {m.redrives_since_commit} times without committing "
-                               f"any work (budget {max_redrives})")
+            m.error_message = (
+                f"re-driven {m.redrives_since_commit} times without committing "
+                f"any work (budget {max_redrives})"
+            )
         else:
             m.next_run = self._run_at(backoff_ms)
         self._same_as_stored(row)
@@ -888,12 +991,19 @@ class StoreMachine(RuleBasedStateMachine):
     def redrive_pending(self, m: ModelJob, pending_ttl_ms):
         # pending_since is now(): this test's transaction start, long past. So a pending
         # row is stale exactly when the TTL is 0 and its run time is not in the future.
-        clauses = {"pending": m.status == "pending", "no cancel request": not m.cancel_requested,
-                   "past the TTL": pending_ttl_ms == 0,
-                   "not scheduled ahead": m.next_run != "future"}
+        clauses = {
+            "pending": m.status == "pending",
+            "no cancel request": not m.cancel_requested,
+            "past the TTL": pending_ttl_ms == 0,
+            "not scheduled ahead": m.next_run != "future",
+        }
         row = store.redrive_pending(m.id, pending_ttl_ms=pending_ttl_ms)
-        self._check("redrive_pending", row is not None, clauses,
-                    (m.status, m.cancel_requested, m.next_run, pending_ttl_ms))
+        self._check(
+            "redrive_pending",
+            row is not None,
+            clauses,
+            (m.status, m.cancel_requested, m.next_run, pending_ttl_ms),
+        )
         if row is None:
             return
         self._redrive_core(m)
@@ -927,27 +1037,45 @@ class StoreMachine(RuleBasedStateMachine):
             "force, or not unrecoverable": force or not unrecoverable,
             f"failed, or an expired claim (not {m.status})": (
                 m.status == "failed"
-                or (m.status == "running" and m.lease_owner is not None and m.lease == "past"
-                    and grace_ms == 0)),
+                or (
+                    m.status == "running"
+                    and m.lease_owner is not None
+                    and m.lease == "past"
+                    and grace_ms == 0
+                )
+            ),
         }
         expected = all(clauses.values())
         # Reviving a failed job while a live job holds its lock key would make two live
         # jobs under one key: refused with LockKeyHeld, and the caller's transaction (this
         # example's) stays usable, which every later step relies on.
-        holder = [o for o in self.model.values()
-                  if expected and m.status == "failed" and m.lock_key is not None
-                  and o.id != m.id and o.live and o.lock_key == m.lock_key and o.scope == m.scope]
+        holder = [
+            o
+            for o in self.model.values()
+            if expected
+            and m.status == "failed"
+            and m.lock_key is not None
+            and o.id != m.id
+            and o.live
+            and o.lock_key == m.lock_key
+            and o.scope == m.scope
+        ]
         try:
-            row = store.operator_redrive(m.id, self._scope(m, scope), force=force,
-                                         grace_ms=grace_ms)
+            row = store.operator_redrive(
+                m.id, self._scope(m, scope), force=force, grace_ms=grace_ms
+            )
         except LockKeyHeld as refused:
             assert holder, "operator_redrive raised LockKeyHeld without a lock-key conflict"
             assert (refused.lock_key, refused.holder_id) == (m.lock_key, holder[0].id)
             _note("operator_redrive:refused:lock-key-held")
             return
         assert not holder, "operator_redrive revived a job whose lock key a live job holds"
-        self._check("operator_redrive", row is not None, clauses,
-                    (scope, force, m.status, m.error_code, m.lease_owner, m.lease, grace_ms))
+        self._check(
+            "operator_redrive",
+            row is not None,
+            clauses,
+            (scope, force, m.status, m.error_code, m.lease_owner, m.lease, grace_ms),
+        )
         if row is None:
             if scope == "own" and unrecoverable and m.status == "failed":
                 _note("operator_redrive:refused:unrecoverable-without-force")
@@ -962,8 +1090,11 @@ class StoreMachine(RuleBasedStateMachine):
         self._same_as_stored(row)
 
     def make_due(self, m: ModelJob):
-        clauses = {"live": m.live, "no owner": m.lease_owner is None,
-                   "scheduled ahead": m.next_run == "future"}
+        clauses = {
+            "live": m.live,
+            "no owner": m.lease_owner is None,
+            "scheduled ahead": m.next_run == "future",
+        }
         row = store.make_due(m.id)
         self._check("make_due", row is not None, clauses, (m.status, m.lease_owner, m.next_run))
         if row is None:
@@ -975,8 +1106,9 @@ class StoreMachine(RuleBasedStateMachine):
         """The pending twin: a cancel_pending whose mirror failed, fenced on pending + request."""
         clauses = {"pending": m.status == "pending", "cancel requested": m.cancel_requested}
         row = store.bump_pending_mirror_attempts(m.id, max_attempts=max_attempts, message=message)
-        self._check("bump_pending_mirror_attempts", row is not None, clauses,
-                    (m.status, m.cancel_requested))
+        self._check(
+            "bump_pending_mirror_attempts", row is not None, clauses, (m.status, m.cancel_requested)
+        )
         if row is None:
             return
         m.mirror_attempts += 1
@@ -1066,33 +1198,62 @@ class StoreMachine(RuleBasedStateMachine):
 #: refusing on its own. (Rarer corners, several statements deep, are walked explicitly by
 #: the tests below, through the same model.)
 MUST_REACH = (
-    "start:applied", "start:refused",
-    "claim:applied", "claim:applied:over-an-expired-lease", "claim:refused-only-by:scope",
-    "claim:refused-only-by:live", "claim:refused-only-by:seq", "claim:refused-only-by:redrives",
+    "start:applied",
+    "start:refused",
+    "claim:applied",
+    "claim:applied:over-an-expired-lease",
+    "claim:refused-only-by:scope",
+    "claim:refused-only-by:live",
+    "claim:refused-only-by:seq",
+    "claim:refused-only-by:redrives",
     "claim:refused-only-by:lease free or expired",
-    "dequeue:applied", "dequeue:refused", "dequeue:skipped-only-by:due",
-    "heartbeat:applied", "heartbeat:refused-only-by:owner",
-    "write_checkpoint:applied", "write_checkpoint:refused-only-by:owner",
-    "yield_slice:applied", "yield_slice:refused",
-    "fail_slice:applied", "fail_slice:refused-only-by:owner",
+    "dequeue:applied",
+    "dequeue:refused",
+    "dequeue:skipped-only-by:due",
+    "heartbeat:applied",
+    "heartbeat:refused-only-by:owner",
+    "write_checkpoint:applied",
+    "write_checkpoint:refused-only-by:owner",
+    "yield_slice:applied",
+    "yield_slice:refused",
+    "fail_slice:applied",
+    "fail_slice:refused-only-by:owner",
     "fail_slice:applied:code=retry_exhausted",
-    "release_lease:applied", "release_lease:refused-only-by:owner",
-    "complete:applied", "complete:refused-only-by:running", "complete_many:applied",
-    "complete_many:refused-only-by:running", "fail_terminal:applied",
-    "fail_terminal:refused-only-by:running", "cancel:applied", "cancel:refused-only-by:running",
-    "bump_mirror_attempts:applied", "bump_mirror_attempts:refused-only-by:running",
-    "request_cancel:applied", "request_cancel:refused-only-by:scope",
-    "request_cancel:refused-only-by:live", "cancel_pending:applied",
-    "cancel_pending:refused-only-by:cancel requested", "cancel_pending:refused-only-by:pending",
-    "expire_lease:applied", "take_orphan:applied", "take_orphan:refused-only-by:lease expired",
-    "redrive_pending:applied", "redrive_pending:refused-only-by:pending",
+    "release_lease:applied",
+    "release_lease:refused-only-by:owner",
+    "complete:applied",
+    "complete:refused-only-by:running",
+    "complete_many:applied",
+    "complete_many:refused-only-by:running",
+    "fail_terminal:applied",
+    "fail_terminal:refused-only-by:running",
+    "cancel:applied",
+    "cancel:refused-only-by:running",
+    "bump_mirror_attempts:applied",
+    "bump_mirror_attempts:refused-only-by:running",
+    "request_cancel:applied",
+    "request_cancel:refused-only-by:scope",
+    "request_cancel:refused-only-by:live",
+    "cancel_pending:applied",
+    "cancel_pending:refused-only-by:cancel requested",
+    "cancel_pending:refused-only-by:pending",
+    "expire_lease:applied",
+    "take_orphan:applied",
+    "take_orphan:refused-only-by:lease expired",
+    "redrive_pending:applied",
+    "redrive_pending:refused-only-by:pending",
     "redrive_pending:refused-only-by:past the TTL",
-    "park:applied", "park:refused-only-by:epoch", "park:refused-only-by:live",
-    "operator_redrive:applied", "operator_redrive:refused-only-by:scope",
+    "park:applied",
+    "park:refused-only-by:epoch",
+    "park:refused-only-by:live",
+    "operator_redrive:applied",
+    "operator_redrive:refused-only-by:scope",
     "operator_redrive:refused-only-by:failed, or an expired claim (not pending)",
     "operator_redrive:refused-only-by:failed, or an expired claim (not running)",
-    "make_due:applied", "make_due:refused-only-by:scheduled ahead",
-    "record_enqueue:applied", "record_enqueue:refused-only-by:live",
+    "make_due:applied",
+    "make_due:refused-only-by:scheduled ahead",
+    "record_enqueue:applied",
+    "record_enqueue:refused-only-by:live",
     "record_enqueue:refused-only-by:no owner",
 )
 #: Hypothesis draws a run's examples partly by mutating earlier ones, so one run of 100
@@ -1131,15 +1292,15 @@ def test_store_follows_the_reference_model():
 
 #: Defaults for walking the machine by hand; a walk names only what matters to it.
 WALK_DEFAULTS = {
-    "start_job": dict(scope=SCOPES[0], lock_key=None, idempotency_key=None, delay_ms=0,
-                      total=None),
+    "start_job": dict(scope=SCOPES[0], lock_key=None, idempotency_key=None, delay_ms=0, total=None),
     "claim_job": dict(owner="w1", delivery="current", scope="own", ttl_ms=TTL_MS),
     "dequeue_jobs": dict(owner="w1", limit=MAX_IN_PLAY, ttl_ms=TTL_MS),
     "heartbeat": dict(committed=False, processed=None, total="unset", lock_timeout_ms=None),
     "write_checkpoint": dict(checkpoint={"cursor": 1}, processed=None, total="unset"),
     "yield_slice": dict(interrupted=False, delay_ms=0),
-    "fail_slice": dict(error_class="transient", code="boom", message=None, max_failures=3,
-                       backoff_ms=0),
+    "fail_slice": dict(
+        error_class="transient", code="boom", message=None, max_failures=3, backoff_ms=0
+    ),
     "release_lease": dict(delay_ms=0),
     "complete": dict(result=None, processed=None, total=None),
     "complete_many": dict(result=None, with_others=False),
@@ -1152,9 +1313,12 @@ WALK_DEFAULTS = {
     "bump_pending_mirror_attempts": dict(max_attempts=3, message=None),
 }
 INVARIANTS = (
-    "rows_match_the_model", "lease_epoch_never_decreases",
-    "completed_and_cancelled_rows_never_change", "an_owner_only_under_the_latest_claim",
-    "at_most_one_live_job_per_lock_key", "the_delivery_moves_only_by_yield_and_redrive",
+    "rows_match_the_model",
+    "lease_epoch_never_decreases",
+    "completed_and_cancelled_rows_never_change",
+    "an_owner_only_under_the_latest_claim",
+    "at_most_one_live_job_per_lock_key",
+    "the_delivery_moves_only_by_yield_and_redrive",
 )
 
 
@@ -1236,8 +1400,11 @@ def test_walk__operator_redrive_refuses_final_jobs_and_unrecoverable_without_for
     walk.fail_slice(walk.claim_job(unrecoverable), error_class="unrecoverable")
     walk.park(unrecoverable, stale=False, reason="mirror_failed", message=None)
     walk.operator_redrive(unrecoverable)
-    for what in ("failed, or an expired claim (not completed)",
-                 "failed, or an expired claim (not cancelled)", "force, or not unrecoverable"):
+    for what in (
+        "failed, or an expired claim (not completed)",
+        "failed, or an expired claim (not cancelled)",
+        "force, or not unrecoverable",
+    ):
         assert OUTCOMES[f"operator_redrive:refused-only-by:{what}"] == 1, what
     walk.operator_redrive(unrecoverable, force=True)
     assert OUTCOMES["operator_redrive:applied"] == 1
@@ -1350,14 +1517,16 @@ def test_operator_redrive__refuses_when_a_live_job_holds_the_lock_key():
     it on as a server error).
     """
     scope = Scope(tenant="t1")
-    first = store.insert_job(insert_fields(uuid.uuid4(), queue="q0", lock_key="k"), scope,
-                             notify_channel=None).job
+    first = store.insert_job(
+        insert_fields(uuid.uuid4(), queue="q0", lock_key="k"), scope, notify_channel=None
+    ).job
     claimed = store.claim(first.id, scope, Delivery(seq=0, redrives=0), "w1", TTL_MS)
     lease = Lease(job_id=first.id, owner="w1", epoch=claimed.lease_epoch, ttl_ms=TTL_MS)
     assert store.fail_terminal(lease, code="terminal", error_class="terminal") is not None
     before = snapshot(store.get_job_unscoped(first.id))
-    successor = store.insert_job(insert_fields(uuid.uuid4(), queue="q0", lock_key="k"), scope,
-                                 notify_channel=None).job
+    successor = store.insert_job(
+        insert_fields(uuid.uuid4(), queue="q0", lock_key="k"), scope, notify_channel=None
+    ).job
 
     with transaction.atomic():  # the caller's transaction
         with pytest.raises(LockKeyHeld) as refused:

@@ -14,6 +14,12 @@ except ImportError:  # Django 5.2
     from django_tasks.signals import task_enqueued, task_finished, task_started
 
 __all__ = [
-    "InvalidTask", "TaskResultDoesNotExist", "TaskResultStatus", "default_task_backend", "task_backends",
-    "task_enqueued", "task_finished", "task_started",
+    "InvalidTask",
+    "TaskResultDoesNotExist",
+    "TaskResultStatus",
+    "default_task_backend",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
 ]

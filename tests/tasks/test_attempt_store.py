@@ -17,19 +17,33 @@ pytestmark = pytest.mark.django_db
 
 
 def lease_of(job, **changes) -> Lease:
-    fields = {"job_id": job.id, "owner": job.lease_owner, "epoch": job.lease_epoch, "ttl_ms": 60_000, **changes}
+    fields = {
+        "job_id": job.id,
+        "owner": job.lease_owner,
+        "epoch": job.lease_epoch,
+        "ttl_ms": 60_000,
+        **changes,
+    }
     return Lease(**fields)
 
 
 def test_begin_and_end__record_one_attempt_per_claim():
     job = running(kind="django.tasks", lease_owner="worker-a:x", lease_epoch=4)
     assert store.begin_task_attempt(lease_of(job), "worker-a") is not None
-    assert store.begin_task_attempt(lease_of(job), "worker-a") is not None, "the same claim again: same row"
-    assert store.end_task_attempt(lease_of(job), exception_class_path="builtins.KeyError", traceback="tb")
+    assert store.begin_task_attempt(lease_of(job), "worker-a") is not None, (
+        "the same claim again: same row"
+    )
+    assert store.end_task_attempt(
+        lease_of(job), exception_class_path="builtins.KeyError", traceback="tb"
+    )
     assert not store.end_task_attempt(lease_of(job)), "an attempt ends once"
     [attempt] = TaskAttempt.objects.filter(job_id=job.id)
     assert (attempt.epoch, attempt.worker_id, attempt.exception_class_path, attempt.traceback) == (
-        4, "worker-a", "builtins.KeyError", "tb")
+        4,
+        "worker-a",
+        "builtins.KeyError",
+        "tb",
+    )
     assert attempt.finished_at >= attempt.started_at
 
 
@@ -39,7 +53,9 @@ def test_begin_and_end__write_nothing_without_the_lease(stale):
     assert store.begin_task_attempt(lease_of(job, **stale), "w") is None
     assert not TaskAttempt.objects.filter(job_id=job.id).exists()
     assert store.begin_task_attempt(lease_of(job), "w") is not None
-    assert not store.end_task_attempt(lease_of(job, **stale), exception_class_path="x.Y", traceback="t")
+    assert not store.end_task_attempt(
+        lease_of(job, **stale), exception_class_path="x.Y", traceback="t"
+    )
     assert TaskAttempt.objects.get(job_id=job.id).finished_at is None
 
 
@@ -62,4 +78,6 @@ def test_attempt_rows__refuse_orm_writes():
     from durable_jobs.models import ReadOnlyJobRow
 
     with pytest.raises(ReadOnlyJobRow):
-        TaskAttempt.objects.create(job_id=running().id, epoch=1, worker_id="w", started_at="2026-01-01T00:00Z")
+        TaskAttempt.objects.create(
+            job_id=running().id, epoch=1, worker_id="w", started_at="2026-01-01T00:00Z"
+        )

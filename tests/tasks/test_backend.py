@@ -18,7 +18,7 @@ from django.utils import timezone
 import durable_jobs as durable
 from durable_jobs import testing
 from durable_jobs.exceptions import CancelRequested
-from durable_jobs.tasks import DurableBackend
+from durable_jobs.tasks.backend import DurableBackend
 from testproject.demo import tasks
 from testproject.demo.models import Report
 from tests.tasks.framework import (
@@ -38,7 +38,9 @@ def test_enqueue__is_a_ready_result_that_succeeds_once_a_worker_ran_it():
     result = tasks.add.enqueue(2, b=3)
     assert result.status == TaskResultStatus.READY
     assert (result.args, result.kwargs, result.attempts, result.errors) == ([2], {"b": 3}, 0, [])
-    assert result.enqueued_at is not None and result.started_at is None and result.finished_at is None
+    assert (
+        result.enqueued_at is not None and result.started_at is None and result.finished_at is None
+    )
     with pytest.raises(ValueError, match="not finished"):
         _ = result.return_value
 
@@ -52,12 +54,18 @@ def test_enqueue__is_a_ready_result_that_succeeds_once_a_worker_ran_it():
     assert result.started_at == result.last_attempted_at and result.finished_at is not None
 
     again = tasks.add.get_result(result.id)
-    assert (again.status, again.return_value, again.worker_ids) == (result.status, 5, result.worker_ids)
+    assert (again.status, again.return_value, again.worker_ids) == (
+        result.status,
+        5,
+        result.worker_ids,
+    )
 
 
 def test_a_raising_task__fails_with_its_exception_class_and_traceback():
     result = tasks.explode.enqueue("boom")
-    assert [r.outcome for r in testing.run_jobs()] == ["failed"], "one attempt by default, as Django's own backends"
+    assert [r.outcome for r in testing.run_jobs()] == ["failed"], (
+        "one attempt by default, as Django's own backends"
+    )
     result.refresh()
     assert result.status == TaskResultStatus.FAILED and result.attempts == 1
     [error] = result.errors
@@ -77,7 +85,10 @@ def test_a_task_with_max_attempts__retries_then_succeeds_with_one_error_per_fail
     assert result.attempts == 2
     assert result.return_value == {"attempt": 2}, "TaskContext.attempt counts this attempt"
     [error] = result.errors
-    assert error.exception_class_path == "builtins.RuntimeError" and "attempt 1 fails" in error.traceback
+    assert (
+        error.exception_class_path == "builtins.RuntimeError"
+        and "attempt 1 fails" in error.traceback
+    )
     assert result.last_attempted_at > result.started_at
 
 
@@ -108,7 +119,11 @@ def test_higher_priority_runs_first():
     tasks.write_report.enqueue("normal")
     tasks.write_report.using(priority=50).enqueue("high")
     testing.run_jobs()
-    assert list(Report.objects.order_by("pk").values_list("name", flat=True)) == ["high", "normal", "low"]
+    assert list(Report.objects.order_by("pk").values_list("name", flat=True)) == [
+        "high",
+        "normal",
+        "low",
+    ]
 
 
 def test_run_after__keeps_the_task_ready_until_its_time():
@@ -125,7 +140,7 @@ def test_run_after__keeps_the_task_ready_until_its_time():
 
 
 def test_cancel_through_durable_jobs__shows_as_failed_naming_the_durable_jobs_exception():
-    from durable_jobs.reconciler import Reconciler
+    from durable_jobs.runtime.reconciler import Reconciler
 
     result = tasks.add.enqueue(1, 2)
     durable.cancel(result.id, by="ops")
@@ -153,11 +168,18 @@ def test_a_raising_signal_receiver__changes_nothing():
     finally:
         for signal in (task_enqueued, task_started, task_finished):
             signal.disconnect(dispatch_uid="test-raising")
-    assert seen == [(DurableBackend, TaskResultStatus.READY), (DurableBackend, TaskResultStatus.RUNNING),
-                    (DurableBackend, TaskResultStatus.SUCCESSFUL)]
+    assert seen == [
+        (DurableBackend, TaskResultStatus.READY),
+        (DurableBackend, TaskResultStatus.RUNNING),
+        (DurableBackend, TaskResultStatus.SUCCESSFUL),
+    ]
     result.refresh()
     assert (result.status, result.return_value, result.attempts, result.errors) == (
-        TaskResultStatus.SUCCESSFUL, 42, 1, [])
+        TaskResultStatus.SUCCESSFUL,
+        42,
+        1,
+        [],
+    )
 
 
 def test_task_finished__is_not_sent_for_an_attempt_that_will_be_retried():
@@ -185,8 +207,11 @@ def test_unknown_or_malformed_ids__raise_task_result_does_not_exist():
         default_task_backend.get_result(str(other.id))
 
 
-def test_a_task_whose_module_no_longer_imports__fails_clearly_and_the_worker_carries_on(tmp_path, monkeypatch):
-    (tmp_path / "vanishing_tasks.py").write_text(textwrap.dedent("""
+def test_a_task_whose_module_no_longer_imports__fails_clearly_and_the_worker_carries_on(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "vanishing_tasks.py").write_text(
+        textwrap.dedent("""
         try:
             from django.tasks import task
         except ImportError:
@@ -195,7 +220,8 @@ def test_a_task_whose_module_no_longer_imports__fails_clearly_and_the_worker_car
         @task
         def gone():
             return "never"
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("vanishing_tasks")
     result = module.gone.enqueue()
@@ -204,7 +230,9 @@ def test_a_task_whose_module_no_longer_imports__fails_clearly_and_the_worker_car
     del sys.modules["vanishing_tasks"]
     importlib.invalidate_caches()
 
-    assert [r.outcome for r in testing.run_jobs()] == ["failed", "completed"], "the next task still ran"
+    assert [r.outcome for r in testing.run_jobs()] == ["failed", "completed"], (
+        "the next task still ran"
+    )
     job = durable.get(result.id)
     assert (job.status, job.error_class, job.error_code) == ("failed", "terminal", "terminal")
     assert "task 'vanishing_tasks.gone' cannot be loaded" in job.error_message
@@ -236,13 +264,14 @@ def test_arguments_that_are_not_json__are_refused_at_enqueue_and_nothing_is_stor
 
 
 def test_bad_task_policy__is_refused_when_the_task_is_defined():
-    from durable_jobs.tasks import DurableTask
+    from durable_jobs.tasks.backend import DurableTask
 
     with pytest.raises(InvalidTask, match="max_attempts"):
         DurableTask(func=tasks.add.func, max_attempts=0)
     with pytest.raises(InvalidTask, match="retry_backoff_max"):
-        tasks.flaky.using(priority=1).__class__(func=tasks.flaky.func, takes_context=True,
-                                                  retry_backoff_base=10, retry_backoff_max=1).enqueue(1)
+        tasks.flaky.using(priority=1).__class__(
+            func=tasks.flaky.func, takes_context=True, retry_backoff_base=10, retry_backoff_max=1
+        ).enqueue(1)
 
 
 def test_backend_construction__touches_no_database_and_refuses_unknown_options():
@@ -263,7 +292,9 @@ def test_backend_check__reports_queues_the_default_worker_does_not_take(monkeypa
     assert "durable_jobs.E104" in messages and "bad queue" in messages["durable_jobs.E104"]
     assert "durable_jobs.W101" in messages and "'emails'" in messages["durable_jobs.W101"]
     assert default_task_backend.check() == []
-    monkeypatch.setitem(settings.DATABASES, "sqlite", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+    monkeypatch.setitem(
+        settings.DATABASES, "sqlite", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    )
     sqlite = DurableBackend("other", {"OPTIONS": {"DATABASE": "sqlite"}})
     assert [m.id for m in sqlite.check()] == ["durable_jobs.E103"]
 

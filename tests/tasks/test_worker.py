@@ -33,8 +33,12 @@ def test_a_worker_runs_tasks__success_failure_and_retry(processes, execution):
     ok = tasks.add.enqueue(19, 23)
     failing = tasks.explode.enqueue("no luck")
     retried = tasks.flaky.enqueue(failures=1)
-    worker = processes.worker("--concurrency", "2", app_name=f"durable-test-tasks-{execution}",
-                              env={"DURABLE_JOBS_EXECUTION": execution, "DEMO_RAISING_TASK_RECEIVERS": "1"})
+    worker = processes.worker(
+        "--concurrency",
+        "2",
+        app_name=f"durable-test-tasks-{execution}",
+        env={"DURABLE_JOBS_EXECUTION": execution, "DEMO_RAISING_TASK_RECEIVERS": "1"},
+    )
     wait_until(finished(ok, failing, retried), timeout=60, message="the tasks to finish")
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=30) == 0
@@ -42,7 +46,12 @@ def test_a_worker_runs_tasks__success_failure_and_retry(processes, execution):
     for signal_name in ("task_started", "task_finished"):
         assert f"a {signal_name} receiver" in output and "a receiver's bug" in output, output
 
-    assert (ok.status, ok.return_value, ok.attempts, ok.errors) == (TaskResultStatus.SUCCESSFUL, 42, 1, [])
+    assert (ok.status, ok.return_value, ok.attempts, ok.errors) == (
+        TaskResultStatus.SUCCESSFUL,
+        42,
+        1,
+        [],
+    )
     assert ok.enqueued_at <= ok.started_at == ok.last_attempted_at <= ok.finished_at
     assert len(set(retried.worker_ids)) >= 1 and all(retried.worker_ids)
 
@@ -50,7 +59,11 @@ def test_a_worker_runs_tasks__success_failure_and_retry(processes, execution):
     assert failing.errors[0].exception_class_path == "builtins.ValueError"
     assert "ValueError: no luck" in failing.errors[0].traceback
 
-    assert (retried.status, retried.attempts, retried.return_value) == (TaskResultStatus.SUCCESSFUL, 2, {"attempt": 2})
+    assert (retried.status, retried.attempts, retried.return_value) == (
+        TaskResultStatus.SUCCESSFUL,
+        2,
+        {"attempt": 2},
+    )
     assert [e.exception_class_path for e in retried.errors] == ["builtins.RuntimeError"]
 
 
@@ -67,7 +80,9 @@ def test_a_worker_sigkilled_mid_task__another_finishes_it_after_the_reconciler(p
     doomed.signal(signal.SIGKILL)
     doomed.wait()
     result.refresh()
-    assert result.status == TaskResultStatus.RUNNING, "the dead worker's claim still stands: only its lease ends it"
+    assert result.status == TaskResultStatus.RUNNING, (
+        "the dead worker's claim still stands: only its lease ends it"
+    )
 
     survivor = processes.worker("--reconcile", app_name="durable-test-tasks-survivor", env=FAST)
     wait_until(finished(result), timeout=60, message="the survivor to finish the task")
@@ -87,8 +102,11 @@ def test_cancelling_a_running_task_through_durable_jobs__ends_it_failed(processe
     import durable_jobs as durable
 
     result = tasks.sleep.enqueue(120)
-    worker = processes.worker("--reconcile", app_name="durable-test-tasks-cancel",
-                              env={**FAST, "DURABLE_JOBS_CANCEL_GRACE": "0.5"})
+    worker = processes.worker(
+        "--reconcile",
+        app_name="durable-test-tasks-cancel",
+        env={**FAST, "DURABLE_JOBS_CANCEL_GRACE": "0.5"},
+    )
 
     def started():
         result.refresh()

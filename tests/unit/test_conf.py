@@ -63,8 +63,14 @@ def test_load__an_unknown_key_is_refused_with_a_did_you_mean(key, suggestion):
     assert f"did you mean {suggestion!r}" in message
 
 
-@pytest.mark.parametrize(("key", "suggestion"), [("lease_ttl", "LEASE_TTL"), ("Slice_Budget", "SLICE_BUDGET"),
-                                               ("heartbeat_intervall", "HEARTBEAT_INTERVAL")])
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("lease_ttl", "LEASE_TTL"),
+        ("Slice_Budget", "SLICE_BUDGET"),
+        ("heartbeat_intervall", "HEARTBEAT_INTERVAL"),
+    ],
+)
 def test_load__a_lower_case_key_gets_the_upper_case_setting_as_its_did_you_mean(key, suggestion):
     with pytest.raises(ConfigurationError) as caught:
         conf.load({key: 1})
@@ -244,7 +250,9 @@ def test_load__the_batch_and_schedule_bounds_have_defaults_and_refuse_nonsense()
     assert defaults.MAX_BATCH_BYTES == 64_000_000 and defaults.MAX_RUN_AFTER == 366 * 86400.0
     tuned = conf.load({"MAX_RUN_AFTER": timedelta(days=30), "MAX_BATCH_BYTES": 1_000})
     assert (tuned.MAX_RUN_AFTER, tuned.MAX_BATCH_BYTES) == (30 * 86400.0, 1_000)
-    assert conf.load({"MAX_RUN_AFTER": timedelta(days=100 * 365)}).MAX_RUN_AFTER == 100 * 365 * 86400.0
+    assert (
+        conf.load({"MAX_RUN_AFTER": timedelta(days=100 * 365)}).MAX_RUN_AFTER == 100 * 365 * 86400.0
+    )
     for bad in (0, -1, "1 year", math.inf, timedelta(days=100 * 365 + 1)):
         with pytest.raises(ConfigurationError, match="MAX_RUN_AFTER"):
             conf.load({"MAX_RUN_AFTER": bad})

@@ -228,9 +228,26 @@ def test_count__accepts_non_negative_integers_within_bigint(value):
 
 @pytest.mark.parametrize(
     ("value", "named"),
-    [(-1, "got -1"), (2**63, "bigint"), (2**70, "bigint"), (True, "bool"), (1.0, "float"),
-     ("lots", "str 'lots'"), (None, "NoneType"), ("a\nFORGED", "\\n")],
-    ids=["negative", "bigint-plus-one", "2**70", "bool", "float", "text", "none", "control-characters"],
+    [
+        (-1, "got -1"),
+        (2**63, "bigint"),
+        (2**70, "bigint"),
+        (True, "bool"),
+        (1.0, "float"),
+        ("lots", "str 'lots'"),
+        (None, "NoneType"),
+        ("a\nFORGED", "\\n"),
+    ],
+    ids=[
+        "negative",
+        "bigint-plus-one",
+        "2**70",
+        "bool",
+        "float",
+        "text",
+        "none",
+        "control-characters",
+    ],
 )
 def test_count__refuses_anything_else_naming_the_field_and_the_value(value, named):
     with pytest.raises(InvalidProgress) as caught:
@@ -255,7 +272,12 @@ def test_progress__none_and_unset_pass_through_and_processed_may_exceed_total():
 
 @pytest.mark.parametrize(
     ("state", "named"),
-    [({"s": {1}}, "set"), ({"t": "\x00"}, "NUL"), (_deep(6), "MAX_PAYLOAD_DEPTH"), ("x" * 2_000, "MAX_PAYLOAD_BYTES")],
+    [
+        ({"s": {1}}, "set"),
+        ({"t": "\x00"}, "NUL"),
+        (_deep(6), "MAX_PAYLOAD_DEPTH"),
+        ("x" * 2_000, "MAX_PAYLOAD_BYTES"),
+    ],
     ids=["set", "nul", "too-deep", "too-big"],
 )
 def test_checkpoint__refuses_what_jsonb_cannot_hold_as_a_terminal_invalid_checkpoint(state, named):
@@ -263,7 +285,11 @@ def test_checkpoint__refuses_what_jsonb_cannot_hold_as_a_terminal_invalid_checkp
         validation.checkpoint(state, **LIMITS)
     error = caught.value
     assert str(error).startswith("checkpoint: ") and named in str(error)
-    assert (error.field, error.error_class, error.code) == ("checkpoint", "terminal", "invalid_checkpoint")
+    assert (error.field, error.error_class, error.code) == (
+        "checkpoint",
+        "terminal",
+        "invalid_checkpoint",
+    )
     assert validation.checkpoint({"cursor": 3}, **LIMITS) == '{"cursor":3}'
 
 
@@ -291,9 +317,17 @@ def test_run_after__a_duration_out_of_range_is_refused(value):
 def test_run_after_instant__is_bounded_by_the_clock_it_is_given():
     now = datetime(2026, 6, 1, 12, 0, tzinfo=timezone.utc)
     plus_two = timezone(timedelta(hours=2))
-    for fine in (now - timedelta(hours=23), now + timedelta(days=29), datetime(2026, 6, 1, 14, 0, tzinfo=plus_two)):
+    for fine in (
+        now - timedelta(hours=23),
+        now + timedelta(days=29),
+        datetime(2026, 6, 1, 14, 0, tzinfo=plus_two),
+    ):
         assert validation.run_after_instant(fine, now, max_ahead=30 * DAY) == fine
-    for bad in (now - timedelta(days=1, seconds=1), now + timedelta(days=30, seconds=1),
-                datetime.min.replace(tzinfo=plus_two), datetime.max.replace(tzinfo=timezone.utc)):
+    for bad in (
+        now - timedelta(days=1, seconds=1),
+        now + timedelta(days=30, seconds=1),
+        datetime.min.replace(tzinfo=plus_two),
+        datetime.max.replace(tzinfo=timezone.utc),
+    ):
         with pytest.raises(RunAfterOutOfRange):
             validation.run_after_instant(bad, now, max_ahead=30 * DAY)

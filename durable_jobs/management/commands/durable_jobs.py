@@ -17,7 +17,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 
-from durable_jobs import conf, service, stats
+from durable_jobs import conf, service
+from durable_jobs.console import stats
 from durable_jobs.exceptions import DurableJobsError, InvalidInput
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
@@ -97,7 +98,9 @@ class Command(BaseCommand):
         except CommandError as error:
             if not self._json_errors or options.get("traceback"):
                 raise
-            code = getattr(error, "code", "system_check" if isinstance(error, SystemCheckError) else "error")
+            code = getattr(
+                error, "code", "system_check" if isinstance(error, SystemCheckError) else "error"
+            )
             self._exit_json(str(error), code, error.returncode)
 
     def _exit_json(self, message: str, code: str, status: int) -> None:
@@ -119,16 +122,29 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         # Before the action (``durable_jobs --json stats``) or after it (``stats --json``):
         # the action's own flag only overrides this one when it is given.
-        parser.add_argument("--json", action="store_true", help="machine-readable output and errors")
+        parser.add_argument(
+            "--json", action="store_true", help="machine-readable output and errors"
+        )
         self._json_aware(parser)
         sub = parser.add_subparsers(dest="action", required=True)
 
         def scoped(p: CommandParser) -> None:
             self._json_aware(p)
-            p.add_argument("--tenant", type=name, default=None, help="tenant id (default: DEFAULT_TENANT)")
-            p.add_argument("--organization", type=name, default=None, help="organization id (default: tenant-wide)")
-            p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                           help="machine-readable output and errors")
+            p.add_argument(
+                "--tenant", type=name, default=None, help="tenant id (default: DEFAULT_TENANT)"
+            )
+            p.add_argument(
+                "--organization",
+                type=name,
+                default=None,
+                help="organization id (default: tenant-wide)",
+            )
+            p.add_argument(
+                "--json",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="machine-readable output and errors",
+            )
 
         p = sub.add_parser("list", help="list jobs, newest first")
         scoped(p)
@@ -138,20 +154,31 @@ class Command(BaseCommand):
         p.add_argument("--page", type=int, default=1)
         p.add_argument("--page-size", type=int, default=50)
 
-        for action, helptext in (("show", "print one job in full"), ("cancel", "request cancellation"),
-                                 ("redrive", "re-drive a failed job"),
-                                 ("explain", "say what a held job is waiting for and when it is checked next")):
+        for action, helptext in (
+            ("show", "print one job in full"),
+            ("cancel", "request cancellation"),
+            ("redrive", "re-drive a failed job"),
+            ("explain", "say what a held job is waiting for and when it is checked next"),
+        ):
             p = sub.add_parser(action, help=helptext)
             scoped(p)
             p.add_argument("job_id")
             if action == "cancel":
                 p.add_argument("--by", default="cli", help="who asks (recorded on the job)")
             if action == "redrive":
-                p.add_argument("--force", action="store_true", help="also re-drive an unrecoverable failure")
+                p.add_argument(
+                    "--force", action="store_true", help="also re-drive an unrecoverable failure"
+                )
 
-        p = sub.add_parser("stats", help="counts, backlog age, expired leases, parked jobs, throughput")
+        p = sub.add_parser(
+            "stats", help="counts, backlog age, expired leases, parked jobs, throughput"
+        )
         scoped(p)
-        p.add_argument("--all-tenants", action="store_true", help="count every tenant's jobs (no --tenant/--organization)")
+        p.add_argument(
+            "--all-tenants",
+            action="store_true",
+            help="count every tenant's jobs (no --tenant/--organization)",
+        )
 
     def handle(self, *args, action: str, **options) -> None:
         try:
@@ -168,15 +195,23 @@ class Command(BaseCommand):
 
     def do_list(self, **options) -> None:
         jobs, total = service.list_jobs(
-            scope=self._scope(options), kind=options["kind"], status=options["status"],
-            subject=options["subject"], page=options["page"], page_size=options["page_size"],
+            scope=self._scope(options),
+            kind=options["kind"],
+            status=options["status"],
+            subject=options["subject"],
+            page=options["page"],
+            page_size=options["page_size"],
         )
         if options["json"]:
             self._emit(options, {"total": total, "jobs": [as_dict(job) for job in jobs]}, "")
             return
         lines = [f"{'id':<36}  {'kind':<24} {'status':<10} {'progress':<14} {'created':<20} error"]
         for job in jobs:
-            progress = f"{job.processed_count}/{job.total_count}" if job.total_count else str(job.processed_count)
+            progress = (
+                f"{job.processed_count}/{job.total_count}"
+                if job.total_count
+                else str(job.processed_count)
+            )
             lines.append(
                 f"{job.id!s:<36}  {job.kind:<24} {job.status:<10} {progress:<14} "
                 f"{job.created_at:%Y-%m-%d %H:%M:%S}  {job.error_code or ''}"
@@ -202,13 +237,25 @@ class Command(BaseCommand):
         job = service.get(options["job_id"], scope=self._scope(options))
         explanation = explain_hold(job)
         if options["json"]:
-            data = None if explanation is None else {
-                field: (value.isoformat() if hasattr(value, "isoformat")
-                        else value.total_seconds() if hasattr(value, "total_seconds")
-                        else list(value) if isinstance(value, tuple) else value)
-                for field, value in ((f.name, getattr(explanation, f.name))
-                                     for f in dataclasses.fields(explanation))
-            }
+            data = (
+                None
+                if explanation is None
+                else {
+                    field: (
+                        value.isoformat()
+                        if hasattr(value, "isoformat")
+                        else value.total_seconds()
+                        if hasattr(value, "total_seconds")
+                        else list(value)
+                        if isinstance(value, tuple)
+                        else value
+                    )
+                    for field, value in (
+                        (f.name, getattr(explanation, f.name))
+                        for f in dataclasses.fields(explanation)
+                    )
+                }
+            )
             self._emit(options, {"id": str(job.id), "status": job.status, "held": data}, "")
             return
         if explanation is None:
@@ -218,45 +265,70 @@ class Command(BaseCommand):
 
     def do_cancel(self, **options) -> None:
         job = service.cancel(options["job_id"], scope=self._scope(options), by=options["by"])
-        self._emit(options, as_dict(job), f"cancellation requested for {job.id} ({job.status}); "
-                                          "a running slice stops at its next heartbeat")
+        self._emit(
+            options,
+            as_dict(job),
+            f"cancellation requested for {job.id} ({job.status}); "
+            "a running slice stops at its next heartbeat",
+        )
 
     def do_redrive(self, **options) -> None:
         job = service.redrive(options["job_id"], scope=self._scope(options), force=options["force"])
-        self._emit(options, as_dict(job), f"re-driven {job.id}: pending again (redrive #{job.redrives})")
+        self._emit(
+            options, as_dict(job), f"re-driven {job.id}: pending again (redrive #{job.redrives})"
+        )
 
     def do_stats(self, **options) -> None:
         if options["all_tenants"]:
             if options["tenant"] or options["organization"]:
-                raise BadArguments("--all-tenants counts every tenant; leave out --tenant and --organization")
+                raise BadArguments(
+                    "--all-tenants counts every tenant; leave out --tenant and --organization"
+                )
             scope, label = None, "all tenants"
         else:
             scope = self._scope(options)
-            label = f"tenant {scope.tenant}, " + (f"organization {scope.organization}" if scope.organization
-                                                   else "tenant-wide jobs")
+            label = f"tenant {scope.tenant}, " + (
+                f"organization {scope.organization}" if scope.organization else "tenant-wide jobs"
+            )
         data = stats.collect(scope=scope)
-        data["scope"] = None if scope is None else {"tenant": scope.tenant, "organization": scope.organization}
+        data["scope"] = (
+            None if scope is None else {"tenant": scope.tenant, "organization": scope.organization}
+        )
         if options["json"]:
             self._emit(options, data, "")
             return
         statuses = [s.value for s in Status]
         lines = [f"scope: {label}", f"{'kind':<28}" + "".join(f"{s:>11}" for s in statuses)]
         if data["estimated"]:
-            lines.insert(1, "(a large table: completed, failed and cancelled are the planner's estimates "
-                            "as of the last ANALYZE; pending and running are exact)")
+            lines.insert(
+                1,
+                "(a large table: completed, failed and cancelled are the planner's estimates "
+                "as of the last ANALYZE; pending and running are exact)",
+            )
         for kind, counts in data["by_kind"].items():
             lines.append(f"{kind:<28}" + "".join(f"{counts.get(s, 0):>11}" for s in statuses))
         oldest = data["oldest_pending_seconds"]
         lines += [
             "",
             f"pending: {data['pending']} (oldest {'-' if oldest is None else f'{oldest:.1f}s'})",
-            (f"running: {data['running']} ({data['running_expired_leases']} with expired leases, "
-             f"{data['retrying']} waiting for a retry)"),
+            (
+                f"running: {data['running']} ({data['running_expired_leases']} with expired leases, "
+                f"{data['retrying']} waiting for a retry)"
+            ),
             f"held by a wait condition: {data['held']} (of the pending)",
-            "parked: " + (", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items()) or "none"),
-            "finished: " + "; ".join(
+            "parked: "
+            + (
+                ", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items())
+                or "none"
+            ),
+            "finished: "
+            + "; ".join(
                 f"last {window}: {c['completed']} completed, {c['failed']} failed, {c['cancelled']} cancelled"
-                + (" (estimated from the newest rows' rate)" if window in data["finished_last_estimated"] else "")
+                + (
+                    " (estimated from the newest rows' rate)"
+                    if window in data["finished_last_estimated"]
+                    else ""
+                )
                 for window, c in data["finished_last"].items()
             ),
         ]

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 
 from durable_jobs import conf, logsetup
 from durable_jobs.management.settings_first import SettingsFirst
-from durable_jobs.reconciler import Reconciler
+from durable_jobs.runtime.reconciler import Reconciler
 from durable_jobs.validation import NAME
 
 log = logging.getLogger("durable_jobs.reconciler")
@@ -23,12 +23,16 @@ def tenant_id(text: str) -> str:
 
 
 class Command(SettingsFirst, BaseCommand):
-    help = ("Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, with no leader election "
-            "(safe to run many). Every durable_worker already reconciles unless started with --no-reconcile.")
+    help = (
+        "Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, with no leader election "
+        "(safe to run many). Every durable_worker already reconciles unless started with --no-reconcile."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--once", action="store_true", help="run one pass and exit")
-        parser.add_argument("--tenant", type=tenant_id, default=None, help="only this tenant's jobs (shard a fleet)")
+        parser.add_argument(
+            "--tenant", type=tenant_id, default=None, help="only this tenant's jobs (shard a fleet)"
+        )
 
     def handle(self, *args, once, tenant, verbosity, **options) -> None:
         logsetup.configure(verbosity)
@@ -39,10 +43,15 @@ class Command(SettingsFirst, BaseCommand):
             self.stdout.write(str(report))
             return
         stop = threading.Event()
-        previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = {
+            s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)
+        }
         # Said once SIGTERM is ours: whoever waits for this line may stop us right away.
-        log.info("reconciler starting: %s, a pass every %gs", f"tenant {tenant}" if tenant else "all tenants",
-                 interval)
+        log.info(
+            "reconciler starting: %s, a pass every %gs",
+            f"tenant {tenant}" if tenant else "all tenants",
+            interval,
+        )
         try:
             reconciler.run(stop=stop)
         finally:

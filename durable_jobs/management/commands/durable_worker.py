@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 
 from durable_jobs import logsetup
 from durable_jobs.management.settings_first import SettingsFirst
+from durable_jobs.runtime.worker import Worker
 from durable_jobs.validation import NAME
-from durable_jobs.worker import Worker
 
 
 def queue_list(text: str) -> list[str]:
@@ -31,37 +31,83 @@ class Command(SettingsFirst, BaseCommand):
     help = "Claim and run durable job slices. SIGTERM/SIGINT: finish slices (yield), then exit; twice: exit now."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--queues", type=queue_list, default=None,
-                            help="comma-separated queues to take work from (default: DURABLE_JOBS DEFAULT_QUEUE)")
-        parser.add_argument("--concurrency", type=positive_int, default=1,
-                            help="slots: each a thread with its own database connection and, in process "
-                                 "execution, its own handler process (default 1)")
-        parser.add_argument("--burst", "--once", action="store_true", dest="burst",
-                            help="exit once no job is due (for scripts and tests); exit 1 after LEASE_TTL "
-                                 "without a successful claim")
-        parser.add_argument("--no-reconcile", action="store_false", dest="reconcile",
-                            help="do not take part in recovery (by default every worker runs the reconciler "
-                                 "loop, one leader at a time across the fleet)")
-        parser.add_argument("--reconcile", action="store_true", dest="reconcile",
-                            help="the default; kept so existing command lines keep working")
+        parser.add_argument(
+            "--queues",
+            type=queue_list,
+            default=None,
+            help="comma-separated queues to take work from (default: DURABLE_JOBS DEFAULT_QUEUE)",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            help="slots: each a thread with its own database connection and, in process "
+            "execution, its own handler process (default 1)",
+        )
+        parser.add_argument(
+            "--burst",
+            "--once",
+            action="store_true",
+            dest="burst",
+            help="exit once no job is due (for scripts and tests); exit 1 after LEASE_TTL "
+            "without a successful claim",
+        )
+        parser.add_argument(
+            "--no-reconcile",
+            action="store_false",
+            dest="reconcile",
+            help="do not take part in recovery (by default every worker runs the reconciler "
+            "loop, one leader at a time across the fleet)",
+        )
+        parser.add_argument(
+            "--reconcile",
+            action="store_true",
+            dest="reconcile",
+            help="the default; kept so existing command lines keep working",
+        )
         parser.set_defaults(reconcile=True)
-        parser.add_argument("--execution", choices=("process", "thread"), default=None,
-                            help="run handlers in a child process per slot, killable at the time limit "
-                                 "(default), or on the slot threads (default: DURABLE_JOBS EXECUTION)")
-        parser.add_argument("--metrics-port", type=positive_int, default=None,
-                            help="serve Prometheus counters on 127.0.0.1:PORT (needs durable-jobs[prometheus])")
+        parser.add_argument(
+            "--execution",
+            choices=("process", "thread"),
+            default=None,
+            help="run handlers in a child process per slot, killable at the time limit "
+            "(default), or on the slot threads (default: DURABLE_JOBS EXECUTION)",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=positive_int,
+            default=None,
+            help="serve Prometheus counters on 127.0.0.1:PORT (needs durable-jobs[prometheus])",
+        )
 
-    def handle(self, *args, queues, concurrency, burst, reconcile, execution, metrics_port, verbosity,
-               **options) -> None:
+    def handle(
+        self,
+        *args,
+        queues,
+        concurrency,
+        burst,
+        reconcile,
+        execution,
+        metrics_port,
+        verbosity,
+        **options,
+    ) -> None:
         logsetup.configure(verbosity)  # a console handler when the project configured no LOGGING
         if metrics_port is not None:
             try:
-                from durable_jobs import prometheus
+                from durable_jobs.console import prometheus
             except ImportError:
-                raise CommandError("--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]") from None
+                raise CommandError(
+                    "--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]"
+                ) from None
             prometheus.serve(metrics_port)
-        worker = Worker(queues=queues, concurrency=concurrency, burst=burst, reconcile=reconcile,
-                        execution=execution)
+        worker = Worker(
+            queues=queues,
+            concurrency=concurrency,
+            burst=burst,
+            reconcile=reconcile,
+            execution=execution,
+        )
         worker.install_signal_handlers()
         try:
             code = worker.run()

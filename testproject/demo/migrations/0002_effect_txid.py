@@ -4,15 +4,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('demo', '0001_initial'),
+        ("demo", "0001_initial"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='effect',
-            name='txid',
-            field=models.BigIntegerField(db_default=models.Func(function='txid_current', output_field=models.BigIntegerField())),
+            model_name="effect",
+            name="txid",
+            field=models.BigIntegerField(
+                db_default=models.Func(
+                    function="txid_current", output_field=models.BigIntegerField()
+                )
+            ),
         ),
     ]

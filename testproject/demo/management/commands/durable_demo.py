@@ -32,7 +32,12 @@ BAR = 28
 def bar(job: Job) -> str:
     if job.total_count:
         done = int(BAR * min(1.0, job.processed_count / job.total_count))
-        return "[" + "#" * done + "." * (BAR - done) + f"] {job.processed_count:>3}/{job.total_count:<3}"
+        return (
+            "["
+            + "#" * done
+            + "." * (BAR - done)
+            + f"] {job.processed_count:>3}/{job.total_count:<3}"
+        )
     filled = {"completed": BAR, "failed": 0, "cancelled": 0}.get(job.status, 0)
     return "[" + "#" * filled + "." * (BAR - filled) + "]        "
 
@@ -45,7 +50,9 @@ def manage_py() -> str:
     """
     cwd = Path.cwd()
     script = _relative(ROOT / "manage.py", cwd)
-    interpreter = _relative(Path(os.path.abspath(sys.executable)), cwd)  # abspath: keep the venv's symlink
+    interpreter = _relative(
+        Path(os.path.abspath(sys.executable)), cwd
+    )  # abspath: keep the venv's symlink
     if os.sep not in interpreter:
         interpreter = "." + os.sep + interpreter  # a bare name would be looked up on PATH
     on_path = shutil.which(Path(sys.executable).name)
@@ -73,8 +80,12 @@ class Command(BaseCommand):
     help = "Run the durable_jobs demo: real jobs, a real worker, live progress, a summary."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--rows", type=int, default=60, help="rows in the main import (default 60)")
-        parser.add_argument("--timeout", type=float, default=120, help="give up after this many seconds")
+        parser.add_argument(
+            "--rows", type=int, default=60, help="rows in the main import (default 60)"
+        )
+        parser.add_argument(
+            "--timeout", type=float, default=120, help="give up after this many seconds"
+        )
 
     def handle(self, *args, rows: int, timeout: float, **options) -> None:
         call_command("migrate", verbosity=0)
@@ -86,9 +97,19 @@ class Command(BaseCommand):
 
         labels = self._start_jobs(rows)
         worker = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "durable_worker", "--concurrency", "3", "--reconcile",
-             "-v", "0"],
-            cwd=ROOT, env={**os.environ, "DURABLE_JOBS_SLICE_BUDGET": "1.0"}, stdin=subprocess.DEVNULL,
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "durable_worker",
+                "--concurrency",
+                "3",
+                "--reconcile",
+                "-v",
+                "0",
+            ],
+            cwd=ROOT,
+            env={**os.environ, "DURABLE_JOBS_SLICE_BUDGET": "1.0"},
+            stdin=subprocess.DEVNULL,
         )
         began = time.monotonic()
         try:
@@ -104,14 +125,28 @@ class Command(BaseCommand):
     def _start_jobs(self, rows: int) -> dict:
         with transaction.atomic():
             report = Report.objects.create(name="demo import")
-            main = durable.start("demo.import", subject=report, input={"rows": rows, "batch": 3, "delay": 0.15},
-                                 total_count=rows, created_by="demo")
+            main = durable.start(
+                "demo.import",
+                subject=report,
+                input={"rows": rows, "batch": 3, "delay": 0.15},
+                total_count=rows,
+                created_by="demo",
+            )
             flaky = durable.start("demo.flaky", input={"failures": 2}, created_by="demo")
             doomed_report = Report.objects.create(name="demo import to cancel")
-            doomed = durable.start("demo.import", subject=doomed_report,
-                                   input={"rows": 200, "batch": 2, "delay": 0.08}, total_count=200, created_by="demo")
-            small = durable.start("demo.import", input={"rows": 12, "batch": 4, "delay": 0.2}, total_count=12,
-                                  created_by="demo")
+            doomed = durable.start(
+                "demo.import",
+                subject=doomed_report,
+                input={"rows": 200, "batch": 2, "delay": 0.08},
+                total_count=200,
+                created_by="demo",
+            )
+            small = durable.start(
+                "demo.import",
+                input={"rows": 12, "batch": 4, "delay": 0.2},
+                total_count=12,
+                created_by="demo",
+            )
         return {
             main.id: "import (checkpoints, many slices)",
             flaky.id: "flaky (fails twice, then works)",
@@ -130,14 +165,19 @@ class Command(BaseCommand):
             if not cancelled and jobs[doomed].processed_count >= 40:
                 durable.cancel(doomed, by="demo operator")
                 cancelled = True
-            lines = [f"{labels[job_id]:<36} {bar(jobs[job_id])} {describe(jobs[job_id])}" for job_id in labels]
+            lines = [
+                f"{labels[job_id]:<36} {bar(jobs[job_id])} {describe(jobs[job_id])}"
+                for job_id in labels
+            ]
             if tty:
                 if drawn:
                     self.stdout.write(f"\x1b[{drawn}F", ending="")
                 for line in lines:
                     self.stdout.write("\x1b[2K" + line)
                 drawn = len(lines)
-            finished = all(job.status in ("completed", "failed", "cancelled") for job in jobs.values())
+            finished = all(
+                job.status in ("completed", "failed", "cancelled") for job in jobs.values()
+            )
             if not tty and (finished or time.monotonic() - last_plain > 1.0):
                 # Without a terminal, a board every second, and the final one exactly once.
                 self.stdout.write(f"-- {time.monotonic() - began:5.1f}s")

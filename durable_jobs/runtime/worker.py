@@ -39,11 +39,18 @@ from collections.abc import Sequence
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
-from durable_jobs import conf, faults, pooling, registry, store, validation, zygote
-from durable_jobs.context import Slice
-from durable_jobs.executor import DeferredCompletion, SliceReport, complete_deferred, run_slice, time_limit_failure
-from durable_jobs.heartbeat import Heartbeater, HeldLease
-from durable_jobs.runner import ChildRunner
+from durable_jobs import conf, db, faults, registry, store, validation
+from durable_jobs.runtime import pooling, zygote
+from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.executor import (
+    DeferredCompletion,
+    SliceReport,
+    complete_deferred,
+    run_slice,
+    time_limit_failure,
+)
+from durable_jobs.runtime.heartbeat import Heartbeater, HeldLease
+from durable_jobs.runtime.runner import ChildRunner
 from durable_jobs.states import VERDICT_CODES, Lease
 from durable_jobs.waits import gate as waits_gate
 
@@ -108,32 +115,17 @@ def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:
     and its outcome is recorded without user code (no mirror): such a job may be queued
     in the slot's child behind the one running there."""
     handler = registry.get(job.kind)
-    return (handler is not None and handler.mirror is None and job.error_code not in VERDICT_CODES
-            and not waits_gate.pending(job) and conf.ms(handler.setting("LEASE_TTL")) == ttl_ms)
+    return (
+        handler is not None
+        and handler.mirror is None
+        and job.error_code not in VERDICT_CODES
+        and not waits_gate.pending(job)
+        and conf.ms(handler.setting("LEASE_TTL")) == ttl_ms
+    )
 
 
 def _lease_of(job, ttl_ms: int) -> Lease:
     return Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=ttl_ms)
-
-
-def keep_connection_healthy(using: str) -> None:
-    """Drop the slot's connection if a handler left it broken; otherwise keep it.
-
-    Not ``close_old_connections()``: under the default ``CONN_MAX_AGE = 0`` that closes
-    the connection on every call, and a worker polling in a loop would reconnect for
-    every dequeue. A worker's connections live as long as the process; a connection the
-    server or a pooler cuts is replaced on the next error.
-    """
-    connection = connections[using]
-    if connection.connection is None:
-        return
-    if connection.get_autocommit() != connection.settings_dict["AUTOCOMMIT"]:
-        connection.close()  # a handler left a transaction open: do not take chances
-    elif connection.errors_occurred:
-        if connection.is_usable():
-            connection.errors_occurred = False
-        else:
-            connection.close()
 
 
 def worker_identity() -> str:
@@ -152,11 +144,15 @@ class SlotState:
     thread: threading.Thread | None = None
     current: Slice | None = None  # the slice running now
     waiting: list[HeldLease] = dataclasses.field(default_factory=list)  # claims not started yet
-    finished: list[HeldLease] = dataclasses.field(default_factory=list)  # deferred, not yet completed
+    finished: list[HeldLease] = dataclasses.field(
+        default_factory=list
+    )  # deferred, not yet completed
     completions: list[DeferredCompletion] = dataclasses.field(default_factory=list)
     abandoned: bool = False
     runner: ChildRunner | None = None  # process execution: the slot's handler process
-    batch: int = 1  # how many jobs it claims at once: grows while its batches are quick (next_batch)
+    batch: int = (
+        1  # how many jobs it claims at once: grows while its batches are quick (next_batch)
+    )
 
 
 class Worker:
@@ -177,7 +173,9 @@ class Worker:
         self.reconcile = reconcile
         self.execution = execution or settings.EXECUTION
         if self.execution not in conf.EXECUTION_MODES:
-            raise ValueError(f"execution must be one of {conf.EXECUTION_MODES}, got {self.execution!r}")
+            raise ValueError(
+                f"execution must be one of {conf.EXECUTION_MODES}, got {self.execution!r}"
+            )
         self.using = using
         self.identity = worker_identity()
         self.stopping = threading.Event()  # phase one: stop claiming, slices yield
@@ -196,7 +194,9 @@ class Worker:
         self._due_soon: list[float] = []
         self._due_lock = threading.Lock()
         self._slots: list[SlotState] = []
-        self._unpaid: list[tuple[Slice, str]] = []  # abandoned slices whose charge has not landed yet
+        self._unpaid: list[
+            tuple[Slice, str]
+        ] = []  # abandoned slices whose charge has not landed yet
         self.abandoned_threads = 0
         self._previous_handlers: dict[int, object] = {}
         self._failed = False
@@ -223,15 +223,27 @@ class Worker:
     def run(self) -> int:
         """Run until stopped (or idle, in burst mode); return the process exit code."""
         settings = conf.get()
-        log.info("worker %s starting: queues=%s concurrency=%d execution=%s reconcile=%s", self.identity,
-                 ",".join(self.queues), self.concurrency, self.execution, "on" if self.reconcile else "off")
+        log.info(
+            "worker %s starting: queues=%s concurrency=%d execution=%s reconcile=%s",
+            self.identity,
+            ",".join(self.queues),
+            self.concurrency,
+            self.execution,
+            "on" if self.reconcile else "off",
+        )
         self._heartbeater.start()
         if settings.NOTIFY_CHANNEL and not self.burst:
-            threading.Thread(target=self._listen, args=(settings.NOTIFY_CHANNEL,), name="durable-listener",
-                             daemon=True).start()
+            threading.Thread(
+                target=self._listen,
+                args=(settings.NOTIFY_CHANNEL,),
+                name="durable-listener",
+                daemon=True,
+            ).start()
         reconciler = None
         if self.reconcile:
-            reconciler = threading.Thread(target=self._reconcile_loop, name="durable-reconciler", daemon=True)
+            reconciler = threading.Thread(
+                target=self._reconcile_loop, name="durable-reconciler", daemon=True
+            )
             reconciler.start()
         for number in range(self.concurrency):
             self._start_slot(number, generation=0)
@@ -250,8 +262,11 @@ class Worker:
                 if self.stopping.is_set() and deadline is None:
                     deadline = time.monotonic() + grace
                 if deadline is not None and time.monotonic() > deadline:
-                    log.warning("worker %s: slices did not yield within %.0fs", self.identity,
-                                settings.SHUTDOWN_GRACE)
+                    log.warning(
+                        "worker %s: slices did not yield within %.0fs",
+                        self.identity,
+                        settings.SHUTDOWN_GRACE,
+                    )
                     return 1
                 alive = [slot for slot in self._live_slots() if slot.thread.is_alive()]
                 if not alive:
@@ -293,8 +308,10 @@ class Worker:
             log.error("worker %s: a slot thread died; stopping", self.identity)
             self._fail()
         if not self._heartbeater.alive:
-            log.error("worker %s: the heartbeat thread died; stopping so leases are not lost silently",
-                      self.identity)
+            log.error(
+                "worker %s: the heartbeat thread died; stopping so leases are not lost silently",
+                self.identity,
+            )
             self._fail()
 
     def _fail(self) -> None:
@@ -311,8 +328,13 @@ class Worker:
         held has expired anyway (another worker re-drives those jobs), so waiting longer
         keeps nothing safe: say why, and exit 1 so the caller sees that nothing drained.
         """
-        log.error("worker %s: burst run stopped: slot %s could not claim for %.0fs (LEASE_TTL) (%s)",
-                  self.identity, slot.owner, seconds, reason)
+        log.error(
+            "worker %s: burst run stopped: slot %s could not claim for %.0fs (LEASE_TTL) (%s)",
+            self.identity,
+            slot.owner,
+            seconds,
+            reason,
+        )
         self._fail()
 
     # --- thread execution: the supervisor ---
@@ -326,9 +348,14 @@ class Worker:
                 continue
             if context.past_time_limit(now):
                 self._abandon(slot, context, "time_limit")
-            elif context.cancel_observed and now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE:
+            elif (
+                context.cancel_observed
+                and now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE
+            ):
                 self._abandon(slot, context, "cancel")
-        self._unpaid = [(context, why) for context, why in self._unpaid if not self._charge(context, why)]
+        self._unpaid = [
+            (context, why) for context, why in self._unpaid if not self._charge(context, why)
+        ]
 
     def _abandon(self, slot: SlotState, context: Slice, why: str) -> None:
         """Give up on a slot's thread: charge its slice, hand its claims back, start a new thread."""
@@ -338,16 +365,27 @@ class Worker:
         self._heartbeater.untrack(context)
         self.abandoned_threads += 1
         limit = conf.get().MAX_ABANDONED_THREADS
-        log.error("[%s %s] %s: abandoning thread %s (%d of %d abandoned threads allowed)", context.kind,
-                  context.id, "slice ran past its time limit" if why == "time_limit" else
-                  "handler ignored the cancel request past CANCEL_GRACE", slot.thread.name,
-                  self.abandoned_threads, limit)
+        log.error(
+            "[%s %s] %s: abandoning thread %s (%d of %d abandoned threads allowed)",
+            context.kind,
+            context.id,
+            "slice ran past its time limit"
+            if why == "time_limit"
+            else "handler ignored the cancel request past CANCEL_GRACE",
+            slot.thread.name,
+            self.abandoned_threads,
+            limit,
+        )
         if not self._charge(context, why):
             self._unpaid.append((context, why))
         self._hand_back(slot)
         if self.abandoned_threads > limit:
-            log.error("worker %s: more than %d handler threads are stuck; exiting for a restart (use "
-                      "EXECUTION = 'process' to have stuck handlers killed instead)", self.identity, limit)
+            log.error(
+                "worker %s: more than %d handler threads are stuck; exiting for a restart (use "
+                "EXECUTION = 'process' to have stuck handlers killed instead)",
+                self.identity,
+                limit,
+            )
             self._fail()
         elif not self.stopping.is_set():
             self._start_slot(slot.number, generation=slot.generation + 1)
@@ -363,20 +401,33 @@ class Worker:
                 # A verdict is left for the next claim to record (with the kind's mirror):
                 # user code never runs on the supervisor.
                 return store.fail_slice(
-                    context.lease, error_class=failure.error_class, code=failure.code, message=failure.message,
+                    context.lease,
+                    error_class=failure.error_class,
+                    code=failure.code,
+                    message=failure.message,
                     max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
                     backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
-                    backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")), using=self.using)
+                    backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")),
+                    using=self.using,
+                )
         else:
+
             def write():
                 # Released with the cancel request standing: the reconciler ends it (with
                 # its mirror) on its next pass.
                 return store.release_lease(context.lease, delay_ms=0, using=self.using)
+
         try:
             store.with_lock_timeout(lock_ms, write, using=self.using)
         except (DatabaseError, InterfaceError) as error:
-            log.info("[%s %s] charge for %s deferred: %s", context.kind, context.id, why, type(error).__name__)
-            keep_connection_healthy(self.using)
+            log.info(
+                "[%s %s] charge for %s deferred: %s",
+                context.kind,
+                context.id,
+                why,
+                type(error).__name__,
+            )
+            db.keep_connection_healthy(self.using)
             return False
         return True
 
@@ -404,13 +455,18 @@ class Worker:
                 complete_deferred(completions, using=self.using)
             for entry in waiting:
                 if not entry.lease_lost:
-                    store.with_lock_timeout(200, lambda e=entry: store.release_lease(e.lease, delay_ms=0,
-                                                                                    using=self.using),
-                                            using=self.using)
+                    store.with_lock_timeout(
+                        200,
+                        lambda e=entry: store.release_lease(e.lease, delay_ms=0, using=self.using),
+                        using=self.using,
+                    )
         except (DatabaseError, InterfaceError) as error:
-            log.warning("slot %s: could not hand its claims back (%s); their leases will expire", slot.owner,
-                        type(error).__name__)
-            keep_connection_healthy(self.using)
+            log.warning(
+                "slot %s: could not hand its claims back (%s); their leases will expire",
+                slot.owner,
+                type(error).__name__,
+            )
+            db.keep_connection_healthy(self.using)
         finally:
             for entry in (*waiting, *finished):
                 self._heartbeater.untrack(entry)
@@ -442,7 +498,9 @@ class Worker:
             if not slot.abandoned and (slot.waiting or slot.completions):
                 self._hand_back(slot, take_back=False)  # the children are dead by now
         seen = {id(holder) for holder in holders}
-        for holder in holders + [holder for holder in self._heartbeater.held() if id(holder) not in seen]:
+        for holder in holders + [
+            holder for holder in self._heartbeater.held() if id(holder) not in seen
+        ]:
             self._heartbeater.untrack(holder)
             if id(holder) in lost_before if isinstance(holder, Slice) else holder.lease_lost:
                 continue
@@ -452,15 +510,21 @@ class Worker:
                 def write(h=holder):
                     return store.yield_slice(h.lease, interrupted=True, using=self.using)
             else:
+
                 def write(h=holder):
                     return store.release_lease(h.lease, delay_ms=0, using=self.using)
+
             try:
                 if store.with_lock_timeout(200, write, using=self.using) is not None:
                     log.info("[%s %s] handed back at shutdown", holder.kind, holder.id)
             except (DatabaseError, InterfaceError) as error:
-                log.warning("[%s %s] not handed back (%s); its lease will expire", holder.kind, holder.id,
-                            type(error).__name__)
-                keep_connection_healthy(self.using)
+                log.warning(
+                    "[%s %s] not handed back (%s); its lease will expire",
+                    holder.kind,
+                    holder.id,
+                    type(error).__name__,
+                )
+                db.keep_connection_healthy(self.using)
 
     # --- a slot ---
     def _slot(self, slot: SlotState) -> None:
@@ -468,17 +532,24 @@ class Worker:
         wake = self._wakes[slot.number]
         settings = conf.get()
         ttl_ms = conf.ms(settings.LEASE_TTL)
-        runner = slot.runner = ChildRunner(role=f"durable-child-{slot.number}", stopping=self.stopping,
-                                           using=self.using) if self.execution == "process" else None
+        runner = slot.runner = (
+            ChildRunner(
+                role=f"durable-child-{slot.number}", stopping=self.stopping, using=self.using
+            )
+            if self.execution == "process"
+            else None
+        )
         failures = 0
         failing_since = 0.0
         try:
             while not self.stopping.is_set() and not slot.abandoned:
                 try:
-                    keep_connection_healthy(self.using)
+                    db.keep_connection_healthy(self.using)
                     if runner is not None:
                         runner.ensure_started()  # before claiming: a claim should not wait for a boot
-                    claimed = store.dequeue(self.queues, slot.owner, ttl_ms, limit=slot.batch, using=self.using)
+                    claimed = store.dequeue(
+                        self.queues, slot.owner, ttl_ms, limit=slot.batch, using=self.using
+                    )
                     failures = 0
                 except Exception as error:  # noqa: BLE001 - the database or a child that will not start
                     failures += 1
@@ -490,8 +561,10 @@ class Worker:
                     if self.burst and failing_for >= ttl_ms / 1000:
                         self._give_up_burst(slot, reason, failing_for)
                         break
-                    delay = min(5.0, 0.1 * 2 ** failures)
-                    log.warning("slot %s: cannot claim (%s); retrying in %.1fs", slot.owner, reason, delay)
+                    delay = min(5.0, 0.1 * 2**failures)
+                    log.warning(
+                        "slot %s: cannot claim (%s); retrying in %.1fs", slot.owner, reason, delay
+                    )
                     self.stopping.wait(delay)
                     continue
                 if claimed:
@@ -505,17 +578,25 @@ class Worker:
                     except (DatabaseError, InterfaceError) as error:
                         # Between slices (a lease extension or hand-back): the claims left
                         # keep their leases, which expire and are re-driven.
-                        log.warning("slot %s: database error between slices (%s)", slot.owner, type(error).__name__)
+                        log.warning(
+                            "slot %s: database error between slices (%s)",
+                            slot.owner,
+                            type(error).__name__,
+                        )
                         connections[self.using].close()
                         pace = Pace.SLOW
-                    except Exception:  # noqa: BLE001 - a slot must outlive any one batch
+                    except Exception:
                         log.exception("slot %s: unexpected error between slices", slot.owner)
                         pace = Pace.SLOW
                     # Claim several at a time only while this slot's batches are quick: the
                     # claims wait their turn holding leases, and a deep queue of no-op-like
                     # jobs should not pay one claim transaction per job.
-                    slot.batch = next_batch(slot.batch, len(claimed), pace,
-                                            prefetch_ceiling(settings.MAX_PREFETCH, self.execution))
+                    slot.batch = next_batch(
+                        slot.batch,
+                        len(claimed),
+                        pace,
+                        prefetch_ceiling(settings.MAX_PREFETCH, self.execution),
+                    )
                     continue
                 if self.burst and self._set_idle(slot.number, True):
                     self.stopping.set()  # every slot found nothing due: the burst is over
@@ -528,7 +609,9 @@ class Worker:
             if not slot.abandoned:
                 connections[self.using].close()
 
-    def _run_claimed(self, slot: SlotState, claimed: list, ttl_ms: int, runner: ChildRunner | None) -> Pace:
+    def _run_claimed(
+        self, slot: SlotState, claimed: list, ttl_ms: int, runner: ChildRunner | None
+    ) -> Pace:
         """Run a slot's claims in order; return how quickly they went (see ``next_batch``).
 
         The claims' leases are kept alive while they wait their turn and, once finished,
@@ -547,13 +630,19 @@ class Worker:
         began = time.monotonic()
         interval = conf.get().HEARTBEAT_INTERVAL
         batched = len(claimed) > 1
-        slot.waiting = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
+        slot.waiting = (
+            [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
+        )
         entries = {entry.id: entry for entry in slot.waiting}
         for entry in slot.waiting:
             self._heartbeater.track(entry)
         if runner is not None:
             slot.runner = runner
-        if runner is not None and batched and all(_goes_straight_to_its_handler(job, ttl_ms) for job in claimed):
+        if (
+            runner is not None
+            and batched
+            and all(_goes_straight_to_its_handler(job, ttl_ms) for job in claimed)
+        ):
             runner.send_ahead([(job, entries[job.id].lease) for job in claimed])
         pace = Pace.QUICK
         ran = 0
@@ -576,19 +665,28 @@ class Worker:
                     self._heartbeater.untrack(entry)
                     if entry.lease_lost and not (runner is not None and runner.holds(job.id)):
                         continue  # taken over while it waited: not ours to run
-                lost = entry is not None and entry.lease_lost  # queued in the child: it is told at once
-                report = run_slice(job, stopping=self.stopping, heartbeater=self._heartbeater,
-                                   completions=slot.completions if batched else None,
-                                   runner=self._runner_for(slot, runner) if runner is not None else None,
-                                   check_slots=self.check_slots, using=self.using,
-                                   on_start=functools.partial(self._on_start, slot, lost))
+                lost = (
+                    entry is not None and entry.lease_lost
+                )  # queued in the child: it is told at once
+                report = run_slice(
+                    job,
+                    stopping=self.stopping,
+                    heartbeater=self._heartbeater,
+                    completions=slot.completions if batched else None,
+                    runner=self._runner_for(slot, runner) if runner is not None else None,
+                    check_slots=self.check_slots,
+                    using=self.using,
+                    on_start=functools.partial(self._on_start, slot, lost),
+                )
                 slot.current = None
                 if report.recheck_in is not None:
                     self._note_due(report.recheck_in)
                 if entry is not None and report.outcome == "deferred":
                     slot.finished.append(entry)
                     self._heartbeater.track(entry)
-                self._slices_per_slot[slot.number] += 1  # one live thread per slot number writes its cell
+                self._slices_per_slot[slot.number] += (
+                    1  # one live thread per slot number writes its cell
+                )
                 ran += 1
                 if _slice_seconds(report) >= QUICK_SLICE:
                     pace = Pace.SLOW
@@ -599,8 +697,10 @@ class Worker:
                 self._hand_back(slot)
             if runner is not None and runner.holds_any():
                 # Left mid-batch by an error: nothing may run in the child unsupervised.
-                log.warning("slot %s: runs still queued in the handler process after a batch; killing it",
-                            slot.owner)
+                log.warning(
+                    "slot %s: runs still queued in the handler process after a batch; killing it",
+                    slot.owner,
+                )
                 runner.kill()
                 runner.forget()
         if pace is Pace.QUICK and ran > 1 and time.monotonic() - began > PREFETCH_WINDOW:
@@ -621,8 +721,9 @@ class Worker:
         and finished ones are completed now, instead of all of them waiting out one long
         slice.
         """
-        return functools.partial(runner.run, on_slow=functools.partial(self._hand_back, slot),
-                                 slow_after=QUICK_SLICE)
+        return functools.partial(
+            runner.run, on_slow=functools.partial(self._hand_back, slot), slow_after=QUICK_SLICE
+        )
 
     def _note_due(self, seconds: float) -> None:
         """Remember that a job this worker held is due in ``seconds`` (database clock difference)."""
@@ -687,9 +788,12 @@ class Worker:
                             failures = 0
                 except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
                     failures += 1
-                    delay = min(30.0, 0.2 * 2 ** failures)
-                    log.info("listener reconnecting in %.1fs after %s", delay,
-                             validation.printable(f"{type(error).__name__}: {error}", limit=300))
+                    delay = min(30.0, 0.2 * 2**failures)
+                    log.info(
+                        "listener reconnecting in %.1fs after %s",
+                        delay,
+                        validation.printable(f"{type(error).__name__}: {error}", limit=300),
+                    )
                     self.stopping.wait(delay)
                 finally:
                     if raw is not None:
@@ -700,17 +804,24 @@ class Worker:
         finally:
             probe.close()
 
-    def _judge_probe(self, probe: pooling.Probe, hearing: bool | None, listen_using: str, settings) -> bool | None:
+    def _judge_probe(
+        self, probe: pooling.Probe, hearing: bool | None, listen_using: str, settings
+    ) -> bool | None:
         """Log what the probe found when it changes; return whether wake-ups arrive (None: not known yet)."""
         answer = probe.check()
         if answer is None or answer == hearing:
             return hearing
         if answer:
             if hearing is None:
-                log.info("worker %s: wake-ups arrive (a probe NOTIFY came back to the listener on %r)",
-                         self.identity, listen_using)
+                log.info(
+                    "worker %s: wake-ups arrive (a probe NOTIFY came back to the listener on %r)",
+                    self.identity,
+                    listen_using,
+                )
             else:
-                log.warning("worker %s: wake-ups arrive again (the probe NOTIFY came back)", self.identity)
+                log.warning(
+                    "worker %s: wake-ups arrive again (the probe NOTIFY came back)", self.identity
+                )
             return True
         log.error(
             "worker %s: wake-ups are not arriving: a probe NOTIFY sent through database %r did not reach the "
@@ -718,8 +829,13 @@ class Worker:
             "but each waits up to POLL_INTERVAL (%.1fs) to start. Fix: set DURABLE_JOBS['LISTEN_DATABASE'] to "
             "an alias that connects to PostgreSQL directly, or NOTIFY_CHANNEL = None to poll on purpose. "
             "Checking again every %.0fs.",
-            self.identity, self.using, listen_using, pooling.PROBE_TIMEOUT, settings.POLL_INTERVAL,
-            pooling.PROBE_EVERY)
+            self.identity,
+            self.using,
+            listen_using,
+            pooling.PROBE_TIMEOUT,
+            settings.POLL_INTERVAL,
+            pooling.PROBE_EVERY,
+        )
         return False
 
     def _wake_all(self) -> None:
@@ -767,7 +883,7 @@ class Worker:
     def _reconcile_loop(self) -> None:
         # Every worker takes part; only the holder of the leader row runs passes, and it
         # resigns when this worker starts stopping (invariant 14).
-        from durable_jobs.reconciler import run_as_leader
+        from durable_jobs.runtime.reconciler import run_as_leader
 
         pooling.name_connection(self.using)
         run_as_leader(self.stopping, self.identity, using=self.using)

@@ -134,7 +134,11 @@ class Probe:
 
     def check(self) -> bool | None:
         answer, self._answer = self._answer, None
-        if answer is None and self._payload is not None and time.monotonic() - self._sent_at > PROBE_TIMEOUT:
+        if (
+            answer is None
+            and self._payload is not None
+            and time.monotonic() - self._sent_at > PROBE_TIMEOUT
+        ):
             self._payload = None
             self._next_at = time.monotonic() + PROBE_EVERY
             answer = False

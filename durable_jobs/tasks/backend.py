@@ -104,7 +104,9 @@ class DurableBackend(BaseTaskBackend):
         # Built when the first @task module is imported, so it touches no model and no
         # database: it only checks its own settings and registers the job kind.
         if not isinstance(self.options, dict):
-            raise ConfigurationError(f"TASKS[{alias!r}]['OPTIONS'] must be a dict, got {type(self.options).__name__}")
+            raise ConfigurationError(
+                f"TASKS[{alias!r}]['OPTIONS'] must be a dict, got {type(self.options).__name__}"
+            )
         unknown = sorted(set(self.options) - set(OPTIONS))
         if unknown:
             raise ConfigurationError(
@@ -113,18 +115,26 @@ class DurableBackend(BaseTaskBackend):
         options = {**OPTIONS, **self.options}
         self.database = options["DATABASE"]
         if not isinstance(self.database, str) or not self.database:
-            raise ConfigurationError(f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] must be a database alias")
-        self.max_attempts = _attempts(f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS']", options["MAX_ATTEMPTS"])
-        self.retry_backoff_base = _seconds(f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_BASE']",
-                                           options["RETRY_BACKOFF_BASE"])
-        self.retry_backoff_max = _seconds(f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_MAX']",
-                                          options["RETRY_BACKOFF_MAX"])
+            raise ConfigurationError(
+                f"TASKS[{alias!r}]['OPTIONS']['DATABASE'] must be a database alias"
+            )
+        self.max_attempts = _attempts(
+            f"TASKS[{alias!r}]['OPTIONS']['MAX_ATTEMPTS']", options["MAX_ATTEMPTS"]
+        )
+        self.retry_backoff_base = _seconds(
+            f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_BASE']", options["RETRY_BACKOFF_BASE"]
+        )
+        self.retry_backoff_max = _seconds(
+            f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_MAX']", options["RETRY_BACKOFF_MAX"]
+        )
         try:
             register()
         except ConfigurationError:
             # A broken DURABLE_JOBS: system check durable_jobs.E001 names it, and the
             # Tasks framework's own check (which builds this backend) must not crash first.
-            log.debug("durable_jobs.tasks: kind not registered, DURABLE_JOBS is invalid", exc_info=True)
+            log.debug(
+                "durable_jobs.tasks: kind not registered, DURABLE_JOBS is invalid", exc_info=True
+            )
 
     # --- the Tasks API ------------------------------------------------------------------
 
@@ -151,8 +161,14 @@ class DurableBackend(BaseTaskBackend):
             "run_after": task.run_after.isoformat() if task.run_after is not None else None,
             **self._policy(task),
         }
-        job = service.start(TASK_KIND, input=payload, queue=task.queue_name, priority=task.priority,
-                            run_after=task.run_after, using=self.database)
+        job = service.start(
+            TASK_KIND,
+            input=payload,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_after=task.run_after,
+            using=self.database,
+        )
         result = task_result(job, [], task=task)
         _send(task_enqueued, self, result)
         return result
@@ -169,13 +185,15 @@ class DurableBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id) from None
         if job.kind != TASK_KIND:
             raise TaskResultDoesNotExist(result_id)
-        attempts = list(TaskAttempt.objects.using(self.database).filter(job_id=job.id).order_by("epoch"))
+        attempts = list(
+            TaskAttempt.objects.using(self.database).filter(job_id=job.id).order_by("epoch")
+        )
         return task_result(job, attempts)
 
     def check(self, **kwargs: Any) -> list:
-        from durable_jobs import checks
+        from durable_jobs.tasks.checks import check_tasks_backend
 
-        return checks.check_tasks_backend(self)
+        return check_tasks_backend(self)
 
     # --- helpers ------------------------------------------------------------------------
 
@@ -184,8 +202,14 @@ class DurableBackend(BaseTaskBackend):
         counts a failure never imports the task)."""
         own = task if isinstance(task, DurableTask) else None
         max_attempts = (own and own.max_attempts) or self.max_attempts
-        base = _seconds("retry_backoff_base", own.retry_backoff_base if own else None) or self.retry_backoff_base
-        cap = _seconds("retry_backoff_max", own.retry_backoff_max if own else None) or self.retry_backoff_max
+        base = (
+            _seconds("retry_backoff_base", own.retry_backoff_base if own else None)
+            or self.retry_backoff_base
+        )
+        cap = (
+            _seconds("retry_backoff_max", own.retry_backoff_max if own else None)
+            or self.retry_backoff_max
+        )
         effective_base = base if base is not None else conf.get().RETRY_BACKOFF_BASE
         if cap is None and base is not None and base > conf.get().RETRY_BACKOFF_MAX:
             cap = base  # a base above the default cap means "at least this long", not an error
@@ -212,11 +236,16 @@ def _seconds(label: str, value: Any) -> float | None:
 # The job row as a TaskResult
 # ---------------------------------------------------------------------------------------
 
-_FINISHED = {"completed": TaskResultStatus.SUCCESSFUL, "failed": TaskResultStatus.FAILED,
-             "cancelled": TaskResultStatus.FAILED}
+_FINISHED = {
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
 INTERRUPTED_PATH = f"{TaskAttemptInterrupted.__module__}.{TaskAttemptInterrupted.__qualname__}"
-INTERRUPTED_TEXT = ("the attempt ended without an outcome: its worker (or the process running the task) died, "
-                    "lost its lease or ran past the time limit, and the job was handed on")
+INTERRUPTED_TEXT = (
+    "the attempt ended without an outcome: its worker (or the process running the task) died, "
+    "lost its lease or ran past the time limit, and the job was handed on"
+)
 
 
 def status_of(job: Any) -> TaskResultStatus:
@@ -241,7 +270,9 @@ def task_result(job: Any, attempts: list[Any], *, task: Task | None = None) -> T
         status=status,
         enqueued_at=job.created_at,
         started_at=attempts[0].started_at if attempts else None,
-        finished_at=job.finished_at if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED) else None,
+        finished_at=job.finished_at
+        if status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+        else None,
         last_attempted_at=attempts[-1].started_at if attempts else None,
         args=data.get("args") or [],
         kwargs=data.get("kwargs") or {},
@@ -258,28 +289,47 @@ def _errors(job: Any, attempts: list[Any], status: TaskResultStatus) -> list[Tas
     errors = []
     for position, attempt in enumerate(attempts):
         if attempt.exception_class_path:
-            errors.append(TaskError(exception_class_path=attempt.exception_class_path,
-                                    traceback=attempt.traceback or ""))
-        elif attempt.finished_at is None and not (status == TaskResultStatus.RUNNING
-                                                  and attempt.epoch == job.lease_epoch):
+            errors.append(
+                TaskError(
+                    exception_class_path=attempt.exception_class_path,
+                    traceback=attempt.traceback or "",
+                )
+            )
+        elif attempt.finished_at is None and not (
+            status == TaskResultStatus.RUNNING and attempt.epoch == job.lease_epoch
+        ):
             last = position == len(attempts) - 1
             if last and job.status == "cancelled":
                 continue  # ended by the cancellation, reported below
             text = job.error_message if last and job.error_message else INTERRUPTED_TEXT
             errors.append(TaskError(exception_class_path=INTERRUPTED_PATH, traceback=text))
-    ended_by_attempt = bool(attempts) and (attempts[-1].exception_class_path or attempts[-1].finished_at is None)
+    ended_by_attempt = bool(attempts) and (
+        attempts[-1].exception_class_path or attempts[-1].finished_at is None
+    )
     if job.status == "cancelled":
         who = f" by {job.cancelled_by}" if job.cancelled_by else ""
-        errors.append(TaskError(exception_class_path=_path(CancelRequested),
-                                traceback=f"cancelled{who} through durable_jobs"))
+        errors.append(
+            TaskError(
+                exception_class_path=_path(CancelRequested),
+                traceback=f"cancelled{who} through durable_jobs",
+            )
+        )
     elif job.status == "failed" and not ended_by_attempt:
         # Failed without the last attempt raising: a return value that is not JSON, a
         # verdict recorded by the reconciler, a job that never ran.
         from durable_jobs import exceptions
 
-        cls = exceptions.UnrecoverableError if job.error_class == "unrecoverable" else exceptions.TerminalError
-        errors.append(TaskError(exception_class_path=_path(cls),
-                                traceback=job.error_message or f"failed ({job.error_code})"))
+        cls = (
+            exceptions.UnrecoverableError
+            if job.error_class == "unrecoverable"
+            else exceptions.TerminalError
+        )
+        errors.append(
+            TaskError(
+                exception_class_path=_path(cls),
+                traceback=job.error_message or f"failed ({job.error_code})",
+            )
+        )
     return errors
 
 
@@ -317,9 +367,13 @@ def load_task(path: Any) -> Task:
     except ImportError as error:
         raise TaskUnavailable(path, f"{type(error).__name__}: {error}") from None
     except Exception as error:  # noqa: BLE001 - a module that raises on import
-        raise TaskUnavailable(path, f"importing it raised {type(error).__name__}: {error}") from None
+        raise TaskUnavailable(
+            path, f"importing it raised {type(error).__name__}: {error}"
+        ) from None
     if not isinstance(found, Task):
-        raise TaskUnavailable(path, f"it is a {type(found).__name__}, not a task (is @task still on it?)")
+        raise TaskUnavailable(
+            path, f"it is a {type(found).__name__}, not a task (is @task still on it?)"
+        )
     return found
 
 
@@ -369,9 +423,13 @@ def _end_attempt(lease: Any, error: BaseException, using: str) -> None:
 
     text = "".join(traceback_module.format_exception(error)).replace("\x00", "\\x00")
     try:
-        store.end_task_attempt(lease, exception_class_path=_path(type(error))[:300], traceback=text, using=using)
+        store.end_task_attempt(
+            lease, exception_class_path=_path(type(error))[:300], traceback=text, using=using
+        )
     except Exception:
-        log.warning("[%s %s] could not record the failed attempt", TASK_KIND, lease.job_id, exc_info=True)
+        log.warning(
+            "[%s %s] could not record the failed attempt", TASK_KIND, lease.job_id, exc_info=True
+        )
 
 
 def worker_id(owner: str | None, job_id: Any) -> str:
@@ -407,13 +465,22 @@ def _send(signal: Any, backend: Any, result: TaskResult) -> None:
     sender = backend if isinstance(backend, type) else type(backend)
     for receiver, response in signal.send_robust(sender=sender, task_result=result):
         if isinstance(response, Exception):
-            log.error("task %s: a %s receiver (%r) raised %s: %s", result.id, _signal_name(signal), receiver,
-                      type(response).__name__, response)
+            log.error(
+                "task %s: a %s receiver (%r) raised %s: %s",
+                result.id,
+                _signal_name(signal),
+                receiver,
+                type(response).__name__,
+                response,
+            )
 
 
 def _signal_name(signal: Any) -> str:
-    for name, candidate in (("task_enqueued", task_enqueued), ("task_started", task_started),
-                            ("task_finished", task_finished)):
+    for name, candidate in (
+        ("task_enqueued", task_enqueued),
+        ("task_started", task_started),
+        ("task_finished", task_finished),
+    ):
         if candidate is signal:
             return name
     return "signal"
@@ -441,5 +508,6 @@ def register() -> None:
 
     if registry.get(TASK_KIND) is None:
         registry.handler(TASK_KIND, job_policy=job_policy)(run_task)
-    signals.job_finished.connect(_on_job_finished, dispatch_uid="durable_jobs.tasks.task_finished")
-
+    signals.job_finished.connect(
+        _on_job_finished, dispatch_uid="durable_jobs.tasks.backend.task_finished"
+    )

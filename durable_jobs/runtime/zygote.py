@@ -9,7 +9,7 @@ each handler process is a ``fork()`` of it, ready in milliseconds with the proje
 code already imported.
 
 The worker's side is ``Zygote``: it hands the two pipe ends a child talks over (see
-``durable_jobs.child``) to the zygote with ``SCM_RIGHTS``, and gets back a
+``durable_jobs.runtime.child``) to the zygote with ``SCM_RIGHTS``, and gets back a
 ``ForkedChild``, which stands in for a ``subprocess.Popen``: the child is the zygote's,
 so the worker watches it through a pidfd and asks the zygote for its exit status.
 
@@ -63,7 +63,9 @@ class ForkedChild:
         self.pid = pid
         self.returncode: int | None = None
         self._zygote = zygote
-        self._lock = threading.Lock()  # the slot thread and the main thread (a hand-back) may both wait
+        self._lock = (
+            threading.Lock()
+        )  # the slot thread and the main thread (a hand-back) may both wait
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:  # it died at once and the zygote has reaped it already
@@ -153,9 +155,13 @@ class Zygote:
         try:
             # A session of its own: a Ctrl-C at the worker's terminal is the worker's to
             # handle, and the zygote must outlive it long enough to be told.
-            self._proc = subprocess.Popen([sys.executable, "-m", "durable_jobs.zygote", str(theirs.fileno())],
-                                          pass_fds=(theirs.fileno(),), start_new_session=True,
-                                          stdin=subprocess.DEVNULL, env=env)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "durable_jobs.runtime.zygote", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
         except OSError as error:
             ours.close()
             raise ZygoteFailed(f"cannot start the zygote: {error}") from error
@@ -225,6 +231,7 @@ def close_shared() -> None:
 
 # --- the zygote's side ---
 
+
 def _serve(sock: socket.socket) -> None:
     ended: dict[int, int] = {}  # children reaped before anyone asked for their status
     while True:
@@ -243,7 +250,9 @@ def _serve(sock: socket.socket) -> None:
             if pid == 0:
                 _become_child(sock, message["env"], fds)  # never returns
             for fd in fds:
-                os.close(fd)  # the child's now; a copy kept here would hide its death from the worker
+                os.close(
+                    fd
+                )  # the child's now; a copy kept here would hide its death from the worker
             sock.send(json.dumps({"pid": pid}).encode())
         elif message["op"] == "reap":
             pid = int(message["pid"])
@@ -267,7 +276,7 @@ def _serve(sock: socket.socket) -> None:
 
 
 def _become_child(sock: socket.socket, env: dict[str, str], fds: list[int]) -> None:
-    from durable_jobs import child
+    from durable_jobs.runtime import child
 
     code = 0
     try:
@@ -281,7 +290,7 @@ def _become_child(sock: socket.socket, env: dict[str, str], fds: list[int]) -> N
         child.serve(fds[0], fds[1])
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
-    except BaseException:  # noqa: BLE001 - whatever happens, never return into the zygote's loop
+    except BaseException:
         logging.getLogger("durable_jobs.child").exception("handler process failed")
         code = 1
     finally:
@@ -292,7 +301,8 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[1]))
     # The worker ends it (end of file); signals meant for the worker's terminal are not ours.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from durable_jobs import child, faults
+    from durable_jobs import faults
+    from durable_jobs.runtime import child
 
     child.prepare()
     from django.db import connections
@@ -301,13 +311,21 @@ def main(argv: list[str]) -> None:
     # one socket shared by many processes, so none is kept.
     connections.close_all()
     faults.point("zygote_ready")
-    others = [thread.name for thread in threading.enumerate() if thread is not threading.main_thread()]
+    others = [
+        thread.name for thread in threading.enumerate() if thread is not threading.main_thread()
+    ]
     if others:
         # fork() copies only this thread: the children would miss these, and any lock one
         # of them holds would stay held for ever.
-        sock.send(json.dumps({"error": f"threads are running once Django is set up ({', '.join(others)}), "
-                                       "and a fork would leave them behind; set "
-                                       "DURABLE_JOBS['START_METHOD'] = 'spawn'"}).encode())
+        sock.send(
+            json.dumps(
+                {
+                    "error": f"threads are running once Django is set up ({', '.join(others)}), "
+                    "and a fork would leave them behind; set "
+                    "DURABLE_JOBS['START_METHOD'] = 'spawn'"
+                }
+            ).encode()
+        )
         return
     sock.send(json.dumps({"op": "ready", "pid": os.getpid()}).encode())
     _serve(sock)

@@ -7,7 +7,8 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count
 
-from durable_jobs import console, store
+from durable_jobs import store
+from durable_jobs.console import live as console
 from durable_jobs.models import Job
 from durable_jobs.states import Scope
 
@@ -23,8 +24,9 @@ WINDOWS = (1, 5, 15)  # minutes, for throughput
 EXACT_BELOW = 10_000
 
 
-def collect(*, tenant: str | None = None, scope: Scope | None = None,
-            using: str = DEFAULT_DB_ALIAS) -> dict[str, Any]:
+def collect(
+    *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
+) -> dict[str, Any]:
     """Counts by kind and status, the pending backlog's age, expired leases, parked jobs, throughput.
 
     ``scope`` counts that scope's jobs only (a None organization is tenant-wide, as
@@ -41,15 +43,20 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
         jobs = jobs.filter(tenant_id=tenant)
     if scope is not None:
         jobs = jobs.filter(tenant_id=scope.tenant)
-        jobs = jobs.filter(organization_id=scope.organization) if scope.organization is not None \
+        jobs = (
+            jobs.filter(organization_id=scope.organization)
+            if scope.organization is not None
             else jobs.filter(organization_id__isnull=True)
+        )
     table_rows, _ = console.estimate_count(Job.objects.using(using), exact_below=0)
     estimated = table_rows >= EXACT_BELOW
     by_kind: dict[str, dict[str, int]] = {}
     if estimated:
         for kind, status, n in store.live_counts(tenant=tenant, scope=scope, using=using):
             by_kind.setdefault(kind, {})[status] = n
-        _add_finished_estimates(by_kind, jobs, table_rows, whole_table=tenant is None and scope is None, using=using)
+        _add_finished_estimates(
+            by_kind, jobs, table_rows, whole_table=tenant is None and scope is None, using=using
+        )
         by_kind = {kind: dict(sorted(counts.items())) for kind, counts in sorted(by_kind.items())}
     else:
         for row in jobs.values("kind", "status").annotate(n=Count("id")).order_by("kind", "status"):
@@ -84,8 +91,9 @@ def collect(*, tenant: str | None = None, scope: Scope | None = None,
 FINISHED = ("completed", "failed", "cancelled")
 
 
-def _add_finished_estimates(by_kind: dict[str, dict[str, int]], jobs, table_rows: int, *, whole_table: bool,
-                            using: str) -> None:
+def _add_finished_estimates(
+    by_kind: dict[str, dict[str, int]], jobs, table_rows: int, *, whole_table: bool, using: str
+) -> None:
     """Add estimated counts of finished jobs: by kind from the joint statistics when they
     cover the whole table, else per status under the kind ``"*"`` (the planner's estimate)."""
     frequencies = store.kind_status_frequencies(using=using) if whole_table else []

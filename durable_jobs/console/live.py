@@ -28,7 +28,17 @@ MAX_CHOICES = 100
 CHOICES_TTL = 60.0
 
 #: The query-string parameters of the console's filters (and the search box, ``q``).
-PARAMETERS = ("status", "kind", "queue", "parked", "lease_expired", "held", "tenant", "organization", "q")
+PARAMETERS = (
+    "status",
+    "kind",
+    "queue",
+    "parked",
+    "lease_expired",
+    "held",
+    "tenant",
+    "organization",
+    "q",
+)
 
 _choices_cache: dict[str, tuple[float, list[str]]] = {}
 
@@ -39,7 +49,11 @@ def held_q() -> Q:
 
 
 def is_held(job: Job) -> bool:
-    return job.status == Status.PENDING.value and job.held_since is not None and job.wait_satisfied_at is None
+    return (
+        job.status == Status.PENDING.value
+        and job.held_since is not None
+        and job.wait_satisfied_at is None
+    )
 
 
 def lease_expired_q() -> Q:
@@ -69,7 +83,9 @@ def kind_choices() -> list[str]:
 
 
 def queue_choices() -> list[str]:
-    declared = {conf.get().DEFAULT_QUEUE} | {h.queue for h in map(registry.get, registry.kinds()) if h and h.queue}
+    declared = {conf.get().DEFAULT_QUEUE} | {
+        h.queue for h in map(registry.get, registry.kinds()) if h and h.queue
+    }
     return sorted(declared | set(seen_values("queue_name")))
 
 

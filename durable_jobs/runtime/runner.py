@@ -2,7 +2,7 @@
 
 A thread running a handler cannot be stopped from outside; a process can. So with
 ``EXECUTION = "process"`` (the default) each worker slot keeps one child process
-(``durable_jobs.child``) that runs its handlers, and the slot thread supervises it:
+(``durable_jobs.runtime.child``) that runs its handlers, and the slot thread supervises it:
 
 * the child runs the handler and answers how it ended (a ``Ran``); the slot records it,
   so leases, heartbeats and every bookkeeping write stay in the worker;
@@ -37,10 +37,11 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durable_jobs import conf, zygote
-from durable_jobs.child import encode_row
-from durable_jobs.context import Slice
-from durable_jobs.executor import ENDS, Ran, time_limit_failure
+from durable_jobs import conf
+from durable_jobs.runtime import zygote
+from durable_jobs.runtime.child import encode_row
+from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.executor import ENDS, Ran, time_limit_failure
 from durable_jobs.states import Lease
 
 log = logging.getLogger("durable_jobs.worker")
@@ -61,7 +62,9 @@ class ChildFailed(Exception):
 class ChildRunner:
     """One slot's child process, started on first use and replaced after a kill or a death."""
 
-    def __init__(self, *, role: str, stopping: threading.Event, using: str = DEFAULT_DB_ALIAS) -> None:
+    def __init__(
+        self, *, role: str, stopping: threading.Event, using: str = DEFAULT_DB_ALIAS
+    ) -> None:
         self.role = role  # e.g. "durable-child-3", used in the child's application_name
         self.stopping = stopping
         self.using = using
@@ -86,7 +89,9 @@ class ChildRunner:
         own_env = {
             "PGAPPNAME": f"{app}/{self.role}"[:63],
             # The handler's log lines at the worker's level (-v).
-            "DURABLE_JOBS_CHILD_LOG_LEVEL": logging.getLevelName(logging.getLogger("durable_jobs").getEffectiveLevel()),
+            "DURABLE_JOBS_CHILD_LOG_LEVEL": logging.getLevelName(
+                logging.getLogger("durable_jobs").getEffectiveLevel()
+            ),
         }
         try:
             self._proc = self._start_child(own_env, command_r, result_w)
@@ -102,13 +107,22 @@ class ChildRunner:
         # The database exactly as this worker reaches it (a test run renames it, a
         # project may route the worker to another alias): the child must not guess.
         database = connections[self.using].settings_dict
-        self._send({"op": "database", "alias": self.using,
-                    "settings": {key: database.get(key) for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")}})
+        self._send(
+            {
+                "op": "database",
+                "alias": self.using,
+                "settings": {
+                    key: database.get(key) for key in ("NAME", "USER", "PASSWORD", "HOST", "PORT")
+                },
+            }
+        )
         ready = self._receive(timeout=BOOT_TIMEOUT)
         if ready is None or ready.get("op") != "ready":
             code = self._proc.poll()
             self.kill()
-            raise ChildFailed(f"the handler process did not start (exit code {code}); see the worker's stderr")
+            raise ChildFailed(
+                f"the handler process did not start (exit code {code}); see the worker's stderr"
+            )
         log.debug("%s: child process %d ready", self.role, self._proc.pid)
 
     def _start_child(self, own_env: dict[str, str], command_r: int, result_w: int):
@@ -117,8 +131,12 @@ class ChildRunner:
             try:
                 return zygote.shared().fork(own_env, (command_r, result_w))
             except zygote.ZygoteFailed as error:
-                log.log(logging.WARNING if error.first else logging.DEBUG,
-                        "%s: starting handler processes from scratch: %s", self.role, error)
+                log.log(
+                    logging.WARNING if error.first else logging.DEBUG,
+                    "%s: starting handler processes from scratch: %s",
+                    self.role,
+                    error,
+                )
         env = {
             **os.environ,
             # The worker may have been started with --pythonpath or from another folder.
@@ -126,8 +144,11 @@ class ChildRunner:
             **own_env,
         }
         return subprocess.Popen(
-            [sys.executable, "-m", "durable_jobs.child", str(command_r), str(result_w)],
-            pass_fds=(command_r, result_w), start_new_session=True, stdin=subprocess.DEVNULL, env=env,
+            [sys.executable, "-m", "durable_jobs.runtime.child", str(command_r), str(result_w)],
+            pass_fds=(command_r, result_w),
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            env=env,
         )
 
     def kill(self) -> None:
@@ -209,8 +230,9 @@ class ChildRunner:
         self._withdrawals += 1
         deadline = time.monotonic() + timeout
         while self._withdrawals and time.monotonic() < deadline:
-            if not self._pump(timeout=POLL) and (self._proc is None or self._proc.poll() is not None
-                                                 or self._results_fd is None):
+            if not self._pump(timeout=POLL) and (
+                self._proc is None or self._proc.poll() is not None or self._results_fd is None
+            ):
                 self._died()  # the run it had started is charged by ``run``; the rest never began
                 return
 
@@ -220,11 +242,28 @@ class ChildRunner:
         for job, lease in claims:
             self._seq += 1
             # The first run of an idle child starts now; a queued one when the one before it ends.
-            self._inflight.append(_Sent(seq=self._seq, job_id=str(job.id), epoch=lease.epoch,
-                                        started_at=None if self._inflight else now))
-            lines.append(json.dumps({"op": "run", "seq": self._seq, "job_id": str(job.id), "owner": lease.owner,
-                                     "epoch": lease.epoch, "ttl_ms": lease.ttl_ms, "row": encode_row(job)},
-                                    separators=(",", ":")))
+            self._inflight.append(
+                _Sent(
+                    seq=self._seq,
+                    job_id=str(job.id),
+                    epoch=lease.epoch,
+                    started_at=None if self._inflight else now,
+                )
+            )
+            lines.append(
+                json.dumps(
+                    {
+                        "op": "run",
+                        "seq": self._seq,
+                        "job_id": str(job.id),
+                        "owner": lease.owner,
+                        "epoch": lease.epoch,
+                        "ttl_ms": lease.ttl_ms,
+                        "row": encode_row(job),
+                    },
+                    separators=(",", ":"),
+                )
+            )
         if self._write("\n".join(lines) + "\n"):
             return True
         self._forget_queue()
@@ -244,7 +283,9 @@ class ChildRunner:
         self._inflight = kept
 
     # --- one slice ---
-    def run(self, context: Slice, *, on_slow: Callable[[], None] | None = None, slow_after: float = 0.0) -> Ran:
+    def run(
+        self, context: Slice, *, on_slow: Callable[[], None] | None = None, slow_after: float = 0.0
+    ) -> Ran:
         """Run ``context``'s slice in the child; return how it ended. Never raises for the handler.
 
         The slice may already be queued there (``send_ahead``); otherwise it is sent now.
@@ -253,8 +294,12 @@ class ChildRunner:
         """
         key = str(context.id)
         if not self.holds(key):
-            if self._inflight:  # runs are answered in order: an older one still open is a bug of ours
-                raise RuntimeError(f"{self.role}: a run was sent ahead of {key} and never collected")
+            if (
+                self._inflight
+            ):  # runs are answered in order: an older one still open is a bug of ours
+                raise RuntimeError(
+                    f"{self.role}: a run was sent ahead of {key} and never collected"
+                )
             try:
                 self.ensure_started()
             except (ChildFailed, OSError) as error:
@@ -271,8 +316,9 @@ class ChildRunner:
             if self._inflight and self._inflight[0] is sent:
                 self._inflight.popleft()
 
-    def _supervise(self, context: Slice, sent: _Sent, on_slow: Callable[[], None] | None,
-                   slow_after: float) -> Ran:
+    def _supervise(
+        self, context: Slice, sent: _Sent, on_slow: Callable[[], None] | None, slow_after: float
+    ) -> Ran:
         if sent.dead:
             return self._died()
         job_id, lease = sent.job_id, context.lease
@@ -290,12 +336,15 @@ class ChildRunner:
                 # end of the run before and the start of this one. Never started, it is
                 # handed back uncharged, as every withdrawn claim is; waiting for its
                 # answer would wait forever.
-                return Ran(end="withdrawn", message="taken back from the handler process before it started")
+                return Ran(
+                    end="withdrawn", message="taken back from the handler process before it started"
+                )
             if sent.started_at is not None:
                 # The time limit counts from when the child started it (it may have waited
                 # in the queue, or run while this thread recorded the slice before it).
-                context.time_limit_at = min(context.time_limit_at,
-                                            sent.started_at + context.handler.time_limit_seconds())
+                context.time_limit_at = min(
+                    context.time_limit_at, sent.started_at + context.handler.time_limit_seconds()
+                )
             if self._pump(timeout=POLL) and sent.answer is not None:
                 continue
             if self._proc is None or self._proc.poll() is not None or self._results_fd is None:
@@ -313,8 +362,12 @@ class ChildRunner:
                     told.add("cancel")
                     self._send({"op": "cancel", "job_id": job_id, "epoch": lease.epoch})
                 elif now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE:
-                    log.warning("[%s %s] handler ignored the cancel request for %.0fs: killed", context.kind,
-                                context.id, settings.CANCEL_GRACE)
+                    log.warning(
+                        "[%s %s] handler ignored the cancel request for %.0fs: killed",
+                        context.kind,
+                        context.id,
+                        settings.CANCEL_GRACE,
+                    )
                     self.kill()
                     return Ran(end="cancel")
             if context.lease_lost:
@@ -332,8 +385,11 @@ class ChildRunner:
                     self._send({"op": "stop"})  # the child also withdraws what it has queued
                     self._withdrawals += 1
                 elif now - stop_seen > settings.SHUTDOWN_GRACE:
-                    log.warning("[%s %s] handler did not yield within the shutdown grace: killed", context.kind,
-                                context.id)
+                    log.warning(
+                        "[%s %s] handler did not yield within the shutdown grace: killed",
+                        context.kind,
+                        context.id,
+                    )
                     self.kill()
                     return Ran(end="yield", interrupted=True)
 
@@ -345,8 +401,16 @@ class ChildRunner:
             except subprocess.TimeoutExpired:
                 pass  # alive but deaf (it closed its answer pipe): killed below all the same
         self.kill()
-        how = "no exit status" if code is None else f"signal {-code}" if code < 0 else f"exit code {code}"
-        return Ran(end="interrupted", message=f"interrupted: the process running the handler died ({how})")
+        how = (
+            "no exit status"
+            if code is None
+            else f"signal {-code}"
+            if code < 0
+            else f"exit code {code}"
+        )
+        return Ran(
+            end="interrupted", message=f"interrupted: the process running the handler died ({how})"
+        )
 
     # --- the pipes ---
     def _send(self, message: dict[str, Any]) -> bool:
@@ -393,8 +457,11 @@ class ChildRunner:
                 following.started_at = float(answer.get("at") or time.monotonic())
         elif op == "withdrawn":
             withdrawn = set(answer.get("seqs") or ())
-            self._inflight = collections.deque(sent for sent in self._inflight
-                                               if sent.seq not in withdrawn or sent.answer is not None)
+            self._inflight = collections.deque(
+                sent
+                for sent in self._inflight
+                if sent.seq not in withdrawn or sent.answer is not None
+            )
             self._withdrawals = max(0, self._withdrawals - 1)
         elif op == "ready":
             self._ready = answer
@@ -404,7 +471,9 @@ class ChildRunner:
         deadline = time.monotonic() + timeout
         while self._ready is None:
             remaining = deadline - time.monotonic()
-            if remaining < 0 or (not self._pump(timeout=min(remaining, 1.0)) and self._results_fd is None):
+            if remaining < 0 or (
+                not self._pump(timeout=min(remaining, 1.0)) and self._results_fd is None
+            ):
                 return None
         ready, self._ready = self._ready, None
         return ready
@@ -434,10 +503,20 @@ class _Sent:
 
 
 def _ran_of(answer: dict[str, Any]) -> Ran:
-    fields = {key: answer.get(key) for key in ("end", "result_json", "error_class", "code", "message")}
+    fields = {
+        key: answer.get(key) for key in ("end", "result_json", "error_class", "code", "message")
+    }
     if fields["end"] not in ENDS:
-        return Ran(end="failed", error_class="transient", code="child_error",
-                   message=f"the handler process answered {str(fields['end'])[:100]!r}")
+        return Ran(
+            end="failed",
+            error_class="transient",
+            code="child_error",
+            message=f"the handler process answered {str(fields['end'])[:100]!r}",
+        )
     began, ended = answer.get("began"), answer.get("at")
-    seconds = ended - began if isinstance(began, (int, float)) and isinstance(ended, (int, float)) else None
+    seconds = (
+        ended - began
+        if isinstance(began, (int, float)) and isinstance(ended, (int, float))
+        else None
+    )
     return Ran(interrupted=bool(answer.get("interrupted")), seconds=seconds, **fields)

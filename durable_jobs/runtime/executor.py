@@ -36,20 +36,25 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import psycopg
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    transaction,
+)
 
-from durable_jobs import conf, faults, metrics, registry, signals, store, validation
-from durable_jobs.context import Slice
+from durable_jobs import conf, db, faults, metrics, registry, signals, store, validation
 from durable_jobs.exceptions import CancelRequested, InvalidInput, LeaseLost, TransientError
-from durable_jobs.heartbeat import HeldLease
+from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.heartbeat import HeldLease
 from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
 from durable_jobs.waits import gate as waits_gate
 
 if TYPE_CHECKING:
-    from durable_jobs.heartbeat import Heartbeater
     from durable_jobs.models import Job
     from durable_jobs.registry import Handler
+    from durable_jobs.runtime.heartbeat import Heartbeater
 
 log = logging.getLogger("durable_jobs.worker")
 T = TypeVar("T")
@@ -109,7 +114,9 @@ class Ran:
 #: The ends of ``Ran``: what ``record`` knows how to write.
 #: ``withdrawn``: process execution took the run back from the handler process before it
 #: started (``ChildRunner``); the claim is handed back uncharged, as an unstarted claim is.
-ENDS = frozenset({"done", "yield", "cancel", "lease_lost", "failed", "interrupted", "time_limit", "withdrawn"})
+ENDS = frozenset(
+    {"done", "yield", "cancel", "lease_lost", "failed", "interrupted", "time_limit", "withdrawn"}
+)
 
 
 def run_slice(
@@ -141,28 +148,56 @@ def run_slice(
     """
     began = time.monotonic()
     faults.point("after_claim")
-    lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
-                  ttl_ms=conf.ms(conf.get().LEASE_TTL))
+    lease = Lease(
+        job_id=job.id,
+        owner=job.lease_owner,
+        epoch=job.lease_epoch,
+        ttl_ms=conf.ms(conf.get().LEASE_TTL),
+    )
     context = None
     heard_late: float | None = None
     try:
         handler = registry.get(job.kind) or _unregistered(job.kind)
-        lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch,
-                      ttl_ms=conf.ms(handler.setting("LEASE_TTL")))
+        lease = Lease(
+            job_id=job.id,
+            owner=job.lease_owner,
+            epoch=job.lease_epoch,
+            ttl_ms=conf.ms(handler.setting("LEASE_TTL")),
+        )
         if job.error_code in VERDICT_CODES:
             # A verdict decided by fail_slice whose terminal transaction never committed:
             # record it, never run the work again.
-            outcome = _guarded(using, lambda: _finish(job, handler, lease, "failed", using=using,
-                                                     code=job.error_code, error_class=job.error_class))
+            outcome = _guarded(
+                using,
+                lambda: _finish(
+                    job,
+                    handler,
+                    lease,
+                    "failed",
+                    using=using,
+                    code=job.error_code,
+                    error_class=job.error_class,
+                ),
+            )
             return _report(job, began, outcome)
         if waits_gate.pending(job):
             verdict = _gate(job, handler, lease, heartbeater, check_slots, stopping, using)
             if verdict.end != "run":
                 outcome = verdict.end
                 if verdict.end == "failed":
-                    outcome = _guarded(using, lambda: _finish(job, handler, lease, "failed", using=using,
-                                                             code=verdict.code, error_class=ErrorClass.TERMINAL.value,
-                                                             message=verdict.message))
+                    outcome = _guarded(
+                        using,
+                        lambda: _finish(
+                            job,
+                            handler,
+                            lease,
+                            "failed",
+                            using=using,
+                            code=verdict.code,
+                            error_class=ErrorClass.TERMINAL.value,
+                            message=verdict.message,
+                        ),
+                    )
                 return _report(job, began, outcome, verdict.message, recheck_in=verdict.recheck_in)
             job = verdict.job
         context = Slice(job, handler, lease, stopping=stopping, using=using)
@@ -171,8 +206,14 @@ def run_slice(
         signals.slice_started.send_robust(sender=Slice, job=job)
         if heartbeater is not None:
             heartbeater.track(context)
-        if lease.ttl_ms != conf.ms(conf.get().LEASE_TTL) and store.heartbeat(lease, using=using) is None:
-            outcome, error = "lease_lost", None  # the claim used the default TTL; this kind has its own
+        if (
+            lease.ttl_ms != conf.ms(conf.get().LEASE_TTL)
+            and store.heartbeat(lease, using=using) is None
+        ):
+            outcome, error = (
+                "lease_lost",
+                None,
+            )  # the claim used the default TTL; this kind has its own
         else:
             asked = time.monotonic()
             ran = runner(context) if runner is not None else invoke(context, using=using)
@@ -185,12 +226,16 @@ def run_slice(
                 outcome, error = "abandoned", ran.message
             else:
                 outcome, error = record(context, ran, completions=completions, using=using)
-    except Exception as error:  # noqa: BLE001 - a bug of ours must not strand the job or kill the slot
+    except Exception as error:
         log.exception("[%s %s] slice bookkeeping failed", job.kind, job.id)
         # Hand the lease back (after a pause, in case the fault repeats) rather than leave
         # the job to wait out its lease as an orphan.
-        _guarded(using, lambda: store.release_lease(lease, delay_ms=conf.ms(conf.get().RETRY_BACKOFF_MAX),
-                                                    using=using))
+        _guarded(
+            using,
+            lambda: store.release_lease(
+                lease, delay_ms=conf.ms(conf.get().RETRY_BACKOFF_MAX), using=using
+            ),
+        )
         outcome, error = "bookkeeping_failed", _describe(error)
     finally:
         if heartbeater is not None and context is not None:
@@ -200,9 +245,15 @@ def run_slice(
     return report
 
 
-def _gate(job: Job, handler: Handler, lease: Lease, heartbeater: Heartbeater | None,
-          check_slots: waits_gate.CheckSlots | None, stopping: threading.Event | None,
-          using: str) -> waits_gate.Verdict:
+def _gate(
+    job: Job,
+    handler: Handler,
+    lease: Lease,
+    heartbeater: Heartbeater | None,
+    check_slots: waits_gate.CheckSlots | None,
+    stopping: threading.Event | None,
+    using: str,
+) -> waits_gate.Verdict:
     """Run the wait gate with the claim's lease kept alive: checks may outlast a lease TTL."""
     held = HeldLease(job, lease, handler.setting("HEARTBEAT_INTERVAL"))
     if heartbeater is not None:
@@ -231,37 +282,63 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
     except BaseException as error:  # noqa: BLE001 - every handler failure is an outcome
         # SystemExit, asyncio.CancelledError and the like too: nothing a handler raises
         # may take its slot (or the handler process) down.
-        if is_connection_loss(error):
-            _reset_connection(using)
-            return Ran(end="interrupted", message=f"interrupted: database connection lost ({_describe(error)})"[:2000])
-        _leave_broken_transaction(using)
+        if db.is_connection_loss(error):
+            db.reset_connection(using)
+            return Ran(
+                end="interrupted",
+                message=f"interrupted: database connection lost ({_describe(error)})"[:2000],
+            )
+        db.leave_broken_transaction(using)
         if isinstance(error, InvalidInput):
             # Data the store can never hold (a checkpoint that is not JSON, a negative
             # count, a start with bad arguments) is the handler's bug, whatever its
             # classifier says: the same call fails the same way every time.
-            return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code=_error_code(error),
-                       message=_describe(error))
-        return Ran(end="failed", error_class=handler.error_class_of(error), code=_error_code(error),
-                   message=_describe(error))
+            return Ran(
+                end="failed",
+                error_class=ErrorClass.TERMINAL.value,
+                code=_error_code(error),
+                message=_describe(error),
+            )
+        return Ran(
+            end="failed",
+            error_class=handler.error_class_of(error),
+            code=_error_code(error),
+            message=_describe(error),
+        )
     if isinstance(returned, Done) or _is(returned, Outcome.DONE):
         result = returned.result if isinstance(returned, Done) else None
         try:
-            result_json = validation.payload("result", result, max_bytes=conf.get().MAX_PAYLOAD_BYTES,
-                                             max_depth=conf.get().MAX_PAYLOAD_DEPTH)
+            result_json = validation.payload(
+                "result",
+                result,
+                max_bytes=conf.get().MAX_PAYLOAD_BYTES,
+                max_depth=conf.get().MAX_PAYLOAD_DEPTH,
+            )
         except Exception as error:  # noqa: BLE001
-            return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code="invalid_result",
-                       message=_describe(error))
+            return Ran(
+                end="failed",
+                error_class=ErrorClass.TERMINAL.value,
+                code="invalid_result",
+                message=_describe(error),
+            )
         return Ran(end="done", result_json=result_json)
     if _is(returned, Outcome.YIELD):
         if context.cancel_observed:
             return Ran(end="cancel")
         return Ran(end="yield", interrupted=context.interrupted)
-    return Ran(end="failed", error_class=ErrorClass.TERMINAL.value, code="invalid_outcome",
-               message=f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD")
+    return Ran(
+        end="failed",
+        error_class=ErrorClass.TERMINAL.value,
+        code="invalid_outcome",
+        message=f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD",
+    )
 
 
 def record(
-    context: Slice, ran: Ran, *, completions: list[DeferredCompletion] | None = None,
+    context: Slice,
+    ran: Ran,
+    *,
+    completions: list[DeferredCompletion] | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> tuple[str, str | None]:
     """Write the one transition ``ran`` calls for; return (outcome, error text)."""
@@ -278,13 +355,21 @@ def record(
         return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
     if ran.end == "done":
         if completions is not None and handler.mirror is None:
-            completions.append(DeferredCompletion(job=job, lease=lease, result_json=ran.result_json))
+            completions.append(
+                DeferredCompletion(job=job, lease=lease, result_json=ran.result_json)
+            )
             return "deferred", None
         result = json.loads(ran.result_json) if ran.result_json is not None else None
-        return _guarded(using, lambda: _finish(job, handler, lease, "completed", using=using,
-                                               result=result, processed=None)), None
+        return _guarded(
+            using,
+            lambda: _finish(
+                job, handler, lease, "completed", using=using, result=result, processed=None
+            ),
+        ), None
     if ran.end == "yield":
-        delivery = _guarded(using, lambda: store.yield_slice(lease, interrupted=ran.interrupted, using=using))
+        delivery = _guarded(
+            using, lambda: store.yield_slice(lease, interrupted=ran.interrupted, using=using)
+        )
         if delivery == "bookkeeping_failed":
             return "bookkeeping_failed", None
         if delivery is None:
@@ -301,17 +386,30 @@ def time_limit_failure(context: Slice) -> Ran:
     """The failure charged to a slice that ran past its kind's time limit."""
     limit = context.handler.time_limit_seconds()
     return Ran(
-        end="failed", error_class=ErrorClass.TRANSIENT.value, code="time_limit",
-        message=(f"slice ran past its time limit of {limit:g}s and was ended; raise time_limit for kind "
-                 f"{context.kind!r}, or save a checkpoint and return YIELD when should_yield() says so"),
+        end="failed",
+        error_class=ErrorClass.TRANSIENT.value,
+        code="time_limit",
+        message=(
+            f"slice ran past its time limit of {limit:g}s and was ended; raise time_limit for kind "
+            f"{context.kind!r}, or save a checkpoint and return YIELD when should_yield() says so"
+        ),
     )
 
 
-def _charge_interruption(job: Job, handler: Handler, lease: Lease, reason: str | None, using: str) -> str:
+def _charge_interruption(
+    job: Job, handler: Handler, lease: Lease, reason: str | None, using: str
+) -> str:
     settings = conf.get()
-    row = _guarded(using, lambda: store.charge_interruption(
-        lease, reason=reason or "interrupted", max_redrives=settings.MAX_REDRIVES_WITHOUT_COMMIT,
-        backoff_ms=conf.ms(handler.retry_delay(job.redrives_since_commit + 1)), using=using))
+    row = _guarded(
+        using,
+        lambda: store.charge_interruption(
+            lease,
+            reason=reason or "interrupted",
+            max_redrives=settings.MAX_REDRIVES_WITHOUT_COMMIT,
+            backoff_ms=conf.ms(handler.retry_delay(job.redrives_since_commit + 1)),
+            using=using,
+        ),
+    )
     if row == "bookkeeping_failed":
         return "bookkeeping_failed"
     if row is None:
@@ -331,24 +429,38 @@ def _is(returned: Any, outcome: Outcome) -> bool:
 def _fail(context: Slice, ran: Ran, using: str) -> str:
     """Count a failed slice; on a verdict, record it with the terminal transaction."""
     handler, lease, job = context.handler, context.lease, context.job
-    reply = _guarded(using, lambda: store.fail_slice(
-        lease,
-        error_class=ran.error_class or ErrorClass.TRANSIENT.value,
-        code=ran.code,
-        message=ran.message,
-        max_failures=handler.setting_for(job, "MAX_CONSECUTIVE_FAILURES"),
-        backoff_base_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_BASE")),
-        backoff_max_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_MAX")),
-        using=using,
-    ))
+    reply = _guarded(
+        using,
+        lambda: store.fail_slice(
+            lease,
+            error_class=ran.error_class or ErrorClass.TRANSIENT.value,
+            code=ran.code,
+            message=ran.message,
+            max_failures=handler.setting_for(job, "MAX_CONSECUTIVE_FAILURES"),
+            backoff_base_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_BASE")),
+            backoff_max_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_MAX")),
+            using=using,
+        ),
+    )
     if reply == "bookkeeping_failed":
         return "bookkeeping_failed"
     if reply is None:
         return "lease_lost"
     if reply.verdict is None:
         return "retrying"
-    return _guarded(using, lambda: _finish(context.job, handler, lease, "failed", using=using,
-                                           code=reply.verdict, error_class=ran.error_class, message=ran.message))
+    return _guarded(
+        using,
+        lambda: _finish(
+            context.job,
+            handler,
+            lease,
+            "failed",
+            using=using,
+            code=reply.verdict,
+            error_class=ran.error_class,
+            message=ran.message,
+        ),
+    )
 
 
 def _finish(
@@ -370,29 +482,41 @@ def _finish(
     its own autocommit statement, which also releases the lease and, past the budget,
     parks the job ``mirror_failed``. A mirror failure spends no retry budget.
     """
+
     def transition():
         if outcome == "completed":
             return store.complete(lease, result=result, processed=processed, using=using)
         if outcome == "failed":
-            return store.fail_terminal(lease, code=code or "failed", error_class=error_class or "terminal",
-                                       message=message, using=using)
+            return store.fail_terminal(
+                lease,
+                code=code or "failed",
+                error_class=error_class or "terminal",
+                message=message,
+                using=using,
+            )
         return store.cancel(lease, using=using)
 
     try:
         # Without a mirror the CAS is the whole terminal transaction: one statement.
-        with transaction.atomic(using=using) if handler.mirror is not None else contextlib.nullcontext():
+        with (
+            transaction.atomic(using=using)
+            if handler.mirror is not None
+            else contextlib.nullcontext()
+        ):
             row = transition()
             if row is None:
                 return "lease_lost"
             if handler.mirror is not None:
                 handler.mirror(row, outcome)
             faults.point("terminal_inside")
-    except Exception as error:  # noqa: BLE001 - the mirror is user code
-        if is_connection_loss(error) or (isinstance(error, OperationalError) and not _connection_usable(using)):
+    except Exception as error:
+        if db.is_connection_loss(error) or (
+            isinstance(error, OperationalError) and not db.connection_usable(using)
+        ):
             raise  # the connection failed, not the mirror: _guarded retries the whole transaction
         # A usable connection means the mirror itself failed (a constraint, a deadlock,
         # a statement timeout): count it against the mirror budget, not the work.
-        _leave_broken_transaction(using)
+        db.leave_broken_transaction(using)
         log.warning("[%s %s] mirror failed: %s", job.kind, job.id, _describe(error))
         parked = store.bump_mirror_attempts(
             lease,
@@ -427,7 +551,9 @@ def _unregistered(kind: str) -> Handler:
     """
 
     def no_handler(job: Slice) -> None:
-        raise UnknownKindError(f"no handler is registered for kind {kind!r} in this worker", code="unknown_kind")
+        raise UnknownKindError(
+            f"no handler is registered for kind {kind!r} in this worker", code="unknown_kind"
+        )
 
     return registry.Handler(kind=kind, func=no_handler)
 
@@ -439,62 +565,15 @@ def _guarded(using: str, write: Callable[[], T]) -> T | str:
             return write()
         except (OperationalError, InterfaceError, DatabaseError) as error:
             log.warning("bookkeeping write failed (attempt %d): %s", attempt, _describe(error))
-            _reset_connection(using)
-    log.error("bookkeeping write failed twice; the job's lease will expire and the reconciler will re-drive it")
+            db.reset_connection(using)
+    log.error(
+        "bookkeeping write failed twice; the job's lease will expire and the reconciler will re-drive it"
+    )
     return "bookkeeping_failed"
 
 
 #: SQLSTATEs that say the server ended the session: an administrator's command
 #: (pg_terminate_backend), a crash or a shutdown, a server not accepting connections yet.
-_SESSION_ENDED = frozenset({"57P01", "57P02", "57P03"})
-
-
-def is_connection_loss(error: BaseException) -> bool:
-    """True when ``error`` says the database connection itself was lost, not a statement.
-
-    Read from the error, not from the connection afterwards: by the time a handler's
-    exception reaches us, Django's ``atomic()`` may already have replaced the broken
-    connection with a fresh one. A deadlock, a serialization failure, a lock or
-    statement timeout leave the session alive: those are the work's own (transient)
-    failures.
-    """
-    original = error.__cause__ if isinstance(error.__cause__, psycopg.Error) else error
-    if isinstance(error, InterfaceError) or isinstance(original, psycopg.InterfaceError):
-        return True
-    if not isinstance(original, psycopg.OperationalError):
-        return False
-    state = getattr(original, "sqlstate", None)
-    return state is None or state.startswith("08") or state in _SESSION_ENDED
-
-
-def _connection_usable(using: str) -> bool:
-    connection = connections[using]
-    try:
-        return connection.connection is not None and connection.is_usable()
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def _reset_connection(using: str) -> None:
-    connection = connections[using]
-    try:
-        if connection.in_atomic_block:
-            return
-        connection.close()
-    except Exception:  # noqa: BLE001 - closing a dead connection may itself fail
-        connection.connection = None
-
-
-def _leave_broken_transaction(using: str) -> None:
-    """Make sure no half-finished transaction of the handler's leaks into bookkeeping."""
-    connection = connections[using]
-    if connection.in_atomic_block:
-        return  # the caller's own transaction (testing helpers inside a test case)
-    try:
-        if connection.connection is not None and not connection.get_autocommit():
-            connection.rollback()
-    except Exception:  # noqa: BLE001
-        _reset_connection(using)
 
 
 def _error_code(error: BaseException) -> str:
@@ -515,7 +594,9 @@ class DeferredCompletion:
     result_json: str | None
 
 
-def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEFAULT_DB_ALIAS) -> list[str]:
+def complete_deferred(
+    completions: list[DeferredCompletion], *, using: str = DEFAULT_DB_ALIAS
+) -> list[str]:
     """Complete a slot's batch of finished slices in one statement; return each one's outcome.
 
     Each row is fenced on its own epoch: a job taken over meanwhile is ``lease_lost`` and
@@ -523,8 +604,12 @@ def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEF
     """
     if not completions:
         return []
-    applied = _guarded(using, lambda: store.complete_many(
-        [(item.lease, item.result_json) for item in completions], using=using))
+    applied = _guarded(
+        using,
+        lambda: store.complete_many(
+            [(item.lease, item.result_json) for item in completions], using=using
+        ),
+    )
     outcomes = []
     for item in completions:
         if applied == "bookkeeping_failed":
@@ -537,9 +622,18 @@ def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEF
             metrics.emit("jobs_completed", kind=item.job.kind)
             # One INFO line per batch below: a line per no-op-sized job was a measurable
             # share of a slice (issue #14); each job is still named at DEBUG.
-            log.debug("slice kind=%s job=%s outcome=completed (batched completion)", item.job.kind, item.job.id)
+            log.debug(
+                "slice kind=%s job=%s outcome=completed (batched completion)",
+                item.job.kind,
+                item.job.id,
+            )
         else:
-            log.warning("slice kind=%s job=%s outcome=%s (batched completion)", item.job.kind, item.job.id, outcome)
+            log.warning(
+                "slice kind=%s job=%s outcome=%s (batched completion)",
+                item.job.kind,
+                item.job.id,
+                outcome,
+            )
         outcomes.append(outcome)
     completed: dict[str, int] = {}
     for item, outcome in zip(completions, outcomes):
@@ -550,17 +644,42 @@ def complete_deferred(completions: list[DeferredCompletion], *, using: str = DEF
     return outcomes
 
 
-def _report(job: Job, began: float, outcome: str, error: str | None = None, *,
-            recheck_in: float | None = None, heard_late: float | None = None) -> SliceReport:
+def _report(
+    job: Job,
+    began: float,
+    outcome: str,
+    error: str | None = None,
+    *,
+    recheck_in: float | None = None,
+    heard_late: float | None = None,
+) -> SliceReport:
     duration = time.monotonic() - began
-    report = SliceReport(job_id=job.id, kind=job.kind, outcome=outcome, duration=duration, error=error,
-                         recheck_in=recheck_in, busy=None if heard_late is None else duration - heard_late)
+    report = SliceReport(
+        job_id=job.id,
+        kind=job.kind,
+        outcome=outcome,
+        duration=duration,
+        error=error,
+        recheck_in=recheck_in,
+        busy=None if heard_late is None else duration - heard_late,
+    )
     metrics.emit("slices", kind=job.kind, outcome=outcome)
     metrics.observe("slice_seconds", duration, kind=job.kind, outcome=outcome)
-    level = logging.WARNING if outcome in ("lease_lost", "bookkeeping_failed", "parked") else logging.INFO
+    level = (
+        logging.WARNING
+        if outcome in ("lease_lost", "bookkeeping_failed", "parked")
+        else logging.INFO
+    )
     if outcome == "deferred":
         return report  # logged when its batched completion commits
     # kind matched KIND_PATTERN at start and the id is a UUID: only validated bytes here.
-    log.log(level, "slice kind=%s job=%s outcome=%s duration_ms=%d%s", job.kind, job.id, outcome,
-            duration * 1000, f" error={error!r}" if error else "")
+    log.log(
+        level,
+        "slice kind=%s job=%s outcome=%s duration_ms=%d%s",
+        job.kind,
+        job.id,
+        outcome,
+        duration * 1000,
+        f" error={error!r}" if error else "",
+    )
     return report

@@ -103,7 +103,7 @@ class Heartbeater:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        from durable_jobs import pooling
+        from durable_jobs.runtime import pooling
 
         pooling.name_connection(self.using)
         try:
@@ -139,7 +139,9 @@ class Heartbeater:
         for holder in due:
             answer = answers.get(holder.lease.job_id)
             if answer == store.LOST:
-                log.warning("[%s %s] lease lost: another claim owns the job now", holder.kind, holder.id)
+                log.warning(
+                    "[%s %s] lease lost: another claim owns the job now", holder.kind, holder.id
+                )
                 holder.mark_lease_lost()
             elif answer == store.CANCEL_REQUESTED:
                 holder.observe_cancel()

@@ -1,6 +1,6 @@
 """Register the Tasks backend's job kind at start-up, only when ``TASKS`` names it.
 
-Kept apart from ``durable_jobs.tasks`` so that a project without Django's Tasks framework
+Kept apart from ``durable_jobs.tasks.backend`` so that a project without Django's Tasks framework
 (Django 5.2 without the backport) never imports it.
 """
 
@@ -15,12 +15,13 @@ def configured() -> bool:
     """True when one of the project's ``TASKS`` backends is ``DurableBackend``."""
     tasks = getattr(settings, "TASKS", None)
     return isinstance(tasks, dict) and any(
-        isinstance(params, dict) and params.get("BACKEND") == BACKEND_PATH for params in tasks.values()
+        isinstance(params, dict) and params.get("BACKEND") == BACKEND_PATH
+        for params in tasks.values()
     )
 
 
 def register_if_configured() -> None:
     if configured():
-        from durable_jobs import tasks  # an ImportError here names the missing package
+        from durable_jobs.tasks import backend as tasks
 
         tasks.register()

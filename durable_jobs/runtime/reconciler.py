@@ -76,8 +76,17 @@ class PassReport:
     mirror_failures: int = 0
 
     def acted(self) -> bool:
-        return any((self.cancelled, self.orphans_taken, self.verdicts_recorded, self.parked, self.parked_told,
-                    self.deleted, self.mirror_failures))
+        return any(
+            (
+                self.cancelled,
+                self.orphans_taken,
+                self.verdicts_recorded,
+                self.parked,
+                self.parked_told,
+                self.deleted,
+                self.mirror_failures,
+            )
+        )
 
 
 class Reconciler:
@@ -100,7 +109,7 @@ class Reconciler:
         except DatabaseError as error:
             log.warning("reconciler pass failed: %s", type(error).__name__)
             connections[self.using].close()
-        except Exception:  # noqa: BLE001 - the loop must outlive any one bad pass
+        except Exception:
             log.exception("reconciler pass failed")
         return None
 
@@ -118,12 +127,16 @@ class Reconciler:
     # --- step 1 ---
     def end_cancelled(self, report: PassReport) -> None:
         grace_ms = conf.ms(conf.get().ORPHAN_GRACE)
-        select = functools.partial(store.select_cancelling, grace_ms=grace_ms, tenant=self.tenant, using=self.using)
+        select = functools.partial(
+            store.select_cancelling, grace_ms=grace_ms, tenant=self.tenant, using=self.using
+        )
         # Only jobs no worker is running: pending, a released lease, or a lease expired
         # past the grace (decided in SQL, on the database clock). A live slice ends
         # itself at its next heartbeat, and is not even locked here.
         for candidate in select(limit=BATCH):
-            self._one_at_a_time(candidate, select, self._end_cancelled, self._count_terminal_mirror_failure, report)
+            self._one_at_a_time(
+                candidate, select, self._end_cancelled, self._count_terminal_mirror_failure, report
+            )
 
     def _end_cancelled(self, job: Job, report: PassReport) -> None:
         if job.status == "pending":
@@ -139,11 +152,15 @@ class Reconciler:
     # --- step 2 ---
     def recover_orphans(self, report: PassReport) -> None:
         grace_ms = conf.ms(conf.get().ORPHAN_GRACE)
-        select = functools.partial(store.select_orphans, grace_ms=grace_ms, tenant=self.tenant, using=self.using)
+        select = functools.partial(
+            store.select_orphans, grace_ms=grace_ms, tenant=self.tenant, using=self.using
+        )
         for candidate in select(limit=BATCH):
             if candidate.cancel_requested_at is not None:
                 continue  # step 1 ends it
-            self._one_at_a_time(candidate, select, self._recover_orphan, self._count_terminal_mirror_failure, report)
+            self._one_at_a_time(
+                candidate, select, self._recover_orphan, self._count_terminal_mirror_failure, report
+            )
 
     def _recover_orphan(self, job: Job, report: PassReport) -> None:
         settings = conf.get()
@@ -151,8 +168,12 @@ class Reconciler:
             return  # asked to cancel since the batch was read: step 1 ends it
         if job.error_code in VERDICT_CODES:
             # A verdict whose worker died before recording it: record it, never run the work again.
-            row = store.fail_terminal(_lease_of(job), code=job.error_code, error_class=job.error_class or "terminal",
-                                      using=self.using)
+            row = store.fail_terminal(
+                _lease_of(job),
+                code=job.error_code,
+                error_class=job.error_class or "terminal",
+                using=self.using,
+            )
             if row is None:
                 return
             self._mirror(row, "failed")
@@ -160,10 +181,19 @@ class Reconciler:
             metrics.emit("jobs_failed", kind=job.kind)
             return
         handler = registry.get(job.kind)
-        backoff = handler.retry_delay(job.redrives_since_commit + 1) if handler else settings.RETRY_BACKOFF_BASE
+        backoff = (
+            handler.retry_delay(job.redrives_since_commit + 1)
+            if handler
+            else settings.RETRY_BACKOFF_BASE
+        )
         faults.point("reconciler_between")
-        taken = store.take_orphan(job.id, grace_ms=conf.ms(settings.ORPHAN_GRACE), backoff_ms=conf.ms(backoff),
-                                  max_redrives=settings.MAX_REDRIVES_WITHOUT_COMMIT, using=self.using)
+        taken = store.take_orphan(
+            job.id,
+            grace_ms=conf.ms(settings.ORPHAN_GRACE),
+            backoff_ms=conf.ms(backoff),
+            max_redrives=settings.MAX_REDRIVES_WITHOUT_COMMIT,
+            using=self.using,
+        )
         if taken is None:
             return
         report.orphans_taken += 1
@@ -180,12 +210,18 @@ class Reconciler:
         Kinds this process does not know are left for a reconciler that does (stamping
         them would claim a mirror that never ran); kinds without a mirror are stamped.
         """
-        bounds = {kind: bounds_of(handler) for kind in registry.kinds() if (handler := registry.get(kind))}
+        bounds = {
+            kind: bounds_of(handler) for kind in registry.kinds() if (handler := registry.get(kind))
+        }
         if not bounds:
             return
-        select = functools.partial(store.select_parked_untold, bounds, tenant=self.tenant, using=self.using)
+        select = functools.partial(
+            store.select_parked_untold, bounds, tenant=self.tenant, using=self.using
+        )
         for candidate in select(limit=BATCH):
-            self._one_at_a_time(candidate, select, self._tell_parked, self._count_park_mirror_failure, report)
+            self._one_at_a_time(
+                candidate, select, self._tell_parked, self._count_park_mirror_failure, report
+            )
 
     def _tell_parked(self, job: Job, report: PassReport) -> None:
         row = store.stamp_parked_mirrored(job.id, epoch=job.lease_epoch, using=self.using)
@@ -199,21 +235,36 @@ class Reconciler:
         attempts = store.bump_park_mirror_attempts(job.id, epoch=job.lease_epoch, using=self.using)
         detail = validation.printable(f"{type(error).__name__}: {error}", limit=300)
         if attempts is not None and attempts >= bounds_of(registry.get(job.kind)):
-            log.error("[%s %s] parked as %s; its mirror failed %d times telling the subject, giving up (the "
-                      "domain row still shows the old state: fix the mirror, then redrive the job): %s",
-                      job.kind, job.id, job.error_code, attempts, detail)
+            log.error(
+                "[%s %s] parked as %s; its mirror failed %d times telling the subject, giving up (the "
+                "domain row still shows the old state: fix the mirror, then redrive the job): %s",
+                job.kind,
+                job.id,
+                job.error_code,
+                attempts,
+                detail,
+            )
         else:
-            log.warning("[%s %s] mirror failed telling the subject of a job parked as %s: %s",
-                        job.kind, job.id, job.error_code, detail)
+            log.warning(
+                "[%s %s] mirror failed telling the subject of a job parked as %s: %s",
+                job.kind,
+                job.id,
+                job.error_code,
+                detail,
+            )
 
     # --- step 4 ---
     def count_stale_pending(self, report: PassReport) -> None:
         ttl_ms = conf.ms(conf.get().PENDING_TTL)
-        report.stale_pending = store.count_stale_pending(pending_ttl_ms=ttl_ms, tenant=self.tenant, using=self.using)
+        report.stale_pending = store.count_stale_pending(
+            pending_ttl_ms=ttl_ms, tenant=self.tenant, using=self.using
+        )
         metrics.gauge("stale_pending", report.stale_pending)
         if report.stale_pending:
-            log.warning("%d pending jobs have been due for longer than PENDING_TTL; is a worker serving their queue?",
-                        report.stale_pending)
+            log.warning(
+                "%d pending jobs have been due for longer than PENDING_TTL; is a worker serving their queue?",
+                report.stale_pending,
+            )
 
     # --- step 5 ---
     def apply_retention(self, report: PassReport) -> None:
@@ -227,8 +278,12 @@ class Reconciler:
         # 2,000 rows/s at the default interval, below what one worker completes).
         deadline = time.monotonic() + conf.get().RECONCILE_INTERVAL * RETENTION_SHARE
         while True:
-            deleted = store.delete_finished(older_than_ms=conf.ms(retention), limit=RETENTION_BATCH,
-                                            tenant=self.tenant, using=self.using)
+            deleted = store.delete_finished(
+                older_than_ms=conf.ms(retention),
+                limit=RETENTION_BATCH,
+                tenant=self.tenant,
+                using=self.using,
+            )
             report.deleted += deleted
             if deleted < RETENTION_BATCH or time.monotonic() >= deadline:
                 break
@@ -270,24 +325,36 @@ class Reconciler:
             return
         try:
             handler.mirror(row, outcome)
-        except Exception as error:  # noqa: BLE001 - the mirror is user code
+        except Exception as error:
             if isinstance(error, DatabaseError) and not connections[self.using].is_usable():
                 raise  # the connection died: the pass fails and the loop reconnects
             raise _MirrorFailed(error) from error
 
-    def _count_terminal_mirror_failure(self, job: Job, error: Exception, report: PassReport) -> None:
+    def _count_terminal_mirror_failure(
+        self, job: Job, error: Exception, report: PassReport
+    ) -> None:
         """Count a failed mirror of a terminal CAS; past the kind's budget the job is parked ``mirror_failed``."""
         report.mirror_failures += 1
-        log.warning("[%s %s] mirror failed during reconcile: %s", job.kind, job.id,
-                    validation.printable(f"{type(error).__name__}: {error}", limit=300))
+        log.warning(
+            "[%s %s] mirror failed during reconcile: %s",
+            job.kind,
+            job.id,
+            validation.printable(f"{type(error).__name__}: {error}", limit=300),
+        )
         max_attempts = bounds_of(registry.get(job.kind))
         message = f"mirror failed: {type(error).__name__}"
         if job.status == "running":
-            store.bump_mirror_attempts(_lease_of(job), max_attempts=max_attempts, delay_ms=0,
-                                       message=message, using=self.using)
+            store.bump_mirror_attempts(
+                _lease_of(job),
+                max_attempts=max_attempts,
+                delay_ms=0,
+                message=message,
+                using=self.using,
+            )
         else:
-            store.bump_pending_mirror_attempts(job.id, max_attempts=max_attempts, message=message,
-                                               using=self.using)
+            store.bump_pending_mirror_attempts(
+                job.id, max_attempts=max_attempts, message=message, using=self.using
+            )
 
 
 class _MirrorFailed(Exception):
@@ -317,8 +384,13 @@ def leadership_name(tenant: str | None) -> str:
     return "reconciler" if tenant is None else f"reconciler:tenant:{tenant}"
 
 
-def run_as_leader(stop: threading.Event, identity: str, *, using: str = DEFAULT_DB_ALIAS,
-                  tenant: str | None = None) -> None:
+def run_as_leader(
+    stop: threading.Event,
+    identity: str,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+    tenant: str | None = None,
+) -> None:
     """Run reconciler passes whenever ``identity`` holds the leader row, until ``stop`` is set.
 
     Before every pass the leader renews its lease (LEADER_LEASE_INTERVALS reconcile
@@ -333,10 +405,15 @@ def run_as_leader(stop: threading.Event, identity: str, *, using: str = DEFAULT_
         while not stop.is_set():
             interval = conf.get().RECONCILE_INTERVAL
             try:
-                epoch = store.acquire_leadership(name, identity, ttl_ms=conf.ms(interval * LEADER_LEASE_INTERVALS),
-                                                 using=using)
+                epoch = store.acquire_leadership(
+                    name, identity, ttl_ms=conf.ms(interval * LEADER_LEASE_INTERVALS), using=using
+                )
             except DatabaseError as error:
-                log.warning("reconciler leadership %s: database unavailable (%s)", name, type(error).__name__)
+                log.warning(
+                    "reconciler leadership %s: database unavailable (%s)",
+                    name,
+                    type(error).__name__,
+                )
                 connections[using].close()
                 epoch = None
             if epoch is not None and epoch != leading:
@@ -353,6 +430,9 @@ def run_as_leader(stop: threading.Event, identity: str, *, using: str = DEFAULT_
                 store.resign_leadership(name, identity, using=using)
                 log.info("reconciler leadership %s resigned by %s", name, identity)
             except DatabaseError as error:
-                log.warning("reconciler leadership %s: could not resign (%s); it expires by itself",
-                            name, type(error).__name__)
+                log.warning(
+                    "reconciler leadership %s: could not resign (%s); it expires by itself",
+                    name,
+                    type(error).__name__,
+                )
         connections[using].close()

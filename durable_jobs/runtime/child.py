@@ -1,7 +1,7 @@
 """The child process of process execution: runs handlers, one slice at a time, for one slot.
 
-Forked by the worker's zygote (``durable_jobs.zygote``) with Django already set up, or
-started by ``durable_jobs.runner.ChildRunner`` as ``python -m durable_jobs.child CMD_FD
+Forked by the worker's zygote (``durable_jobs.runtime.zygote``) with Django already set up, or
+started by ``durable_jobs.runtime.runner.ChildRunner`` as ``python -m durable_jobs.runtime.child CMD_FD
 RESULT_FD`` when there is no zygote; either way in a session (process group) of its own,
 with the worker's settings module in its environment. It reads one JSON line per message
 from CMD_FD and writes one per answer to RESULT_FD; the handler's own stdout and stderr
@@ -103,7 +103,7 @@ class Mailbox:
         # Under the lock: answers from both threads stay whole and in the order decided.
         data = (json.dumps(payload, separators=(",", ":")) + "\n").encode()
         while data:
-            data = data[os.write(self._results_fd, data):]
+            data = data[os.write(self._results_fd, data) :]
 
     def _flag(self, delivery: tuple[str, int], op: str) -> None:
         # Keyed by job and epoch: a flag that arrives after its slice ended must not
@@ -180,22 +180,38 @@ def _row_typers() -> tuple[dict[str, tuple[int, Any]], list[str]]:
         from durable_jobs.models import Job
 
         fields = Job._meta.concrete_fields
-        _TYPERS = ({field.attname: (index, datetime.datetime.fromisoformat if isinstance(field, models.DateTimeField)
-                                    else uuid.UUID if isinstance(field, models.UUIDField) else None)
-                    for index, field in enumerate(fields)},
-                   [field.attname for field in fields])
+        _TYPERS = (
+            {
+                field.attname: (
+                    index,
+                    datetime.datetime.fromisoformat
+                    if isinstance(field, models.DateTimeField)
+                    else uuid.UUID
+                    if isinstance(field, models.UUIDField)
+                    else None,
+                )
+                for index, field in enumerate(fields)
+            },
+            [field.attname for field in fields],
+        )
     return _TYPERS
 
 
 def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, Any]:
     """Run the slice ``message`` names and return its ``Ran`` as a dict."""
-    from durable_jobs import executor, registry
-    from durable_jobs.context import Slice
+    from durable_jobs import registry
+    from durable_jobs.db import keep_connection_healthy
+    from durable_jobs.runtime import executor
+    from durable_jobs.runtime.context import Slice
     from durable_jobs.states import Lease
-    from durable_jobs.worker import keep_connection_healthy
 
     keep_connection_healthy(using)
-    lease = Lease(job_id=message["job_id"], owner=message["owner"], epoch=message["epoch"], ttl_ms=message["ttl_ms"])
+    lease = Lease(
+        job_id=message["job_id"],
+        owner=message["owner"],
+        epoch=message["epoch"],
+        ttl_ms=message["ttl_ms"],
+    )
     # The row as the worker's claim returned it: the claim is the authority, and every
     # write the handler makes is fenced on this lease anyway.
     job = decode_row(message["row"], using)
@@ -221,7 +237,7 @@ def _watch_for_a_dead_client(sender, connection, **kwargs) -> None:
 
     try:
         store.check_client_connection(CLIENT_CHECK_MS, using=connection.alias)
-    except Exception:  # noqa: BLE001 - an old server without the setting: the kill still ends idle sessions
+    except Exception:
         log.debug("client_connection_check_interval not available", exc_info=True)
 
 
@@ -240,7 +256,8 @@ def prepare() -> None:
     logsetup.configure(None)  # the worker's console handler, when the project configured none
     # What a run imports, imported now: once in the zygote for every child it forks, and
     # in a spawned child before it says it is ready, not during its first slice.
-    from durable_jobs import context, executor, registry, states, store, worker  # noqa: F401
+    from durable_jobs import registry, states, store  # noqa: F401
+    from durable_jobs.runtime import context, executor  # noqa: F401
 
 
 def serve(command_fd: int, result_fd: int) -> None:
@@ -248,16 +265,20 @@ def serve(command_fd: int, result_fd: int) -> None:
     from django.db import InterfaceError, OperationalError, connections
     from django.db.backends.signals import connection_created
 
-    logging.getLogger("durable_jobs").setLevel(os.environ.get("DURABLE_JOBS_CHILD_LOG_LEVEL", "INFO"))
+    logging.getLogger("durable_jobs").setLevel(
+        os.environ.get("DURABLE_JOBS_CHILD_LOG_LEVEL", "INFO")
+    )
 
     commands = os.fdopen(command_fd, "r")
     # First word from the worker: the database as it reaches it.
     database = json.loads(commands.readline() or "null")
     if not database or database.get("op") != "database":
-        sys.exit("durable_jobs.child: expected the worker's database first")
+        sys.exit("durable_jobs.runtime.child: expected the worker's database first")
     using = database["alias"]
     connections[using].settings_dict.update(database["settings"])
-    connection_created.connect(_watch_for_a_dead_client, dispatch_uid="durable_jobs.child.watch")
+    connection_created.connect(
+        _watch_for_a_dead_client, dispatch_uid="durable_jobs.runtime.child.watch"
+    )
     mailbox = Mailbox(commands, result_fd)
     threading.Thread(target=mailbox.read_forever, name="durable-child-mailbox", daemon=True).start()
 
@@ -270,16 +291,25 @@ def serve(command_fd: int, result_fd: int) -> None:
         except (OperationalError, InterfaceError) as error:
             # Loading the job failed on a dead connection: infrastructure, not the work.
             connections[using].close()
-            ran = {"end": "interrupted", "message": f"interrupted: database connection lost ({type(error).__name__})"}
-        except Exception as error:  # noqa: BLE001 - report it; the worker records a failed slice
+            ran = {
+                "end": "interrupted",
+                "message": f"interrupted: database connection lost ({type(error).__name__})",
+            }
+        except Exception as error:
             log.exception("child: slice bookkeeping failed")
-            ran = {"end": "failed", "error_class": "transient", "code": "child_error",
-                   "message": f"{type(error).__name__}: {error}"[:2000]}
+            ran = {
+                "end": "failed",
+                "error_class": "transient",
+                "code": "child_error",
+                "message": f"{type(error).__name__}: {error}"[:2000],
+            }
         # "at": when this slice ended, which is when the next queued run starts (the
         # worker's time limit for that one counts from here; CLOCK_MONOTONIC is the host's).
         # "began": when it was taken up here, so the worker can tell how long the run took
         # from how long it waited to hear (a saturated machine delays both processes).
-        mailbox.answer({"op": "ran", "seq": message.get("seq"), "began": began, "at": time.monotonic(), **ran})
+        mailbox.answer(
+            {"op": "ran", "seq": message.get("seq"), "began": began, "at": time.monotonic(), **ran}
+        )
 
 
 if __name__ == "__main__":

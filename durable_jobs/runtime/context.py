@@ -59,7 +59,9 @@ class Slice:
         self.lease = lease
         self.handler = handler
         self.using = using
-        self.log = JobLogger(logging.getLogger("durable_jobs.job"), {"kind": job.kind, "job_id": job.id})
+        self.log = JobLogger(
+            logging.getLogger("durable_jobs.job"), {"kind": job.kind, "job_id": job.id}
+        )
         self._stopping = stopping or threading.Event()
         self.started_at = time.monotonic()
         self._deadline = self.started_at + handler.setting("SLICE_BUDGET")
@@ -180,7 +182,9 @@ class Slice:
             self.in_fence = True
             try:
                 if outermost:
-                    store.limit_idle_in_transaction(conf.ms(conf.get().FENCED_IDLE_TIMEOUT), using=self.using)
+                    store.limit_idle_in_transaction(
+                        conf.ms(conf.get().FENCED_IDLE_TIMEOUT), using=self.using
+                    )
                 if not store.assert_lease(self.lease, using=self.using):
                     self._lease_lost = True
                     raise LeaseLost(self.id, self.lease.epoch)
@@ -193,7 +197,9 @@ class Slice:
                 if cancel:
                     self.observe_cancel()
                 if not outermost:
-                    transaction.on_commit(self._beat_after_outer_commit, using=self.using, robust=True)
+                    transaction.on_commit(
+                        self._beat_after_outer_commit, using=self.using, robust=True
+                    )
             except BaseException:
                 self.checkpoint, self.processed, self.total = remembered
                 raise
@@ -205,7 +211,9 @@ class Slice:
         if store.heartbeat(self.lease, using=self.using) is None:
             self._lease_lost = True
 
-    def save_checkpoint(self, state: Any, *, processed: int | None = None, total: Any = _UNSET) -> None:
+    def save_checkpoint(
+        self, state: Any, *, processed: int | None = None, total: Any = _UNSET
+    ) -> None:
         """Durably record where the work stands: a committed unit (resets the budgets).
 
         Inside ``fenced()`` it commits with the block's domain writes; outside, in a
@@ -214,10 +222,14 @@ class Slice:
         settings = conf.get()
         # Checked before anything is written; a bad value raises InvalidCheckpoint or
         # InvalidProgress, which fail the job at once (a bug, not worth five retries).
-        validation.checkpoint(state, max_bytes=settings.MAX_PAYLOAD_BYTES, max_depth=settings.MAX_PAYLOAD_DEPTH)
+        validation.checkpoint(
+            state, max_bytes=settings.MAX_PAYLOAD_BYTES, max_depth=settings.MAX_PAYLOAD_DEPTH
+        )
         processed, total = validation.progress(processed, total, unset=_UNSET)
         with self.fenced():
-            if not store.write_checkpoint(self.lease, state, processed=processed, total=total, using=self.using):
+            if not store.write_checkpoint(
+                self.lease, state, processed=processed, total=total, using=self.using
+            ):
                 self._lease_lost = True
                 raise LeaseLost(self.id, self.lease.epoch)
         self.checkpoint = state

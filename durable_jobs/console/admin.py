@@ -1,0 +1,729 @@
+"""The operators' console: a change list that stays fast on millions of rows, a grouped
+detail page that says why a job is not running, live progress, and confirmed actions.
+
+Read-only over the ORM; every action calls the same service functions as code and the
+command line, and reports how many jobs changed and how many were refused, and why.
+Acting on "all N matching" starts a durable job of this app (``durable_jobs.bulk_action``)
+that works through the matches in fenced chunks, so the request returns at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections import Counter
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.paginator import EmptyPage, Paginator
+from django.db.models.functions import Now
+from django.http import JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+
+from durable_jobs import service
+from durable_jobs.console import explain
+from durable_jobs.console import live as console
+from durable_jobs.exceptions import DurableJobsError, JobBusy, LockKeyHeld, WrongState
+from durable_jobs.models import Job
+from durable_jobs.states import Scope, Status
+from durable_jobs.waits import grammar as wait_grammar
+
+#: Largest JSON payload shown on the detail page, in characters; beyond it a prefix is
+#: shown with a "truncated" marker (a 1 MB input nested 60 deep once made 63 MB of HTML).
+PAYLOAD_DISPLAY_LIMIT = 20_000
+#: Pretty-printing indents each level: past this multiple of the compact size, compact it is.
+_PRETTY_GROWTH_LIMIT = 3
+#: Count exactly when the planner expects fewer rows than this; estimate beyond it.
+EXACT_COUNT_BELOW = 10_000
+#: Deepest page the change list serves (a filter narrows further than paging can).
+MAX_PAGES = 200
+#: Most jobs the live-progress view answers for in one poll.
+LIVE_MAX_IDS = 200
+BULK_KIND = "durable_jobs.bulk_action"
+_LIST_DEFERRED = ("input", "checkpoint", "meta", "result", "wait_for", "error_message")
+
+
+# --- the change list's count and paging -------------------------------------------------
+
+
+class Estimate(int):
+    """A row count that is the planner's estimate; prints as one."""
+
+    def __str__(self) -> str:
+        return f"about {int(self):,}"
+
+
+class ConsolePaginator(Paginator):
+    """Counts from the planner unless the answer is small; serves at most MAX_PAGES pages.
+
+    A page past the last servable one shows the last one, so a deep link is answered in
+    the time of a shallow one (OFFSET reads every row it skips).
+    """
+
+    @cached_property
+    def count(self) -> int:
+        n, exact = console.estimate_count(self.object_list, exact_below=EXACT_COUNT_BELOW)
+        return n if exact else Estimate(n)
+
+    @cached_property
+    def num_pages(self) -> int:
+        if self.count == 0 and not self.allow_empty_first_page:
+            return 0
+        return max(1, min(MAX_PAGES, math.ceil(max(1, self.count - self.orphans) / self.per_page)))
+
+    def validate_number(self, number):
+        try:
+            return super().validate_number(number)
+        except EmptyPage:
+            # Past the bound (or the estimate): serve the last page instead of an error.
+            return self.num_pages
+
+
+# --- filters: each delegates to console.apply, which the bulk action reuses ----------------
+
+
+class _ConsoleFilter(admin.SimpleListFilter):
+    def queryset(self, request, queryset):
+        return console.apply(queryset, self.parameter_name, self.value())
+
+
+class StatusFilter(_ConsoleFilter):
+    title, parameter_name = "status", "status"
+
+    def lookups(self, request, model_admin):
+        return [(s.value, s.value) for s in Status]
+
+
+class KindFilter(_ConsoleFilter):
+    title, parameter_name = "kind", "kind"
+
+    def lookups(self, request, model_admin):
+        return [(k, k) for k in console.kind_choices()]
+
+
+class QueueFilter(_ConsoleFilter):
+    title, parameter_name = "queue", "queue"
+
+    def lookups(self, request, model_admin):
+        return [(q, q) for q in console.queue_choices()]
+
+
+class ParkedFilter(_ConsoleFilter):
+    title, parameter_name = "parked", "parked"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("yes", "parked (needs an operator)"),
+            *[(r, f"parked: {r}") for r in console.PARK_REASONS],
+            ("no", "not parked"),
+        ]
+
+
+class LeaseExpiredFilter(_ConsoleFilter):
+    title, parameter_name = "lease", "lease_expired"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "running, lease expired")]
+
+
+class HeldFilter(_ConsoleFilter):
+    title, parameter_name = "held by a wait", "held"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "held"), ("no", "not held")]
+
+
+class TenantFilter(_ConsoleFilter):
+    title, parameter_name = "tenant", "tenant"
+
+    def lookups(self, request, model_admin):
+        return [(t, t) for t in console.tenant_choices()]
+
+
+class OrganizationFilter(_ConsoleFilter):
+    title, parameter_name = "organization", "organization"
+
+    def lookups(self, request, model_admin):
+        return [(o, o) for o in console.organization_choices()]
+
+
+# --- display helpers ---------------------------------------------------------------------
+
+_BADGE_COLOURS = {
+    "pending": "#6b7280",
+    "running": "#2563eb",
+    "completed": "#15803d",
+    "failed": "#b91c1c",
+    "cancelled": "#92400e",
+}
+
+
+def status_badge(job: Job):
+    colour = _BADGE_COLOURS.get(job.status, "#6b7280")
+    return format_html(
+        "<span class='dj-status' data-dj-status='{}' style='background:{};color:#fff;border-radius:3px;"
+        "padding:1px 6px;font-size:11px'>{}</span>",
+        job.id,
+        colour,
+        job.status,
+    )
+
+
+def progress_html(job: Job):
+    if job.total_count:
+        percent = round(100 * (job.progress or 0))
+        return format_html(
+            "<progress data-dj-progress='{}' value='{}' max='100' style='width:8em'></progress> "
+            "<span data-dj-count='{}'>{}/{}</span>",
+            job.id,
+            percent,
+            job.id,
+            job.processed_count,
+            job.total_count,
+        )
+    count = format_html("<span data-dj-count='{}'>{} processed</span>", job.id, job.processed_count)
+    if not job.is_live:
+        return count
+    # Unknown total while live: an indeterminate bar (a progress element without a value).
+    return format_html(
+        "<progress data-dj-progress='{}' style='width:8em'></progress> {}", job.id, count
+    )
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def pretty_json(value) -> str:
+    """Indented JSON of a payload, capped at PAYLOAD_DISPLAY_LIMIT characters with a marker."""
+    if value is None:
+        return "-"
+    compact = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    text = compact
+    if len(compact) <= PAYLOAD_DISPLAY_LIMIT:
+        pretty = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+        if len(pretty) <= max(PAYLOAD_DISPLAY_LIMIT, _PRETTY_GROWTH_LIMIT * len(compact)):
+            text = pretty
+    if len(text) > PAYLOAD_DISPLAY_LIMIT:
+        return format_html(
+            "<pre style='margin:0;white-space:pre-wrap'>{}</pre><p><strong class='dj-truncated'>truncated</strong>:"
+            " showing {} of {} characters</p>",
+            text[:PAYLOAD_DISPLAY_LIMIT],
+            f"{PAYLOAD_DISPLAY_LIMIT:,}",
+            f"{len(text):,}",
+        )
+    return format_html("<pre style='margin:0;white-space:pre-wrap'>{}</pre>", text)
+
+
+def _first_few(reasons: list[str]) -> str:
+    return "; ".join(reasons[:5]) + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else "")
+
+
+_ACTIONS = {
+    # action name -> (verb for messages, service call)
+    "cancel": (
+        "Cancellation requested for",
+        lambda job_id, scope, by: service.cancel(job_id, scope=scope, by=by),
+    ),
+    "redrive": ("Re-drove", lambda job_id, scope, by: service.redrive(job_id, scope=scope)),
+    "force_redrive": (
+        "Force re-drove",
+        lambda job_id, scope, by: service.redrive(job_id, scope=scope, force=True),
+    ),
+}
+
+
+BUSY = "busy (a worker held the row); try again"
+
+
+def apply_action(action: str, job_id, scope: Scope, by: str) -> tuple[str, str] | None:
+    """Apply one console action to one job; None when it changed, else ``(reason, message)``.
+
+    The reason leaves out the job's id, so equal refusals count together; the message is
+    the error's own. Shared by the admin (selected rows) and the bulk-action job.
+    """
+    try:
+        _ACTIONS[action][1](job_id, scope, by)
+    except JobBusy as error:
+        # A worker's transaction holds the row: the action waited a bounded time and gave up.
+        return BUSY, str(error)
+    except DurableJobsError as error:
+        return _reason(error), str(error)
+    return None
+
+
+def _reason(error: DurableJobsError) -> str:
+    """A refusal's reason without the job's id, so equal reasons count together."""
+    if isinstance(error, WrongState):
+        detail = str(error).partition(f"{error.status!r}: ")[2]
+        return f"{error.status}" + (f" ({detail})" if detail else "")
+    if isinstance(error, LockKeyHeld):
+        return "its lock key is held by another live job"
+    return str(error)
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "kind",
+        "status_col",
+        "progress_col",
+        "subject_col",
+        "scope_col",
+        "age_col",
+        "heartbeat_col",
+        "attempts_col",
+        "error_code",
+        "held_col",
+    )
+    list_filter = (
+        StatusFilter,
+        KindFilter,
+        QueueFilter,
+        ParkedFilter,
+        LeaseExpiredFilter,
+        HeldFilter,
+        TenantFilter,
+        OrganizationFilter,
+    )
+    search_fields = (
+        "id",
+    )  # served by get_search_results (exact, index-served), not by Django's icontains
+    search_help_text = (
+        "Exact job id, idempotency key, lock key or subject id, or the start of a kind."
+    )
+    date_hierarchy = None
+    ordering = ("-created_at", "-id")
+    list_per_page = 50
+    list_max_show_all = 0  # "show all" on a million rows is never what anyone wants
+    # Large tables: never count the whole table for the change list.
+    show_full_result_count = False
+    paginator = ConsolePaginator
+    actions = ("cancel_jobs", "redrive_jobs", "force_redrive_jobs")
+    readonly_fields = (
+        "status_col",
+        "progress_col",
+        "why_not_running",
+        "timeline",
+        "subject_col",
+        "scope_col",
+        "input_pretty",
+        "checkpoint_pretty",
+        "meta_pretty",
+        "result_pretty",
+        "wait_for_pretty",
+        "error_message_capped",
+        "held_col",
+    )
+
+    class Media:
+        js = ("durable_jobs/console.js",)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if hasattr(admin, "ShowFacets"):
+            self.show_facets = admin.ShowFacets.NEVER
+
+    # --- read-only: the ORM never writes a job row ---
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_cancel_permission(self, request):
+        return request.user.has_perm("durable_jobs.cancel_job")
+
+    def has_redrive_permission(self, request):
+        return request.user.has_perm("durable_jobs.redrive_job")
+
+    def has_force_redrive_permission(self, request):
+        return request.user.has_perm("durable_jobs.force_redrive_job")
+
+    # --- queries ---
+    def get_queryset(self, request):
+        # The database's clock rides along with every row: ages are measured on it.
+        queryset = super().get_queryset(request).annotate(db_now=Now())
+        match = getattr(request, "resolver_match", None)
+        if match is None or match.url_name != "durable_jobs_job_change":
+            # Lists never show payloads: fifty 1 MB inputs are not read to draw a table.
+            queryset = queryset.defer(*_LIST_DEFERRED)
+        return queryset
+
+    def get_search_results(self, request, queryset, search_term):
+        return console.search(queryset, search_term), False
+
+    def get_fieldsets(self, request, obj=None):
+        groups = []
+        if obj is not None and obj.status in (Status.PENDING.value, Status.RUNNING.value):
+            groups.append(("Why isn't it running?", {"fields": ("why_not_running",)}))
+        groups.append(
+            (
+                "Identity and scope",
+                {
+                    "fields": (
+                        "id",
+                        "kind",
+                        "status_col",
+                        "progress_col",
+                        "scope_col",
+                        "subject_col",
+                        "created_by",
+                        "queue_name",
+                        "priority",
+                        "lock_key",
+                        "idempotency_key",
+                    )
+                },
+            ),
+        )
+        if obj is None or any(
+            (
+                obj.error_class,
+                obj.error_code,
+                obj.error_message,
+                obj.parked_at,
+                obj.cancel_requested_at,
+            )
+        ):
+            groups.append(
+                (
+                    "Error",
+                    {
+                        "fields": (
+                            "error_class",
+                            "error_code",
+                            "error_message_capped",
+                            "parked_at",
+                            "cancel_requested_at",
+                            "cancelled_by",
+                        )
+                    },
+                )
+            )
+        groups += [
+            ("Timeline", {"fields": ("timeline",)}),
+            (
+                "Payloads",
+                {"fields": ("input_pretty", "checkpoint_pretty", "meta_pretty", "result_pretty")},
+            ),
+            (
+                "Lease and delivery",
+                {
+                    "fields": (
+                        "lease_owner",
+                        "lease_epoch",
+                        "lease_expires_at",
+                        "heartbeat_at",
+                        "continuation_seq",
+                        "redrives",
+                        "next_run_at",
+                        "pending_since",
+                        "queue_job_id",
+                    )
+                },
+            ),
+            (
+                "Budgets and counters",
+                {
+                    "fields": (
+                        "processed_count",
+                        "total_count",
+                        "consecutive_failures",
+                        "redrives_since_commit",
+                        "interruptions",
+                        "mirror_attempts",
+                        "park_mirror_attempts",
+                        "last_committed_at",
+                    )
+                },
+            ),
+            (
+                "Wait",
+                {
+                    "fields": (
+                        "held_col",
+                        "wait_for_pretty",
+                        "wait_key",
+                        "wait_label",
+                        "held_since",
+                        "wait_checks",
+                        "wait_faults",
+                        "wait_satisfied_at",
+                    )
+                },
+            ),
+        ]
+        return groups
+
+    # --- columns ---
+    def action_checkbox(self, obj):
+        # Django renders a form widget through a template per row, a third of the page's
+        # time at 50 rows; the same markup, written out.
+        return format_html(
+            "<input type='checkbox' name='{}' value='{}' class='action-select' "
+            "aria-label='Select this object for an action - {}'>",
+            ACTION_CHECKBOX_NAME,
+            obj.pk,
+            obj,
+        )
+
+    @admin.display(description="status")
+    def status_col(self, job: Job):
+        return status_badge(job)
+
+    @admin.display(description="progress")
+    def progress_col(self, job: Job):
+        return progress_html(job)
+
+    @admin.display(description="subject")
+    def subject_col(self, job: Job):
+        return f"{job.subject_type}:{job.subject_id}" if job.subject_type else "-"
+
+    @admin.display(description="scope")
+    def scope_col(self, job: Job):
+        return job.tenant_id + (
+            f"/{job.organization_id}" if job.organization_id is not None else ""
+        )
+
+    @admin.display(description="age")
+    def age_col(self, job: Job):
+        return _age((job.db_now - job.created_at).total_seconds())
+
+    @admin.display(description="heartbeat")
+    def heartbeat_col(self, job: Job):
+        if job.heartbeat_at is None:
+            return "-"
+        age = _age((job.db_now - job.heartbeat_at).total_seconds())
+        expired = (
+            job.status == Status.RUNNING.value
+            and job.lease_owner is not None
+            and job.lease_expires_at is not None
+            and job.lease_expires_at < job.db_now
+        )
+        if expired:
+            return format_html(
+                "<span class='dj-lease-expired' style='color:#b91c1c;font-weight:bold' "
+                "title='lease expired'>{} (lease expired)</span>",
+                age,
+            )
+        return age
+
+    @admin.display(description="seq / redrives / fails")
+    def attempts_col(self, job: Job):
+        return f"{job.continuation_seq} / {job.redrives} / {job.consecutive_failures}"
+
+    @admin.display(description="held by")
+    def held_col(self, job: Job):
+        if not console.is_held(job):
+            return "-"
+        return format_html(
+            "<span class='dj-held' style='background:#7c3aed;color:#fff;border-radius:3px;"
+            "padding:1px 6px;font-size:11px'>{}</span>",
+            # Rebuilt from the validated conditions, never the stored label (invariant 23).
+            wait_grammar.label(job.wait_for) or "a condition this version cannot read",
+        )
+
+    # --- detail ---
+    @admin.display(description="why isn't it running?")
+    def why_not_running(self, job: Job):
+        reasons = explain.explain(job, now=getattr(job, "db_now", None))
+        if not reasons:
+            return "It is running."
+        return format_html(
+            "<ul class='dj-why' style='margin:0'>{}</ul>",
+            format_html_join("", "<li>{}</li>", ((r,) for r in reasons)),
+        )
+
+    @admin.display(description="timeline")
+    def timeline(self, job: Job):
+        points = [
+            (getattr(job, name), label)
+            for name, label in (
+                ("created_at", "created"),
+                ("held_since", "held by a wait"),
+                ("wait_satisfied_at", "wait satisfied"),
+                ("started_at", "first slice started"),
+                ("last_committed_at", "last committed unit"),
+                ("heartbeat_at", "last heartbeat"),
+                ("cancel_requested_at", "cancellation requested"),
+                ("parked_at", "parked"),
+                ("finished_at", "finished"),
+                ("domain_mirrored_at", "outcome mirrored"),
+                ("updated_at", "row last changed"),
+            )
+            if getattr(job, name) is not None
+        ]
+        points.sort(key=lambda point: point[0])
+        return format_html(
+            "<ol class='dj-timeline' style='margin:0'>{}</ol>",
+            format_html_join(
+                "",
+                "<li><code>{}</code> {}</li>",
+                ((f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" {at:%Z}", label) for at, label in points),
+            ),
+        )
+
+    @admin.display(description="error message")
+    def error_message_capped(self, job: Job):
+        if not job.error_message:
+            return "-"
+        if len(job.error_message) > PAYLOAD_DISPLAY_LIMIT:
+            return format_html(
+                "<pre style='white-space:pre-wrap'>{}</pre><strong class='dj-truncated'>truncated"
+                "</strong>",
+                job.error_message[:PAYLOAD_DISPLAY_LIMIT],
+            )
+        return format_html("<pre style='white-space:pre-wrap;margin:0'>{}</pre>", job.error_message)
+
+    @admin.display(description="input")
+    def input_pretty(self, job: Job):
+        return pretty_json(job.input)
+
+    @admin.display(description="checkpoint")
+    def checkpoint_pretty(self, job: Job):
+        return pretty_json(job.checkpoint)
+
+    @admin.display(description="meta")
+    def meta_pretty(self, job: Job):
+        return pretty_json(job.meta)
+
+    @admin.display(description="result")
+    def result_pretty(self, job: Job):
+        return pretty_json(job.result)
+
+    @admin.display(description="wait for")
+    def wait_for_pretty(self, job: Job):
+        return pretty_json(job.wait_for)
+
+    # --- live progress: a JSON view under the admin's own permission checks ---
+    def get_urls(self):
+        return [
+            path("live/", self.admin_site.admin_view(self.live_view), name="durable_jobs_job_live"),
+            *super().get_urls(),
+        ]
+
+    def live_view(self, request):
+        if not self.has_view_permission(request):
+            return JsonResponse({"error": "permission denied"}, status=403)
+        ids = []
+        for raw in request.GET.getlist("id")[:LIVE_MAX_IDS]:
+            try:
+                ids.append(uuid.UUID(raw))
+            except ValueError:
+                return JsonResponse({"error": "not a job id"}, status=400)
+        jobs = {}
+        for job in self.get_queryset(request).filter(pk__in=ids):
+            jobs[str(job.id)] = {
+                "status": job.status,
+                "processed": job.processed_count,
+                "total": job.total_count,
+                "percent": None if job.progress is None else round(100 * job.progress),
+                "live": job.is_live,
+            }
+        return JsonResponse({"jobs": jobs})
+
+    # --- actions: a confirmation page, then service functions and a count ---
+    def _confirm_or_apply(self, request, queryset, action: str, title: str):
+        by = f"admin:{request.user.get_username()}"[:200]
+        select_across = request.POST.get("select_across") == "1"
+        if request.POST.get("confirm") != "yes":
+            if select_across:
+                count, exact = console.estimate_count(queryset, exact_below=EXACT_COUNT_BELOW)
+            else:
+                count, exact = queryset.count(), True
+            context = {
+                **self.admin_site.each_context(request),
+                "title": title,
+                "opts": self.model._meta,
+                "action": f"{action}_jobs",
+                "action_title": title,
+                "count": count if exact else Estimate(count),
+                "select_across": select_across,
+                "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+                "sample": list(queryset.order_by("-created_at", "-id")[:10]),
+                "index": request.POST.get("index", "0"),
+            }
+            return TemplateResponse(request, "admin/durable_jobs/job/confirm_action.html", context)
+        if select_across:
+            return self._start_bulk(request, queryset, action, by)
+        done, refused, busy = 0, Counter(), []
+        for job_id, tenant, organization in queryset.values_list(
+            "id", "tenant_id", "organization_id"
+        ):
+            refusal = apply_action(
+                action, job_id, Scope(tenant=tenant, organization=organization), by
+            )
+            if refusal is None:
+                done += 1
+            elif refusal[0] == BUSY:
+                busy.append(refusal[1])
+            else:
+                refused[refusal[0]] += 1
+        verb = _ACTIONS[action][0]
+        self.message_user(
+            request, f"{verb} {done} job(s).", messages.SUCCESS if done else messages.INFO
+        )
+        if refused:
+            reasons = [f"{n} × {reason}" for reason, n in refused.most_common()]
+            self.message_user(
+                request, f"Refused {sum(refused.values())}: {_first_few(reasons)}", messages.WARNING
+            )
+        if busy:
+            self.message_user(
+                request,
+                f"Busy, not changed, try again: {len(busy)}: {_first_few(busy)}",
+                messages.WARNING,
+            )
+        return None
+
+    def _start_bulk(self, request, queryset, action: str, by: str):
+        params = {name: request.GET[name] for name in console.PARAMETERS if request.GET.get(name)}
+        count, _ = console.estimate_count(queryset, exact_below=EXACT_COUNT_BELOW)
+        job = service.start(
+            BULK_KIND,
+            input={"action": action, "filters": params, "by": by},
+            total_count=count,
+            created_by=by,
+        )
+        url = reverse("admin:durable_jobs_job_change", args=[job.id])
+        self.message_user(
+            request,
+            format_html(
+                "Started a background job to {} all {} matching jobs: <a href='{}'>{}</a> (progress, counts "
+                "and refusals appear there; cancel it to stop).",
+                action.replace("_", " "),
+                f"{count:,}",
+                url,
+                job.id,
+            ),
+            messages.SUCCESS,
+        )
+
+    @admin.action(description="Request cancellation", permissions=["cancel"])
+    def cancel_jobs(self, request, queryset):
+        return self._confirm_or_apply(request, queryset, "cancel", "Request cancellation")
+
+    @admin.action(description="Re-drive failed jobs", permissions=["redrive"])
+    def redrive_jobs(self, request, queryset):
+        return self._confirm_or_apply(request, queryset, "redrive", "Re-drive failed jobs")
+
+    @admin.action(description="Force re-drive (also unrecoverable)", permissions=["force_redrive"])
+    def force_redrive_jobs(self, request, queryset):
+        return self._confirm_or_apply(
+            request, queryset, "force_redrive", "Force re-drive (also unrecoverable)"
+        )
