@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, connections
+from django.db import DEFAULT_DB_ALIAS, InterfaceError, connections, transaction
 
 try:
     from django.db.backends.postgresql.base import ServerBindingCursor
@@ -38,6 +38,8 @@ try:
     C_TIMESTAMPTZ_LOADER: Any = _psycopg_c.TimestamptzLoader
 except (ImportError, AttributeError):
     C_TIMESTAMPTZ_LOADER = None
+
+from durable_jobs.models import Job
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -146,13 +148,56 @@ def dump_json(value: Any) -> str | None:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
-def load_json_columns(row: Sequence[Any], positions: Sequence[int]) -> list[Any]:
-    """Return ``row`` as a list with the jsonb values at ``positions`` parsed (raw cursors give text)."""
+# ---------------------------------------------------------------------------------------
+# Rows in, Job objects out: the plumbing every raw statement on the job table shares
+# ---------------------------------------------------------------------------------------
+
+JOB_FIELDS = tuple(Job._meta.concrete_fields)
+_FIELD_NAMES = tuple(f.attname for f in JOB_FIELDS)
+_JSON_POSITIONS = tuple(
+    i for i, f in enumerate(JOB_FIELDS) if f.get_internal_type() == "JSONField"
+)
+#: Selected by every statement that returns a job row, so the mapper always sees every column.
+JOB_COLUMNS = ", ".join(f.column for f in JOB_FIELDS)
+
+
+def job_from_row(row: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> Job:
+    """Build the ``Job`` a row of ``JOB_COLUMNS`` stands for (jsonb arrives as text on raw cursors)."""
     values = list(row)
-    for position in positions:
+    for position in _JSON_POSITIONS:
         if isinstance(values[position], str):
             values[position] = json.loads(values[position])
-    return values
+    return Job.from_db(using, _FIELD_NAMES, values)
+
+
+def execute(using: str, sql: str, params: dict[str, Any] | Sequence[Any]) -> CursorWrapper:
+    """Run ``sql`` on ``using``'s connection and return the open cursor (close it: ``with``)."""
+    cursor = connections[using].cursor()
+    cursor.execute(sql, params)
+    return cursor
+
+
+def fetch_job(using: str, sql: str, params: dict[str, Any]) -> Job | None:
+    """Run a statement returning at most one job row; None when it matched nothing."""
+    with execute(using, sql, params) as cursor:
+        row = cursor.fetchone()
+    return job_from_row(row, using) if row is not None else None
+
+
+def fetch_jobs(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
+    """Run a statement returning job rows (timestamps read by the C loader where it may)."""
+    with connections[using].cursor() as cursor:
+        read_timestamps_in_c(cursor, using)
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [job_from_row(row, using) for row in rows]
+
+
+def fetch_value(using: str, sql: str, params: dict[str, Any] | Sequence[Any]) -> Any:
+    """Run a statement and return its first row's first value (None for no row)."""
+    with execute(using, sql, params) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -220,3 +265,56 @@ def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
         if connection.queries_logged
         else connection.make_cursor(cursor)
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Session settings, the clock and LISTEN/NOTIFY: statements about the connection, not a row
+# ---------------------------------------------------------------------------------------
+
+SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
+
+def with_lock_timeout(lock_timeout_ms: int, write, *, using: str = DEFAULT_DB_ALIAS):
+    """Run ``write()`` in a transaction whose row-lock waits give up after ``lock_timeout_ms``.
+
+    For writers that must never queue behind a slice's own fenced transaction or a slow
+    mirror: a timeout raises ``OperationalError`` and the caller tries again later.
+    """
+    with transaction.atomic(using=using):
+        fetch_value(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
+        return write()
+
+# A worker stopped (SIGSTOP, a debugger, swap) inside a fenced transaction holds the
+# job's row lock, and SKIP LOCKED reconcilers would skip the job forever. PostgreSQL
+# ends such a session after this timeout, releasing the lock; the worker's late COMMIT
+# then fails and lands nothing.
+SET_LOCAL_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
+
+# A handler process killed in the middle of a statement (a lock wait, a long query inside
+# fenced()) leaves its backend running that statement, row locks held, until the server
+# next talks to the client. With this setting the server checks the client socket while
+# it runs a query and ends the session once the client is gone (PostgreSQL 14+).
+SET_CLIENT_CONNECTION_CHECK = "SELECT set_config('client_connection_check_interval', %(ms)s, false)"
+
+def check_client_connection(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Have the server notice within ``ms`` that this session's client died mid-query."""
+    fetch_value(using, SET_CLIENT_CONNECTION_CHECK, {"ms": f"{int(ms)}ms"})
+
+def limit_idle_in_transaction(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Bound how long the current transaction may sit idle before the server ends it."""
+    fetch_value(using, SET_LOCAL_IDLE_TIMEOUT, {"ms": f"{int(ms)}ms"})
+
+def database_now(*, using: str = DEFAULT_DB_ALIAS):
+    """Return the database's clock: the only clock a decision may use."""
+    return fetch_value(using, "SELECT clock_timestamp()", {})
+
+def listen(raw_connection: Any, channel: str) -> None:
+    """Subscribe a raw autocommit psycopg connection to the wake-up channel."""
+    from psycopg import sql
+
+    raw_connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+NOTIFY_PROBE = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
+def notify_probe(raw_connection: Any, channel: str, payload: str) -> None:
+    """Send a probe NOTIFY on a raw autocommit connection: it must come back to the listener."""
+    raw_connection.execute(NOTIFY_PROBE, {"channel": channel, "payload": payload})

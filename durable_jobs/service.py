@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, models, transaction
 
-from durable_jobs import conf, ids, metrics, registry, signals, store, validation
+from durable_jobs import conf, db, ids, metrics, reads, registry, signals, store, validation
 from durable_jobs.exceptions import (
     BatchTooLarge,
     IdempotencyConflict,
@@ -89,7 +89,7 @@ def _bound_instants(prepared: list[dict[str, Any]], using: str) -> None:
     afters = [fields["wait_after"] for fields in prepared if fields.get("wait_after") is not None]
     if not instants and not afters:
         return
-    now = store.database_now(using=using)
+    now = db.database_now(using=using)
     for instant in instants:
         validation.run_after_instant(instant, now, max_ahead=conf.get().MAX_RUN_AFTER)
     ceiling = conf.get().WAIT_AFTER_MAX_AHEAD
@@ -193,7 +193,7 @@ def _wait_fields(wait_for: Any, wait_key: Any) -> dict[str, Any]:
     # as two checks of one condition can land apart: the backoff's settled cadence.
     base = max(settings.WAIT_CHECK_INTERVAL, settings.WAIT_CHECK_INTERVAL_FLOOR)
     return {
-        "wait_for": store.dump_json(stored),
+        "wait_for": db.dump_json(stored),
         "wait_key": None if wait_key is None else validation.key("wait_key", wait_key),
         "wait_label": waits_grammar.label(stored),
         "wait_after": after,
@@ -412,7 +412,7 @@ def list_jobs(
         subject_pair = (subject_type, subject_id)
     validation.integer("page", page, low=1, high=10**9)
     validation.integer("page_size", page_size, low=1, high=10**9)
-    return store.list_jobs(
+    return reads.list_jobs(
         scope,
         kind=kind,
         status=status,

@@ -27,16 +27,25 @@ The fencing protocol, in short:
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
-from contextlib import nullcontext
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, transaction
 from django.db.models import NOT_PROVIDED
 
-from durable_jobs.db import dump_json, load_json_columns, read_timestamps_in_c, start_cursor
+from durable_jobs.db import (
+    JOB_COLUMNS,
+    JOB_FIELDS,
+    SET_LOCAL_LOCK_TIMEOUT,
+    dump_json,
+    execute,
+    fetch_job,
+    fetch_jobs,
+    fetch_value,
+    start_cursor,
+    with_lock_timeout,
+)
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     IDEMPOTENCY_INDEX,
@@ -50,16 +59,14 @@ from durable_jobs.models import (
 )
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
 
-_FIELDS = tuple(Job._meta.concrete_fields)
+_FIELDS = JOB_FIELDS
 _FIELD_NAMES = tuple(f.attname for f in _FIELDS)
 _JSON_COLUMNS = frozenset(f.column for f in _FIELDS if f.get_internal_type() == "JSONField")
-_JSON_POSITIONS = tuple(i for i, f in enumerate(_FIELDS) if f.column in _JSON_COLUMNS)
-
-#: Selected by every statement that returns a row, so the mapper always sees every column.
-COLUMNS = ", ".join(f.column for f in _FIELDS)
+COLUMNS = JOB_COLUMNS
 _J_COLUMNS = ", ".join(f"j.{f.column}" for f in _FIELDS)
 
-_LIVE = "('pending', 'running')"
+#: The live statuses, as SQL.
+LIVE = "('pending', 'running')"
 _VERDICTS = "(" + ", ".join(f"'{code}'" for code in VERDICT_CODES) + ")"
 
 
@@ -78,41 +85,12 @@ LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %
 
 
 # ---------------------------------------------------------------------------------------
-# Plumbing
+# Parameters
 # ---------------------------------------------------------------------------------------
 
 
-def _to_job(row: Sequence[Any], using: str) -> Job:
-    return Job.from_db(using, _FIELD_NAMES, load_json_columns(row, _JSON_POSITIONS))
-
-
-def _execute(using: str, sql: str, params: dict[str, Any]):
-    cursor = connections[using].cursor()
-    cursor.execute(sql, params)
-    return cursor
-
-
-def _one(using: str, sql: str, params: dict[str, Any]) -> Job | None:
-    with _execute(using, sql, params) as cursor:
-        row = cursor.fetchone()
-    return _to_job(row, using) if row is not None else None
-
-
-def _all(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
-    with connections[using].cursor() as cursor:
-        read_timestamps_in_c(cursor, using)
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return [_to_job(row, using) for row in rows]
-
-
-def _scalar(using: str, sql: str, params: dict[str, Any]) -> Any:
-    with _execute(using, sql, params) as cursor:
-        row = cursor.fetchone()
-    return None if row is None else row[0]
-
-
-def _scope(scope: Scope) -> dict[str, Any]:
+def scope_params(scope: Scope) -> dict[str, Any]:
+    """The parameters ``SCOPE`` names."""
     return {"tenant": scope.tenant, "organization": scope.organization}
 
 
@@ -121,8 +99,30 @@ def _lease(lease: Lease) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------
-# Creation
+# 1. Start (invariant 9): the caller's transaction, the unique indexes as the authority
 # ---------------------------------------------------------------------------------------
+
+# Where each column of a new job's row comes from, spelled out once: a plain parameter, a
+# literal, the server (read back), the same value as another column, or nothing (NULL or
+# the column's zero default). A start does not read its new row back whole: it builds the
+# Job from its own parameters and the few values only the server knows (its clock, the
+# jsonb forms, the casts). tests/integration/test_start.py proves, field by field, that
+# this Job equals the row as stored, and that these lists cover every column once.
+
+#: column -> the parameter that is its value
+START_FROM_PARAMS = {
+    "id": "id", "tenant_id": "tenant", "organization_id": "organization", "kind": "kind",
+    "created_by": "created_by", "idempotency_key": "idempotency_key", "lock_key": "lock_key",
+    "subject_type": "subject_type", "subject_id": "subject_id",
+    "progress_job_id": "progress_job_id", "queue_name": "queue", "priority": "priority",
+    "wait_key": "wait_key", "wait_label": "wait_label",
+}  # fmt: skip
+#: column -> its literal value
+START_LITERALS = {"status": "pending"}
+#: columns whose value the server decides, in RETURNING order
+START_RETURNING = ("created_at", "input", "meta", "total_count", "next_run_at", "wait_for")
+#: column -> the returned column it equals (one now() per statement)
+START_SAME_AS = {"updated_at": "created_at", "pending_since": "created_at"}
 
 INSERT_JOB = f"""
 INSERT INTO {TABLE} (
@@ -138,96 +138,35 @@ INSERT INTO {TABLE} (
     coalesce(%(run_at)s::timestamptz, clock_timestamp() + {_ms("delay_ms")}), now(),
     %(wait_for)s::jsonb, %(wait_key)s, %(wait_label)s
 )
-RETURNING {COLUMNS}
 """
+INSERT_NEW_JOB = INSERT_JOB.rstrip() + "\nRETURNING " + ", ".join(START_RETURNING) + "\n"
+# The wake-up rides in the RETURNING list: evaluated once for the one row, after it is in.
+# Unprepared (Django's default), the server parses and plans the statement on every start,
+# and this form costs it about a fifth less than a CTE joined to a LATERAL pg_notify (the
+# start profile). The void it returns is the last column, which _new_job does not read.
+INSERT_NEW_JOB_AND_NOTIFY = INSERT_NEW_JOB.rstrip() + ", pg_notify(%(channel)s, %(queue)s)\n"
 
 #: The wake-up. NOTIFY issued inside the caller's transaction is delivered by PostgreSQL
 #: at commit and dropped on rollback, so a rolled-back start wakes nobody (invariant 9).
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 
 
-# A new row is not read back whole (issue #14): a column the insert sets from a plain
-# parameter is that parameter, a column it does not name is NULL or its zero default, and
-# only what the server decides (its clock, the jsonb forms, the casts) comes back. Derived
-# from INSERT_JOB's own two lists, so a column added there is returned unless it is a
-# plain parameter.
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, current = [], 0, []
-    for char in text:
-        if char == "," and depth == 0:
-            parts.append("".join(current).strip())
-            current = []
-            continue
-        depth += (char == "(") - (char == ")")
-        current.append(char)
-    parts.append("".join(current).strip())
-    return parts
+def _unset_default(field: Any) -> Any:
+    """A column the insert does not name: NULL, or its ``db_default`` (a literal or a Value)."""
+    return None if field.db_default is NOT_PROVIDED else getattr(field.db_default, "value", field.db_default)
 
 
-def _inserted_columns(sql: str) -> list[tuple[str, str]]:
-    head, tail = sql.split(") VALUES (", 1)
-    columns = _split_top_level(head.split(f"INSERT INTO {TABLE} (", 1)[1])
-    values = _split_top_level(tail.rsplit(")", 1)[0].split("RETURNING")[0].rstrip().rstrip(")"))
-    assert len(columns) == len(values), "INSERT_JOB: a column without its value"
-    return list(zip(columns, values))
-
-
-_PLAIN_PARAMETER = re.compile(r"%\((\w+)\)s")
-_INSERT_PAIRS = _inserted_columns(INSERT_JOB)
-#: column -> the parameter that is its value, for the columns the server does not decide
-_INSERT_PARAMS = {
-    column: m.group(1)
-    for column, value in _INSERT_PAIRS
-    if (m := _PLAIN_PARAMETER.fullmatch(value)) and column not in _JSON_COLUMNS
-}
-_STRING_LITERAL = re.compile(r"'([a-z_]*)'")
-#: column -> its value, for the columns the insert sets to a string literal ('pending')
-_INSERT_LITERALS = {
-    column: m.group(1) for column, value in _INSERT_PAIRS if (m := _STRING_LITERAL.fullmatch(value))
-}
-#: column -> the first column with the same value expression (now(): one stamp, read back once)
-_SAME_AS = {
-    column: next(c for c, v in _INSERT_PAIRS if v == value) for column, value in _INSERT_PAIRS
-}
-_INSERT_BACK = tuple(
-    column
-    for column, _ in _INSERT_PAIRS
-    if column not in _INSERT_PARAMS
-    and column not in _INSERT_LITERALS
-    and _SAME_AS[column] == column
-)
-_FIELD_BY_COLUMN = {f.column: f for f in _FIELDS}
-_UNSET_DEFAULTS = {
-    # db_default is the literal (0) or a Value() wrapping it, depending on how it was given
-    f.column: None if f.db_default is NOT_PROVIDED else getattr(f.db_default, "value", f.db_default)
-    for f in _FIELDS
-    if f.column not in dict(_INSERT_PAIRS)
-}
-assert all(value is None or isinstance(value, int) for value in _UNSET_DEFAULTS.values()), (
-    _UNSET_DEFAULTS
-)
-
-INSERT_NEW_JOB = INSERT_JOB.replace(f"RETURNING {COLUMNS}", "RETURNING " + ", ".join(_INSERT_BACK))
-# The wake-up rides in the RETURNING list: evaluated once for the one row, after it is in.
-# Unprepared (Django's default), the server parses and plans the statement on every start,
-# and this form costs it about a fifth less than a CTE joined to a LATERAL pg_notify (the
-# start profile). The void it returns is the last column, which _new_job does not read.
-INSERT_NEW_JOB_AND_NOTIFY = INSERT_NEW_JOB.rstrip() + ", pg_notify(%(channel)s, %(queue)s)\n"
-assert _INSERT_PARAMS.get("queue_name") == "queue"  # the wake-up names the row's queue
-
-
-# Where each field of a new job comes from, worked out once from the lists above: a start
-# builds its Job by filling a copy of the unset defaults from the insert's parameters and
-# the returned row (a column-by-column walk cost a start more than its parameters' dumping).
-_NEW_DEFAULTS = [_INSERT_LITERALS.get(f.column, _UNSET_DEFAULTS.get(f.column)) for f in _FIELDS]
+# Worked out once: a start fills a copy of the defaults from its parameters and the
+# returned row (a column-by-column walk cost a start more than dumping its parameters).
+_NEW_DEFAULTS = [START_LITERALS.get(f.column, _unset_default(f)) for f in _FIELDS]
 _NEW_FROM_PARAMS = tuple(
-    (i, _INSERT_PARAMS[f.column]) for i, f in enumerate(_FIELDS) if f.column in _INSERT_PARAMS
+    (i, START_FROM_PARAMS[f.column]) for i, f in enumerate(_FIELDS) if f.column in START_FROM_PARAMS
 )
 #: (field position, position in the returned row, jsonb text to parse)
 _NEW_FROM_ROW = tuple(
-    (i, _INSERT_BACK.index(_SAME_AS[f.column]), f.column in _JSON_COLUMNS)
+    (i, START_RETURNING.index(START_SAME_AS.get(f.column, f.column)), f.column in _JSON_COLUMNS)
     for i, f in enumerate(_FIELDS)
-    if _SAME_AS.get(f.column) in _INSERT_BACK
+    if START_SAME_AS.get(f.column, f.column) in START_RETURNING
 )
 
 
@@ -277,7 +216,7 @@ def insert_job(
 
     Raises ``LockKeyHeld`` when a live job holds the lock key.
     """
-    params = {**fields, **_scope(scope), "channel": notify_channel}
+    params = {**fields, **scope_params(scope), "channel": notify_channel}
     insert = INSERT_NEW_JOB_AND_NOTIFY if notify_channel else INSERT_NEW_JOB
     key = fields.get("idempotency_key")
     lock_key = fields.get("lock_key")
@@ -367,7 +306,7 @@ SELECT {COLUMNS} FROM {TABLE}
  WHERE tenant_id = %(tenant)s
    AND coalesce(organization_id, '{NO_ORGANIZATION}') = coalesce(%(organization)s, '{NO_ORGANIZATION}')
    AND lock_key = ANY(%(lock_keys)s)
-   AND status IN {_LIVE}
+   AND status IN {LIVE}
 """
 
 
@@ -406,8 +345,8 @@ def insert_jobs(
                 with transaction.atomic(using=using):
                     inserted: set[Any] = set()
                     if to_insert:
-                        params = {**_scope(scope), "rows": _rows_json(to_insert)}
-                        with _execute(using, INSERT_JOBS, params) as cursor:
+                        params = {**scope_params(scope), "rows": _rows_json(to_insert)}
+                        with execute(using, INSERT_JOBS, params) as cursor:
                             inserted = {row[0] for row in cursor}
                 break
             except IntegrityError as error:
@@ -421,7 +360,7 @@ def insert_jobs(
                 raise
         if notify_channel:
             for queue in sorted({row["queue"] for row in to_insert}):
-                _scalar(using, NOTIFY, {"channel": notify_channel, "queue": queue})
+                fetch_value(using, NOTIFY, {"channel": notify_channel, "queue": queue})
     assert len(inserted) == len(to_insert)
     first = {row["idempotency_key"]: row for row in to_insert if row["idempotency_key"] is not None}
     results = []
@@ -455,7 +394,7 @@ def _plan_bulk_insert(
     keys = [row["idempotency_key"] for row in rows if row["idempotency_key"] is not None]
     existing: dict[str, BulkInsertResult] = {}
     if keys:
-        with _execute(
+        with execute(
             using, FIND_BY_IDEMPOTENCY_KEYS, {"tenant": scope.tenant, "keys": keys}
         ) as cursor:
             existing = {
@@ -475,7 +414,7 @@ def _plan_bulk_insert(
         twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
         raise LockKeyHeld(twice)
     if lock_keys:
-        holders = _all(using, FIND_LIVE_BY_LOCK_KEYS, {**_scope(scope), "lock_keys": lock_keys})
+        holders = fetch_jobs(using, FIND_LIVE_BY_LOCK_KEYS, {**scope_params(scope), "lock_keys": lock_keys})
         if holders:
             raise LockKeyHeld(holders[0].lock_key, holders[0].id)
     return existing, to_insert
@@ -525,7 +464,7 @@ SELECT {COLUMNS} FROM {TABLE} WHERE tenant_id = %(tenant)s AND idempotency_key =
 
 def find_by_idempotency_key(scope: Scope, key: str, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Return the job started with ``key`` in the scope's tenant (keys are tenant-wide)."""
-    return _one(using, FIND_BY_IDEMPOTENCY_KEY, {"tenant": scope.tenant, "key": key})
+    return fetch_job(using, FIND_BY_IDEMPOTENCY_KEY, {"tenant": scope.tenant, "key": key})
 
 
 # Spelled exactly as the unique index is (coalesce to the same sentinel), so the lookup
@@ -535,7 +474,7 @@ SELECT {COLUMNS} FROM {TABLE}
  WHERE tenant_id = %(tenant)s
    AND coalesce(organization_id, '{NO_ORGANIZATION}') = coalesce(%(organization)s, '{NO_ORGANIZATION}')
    AND lock_key = %(lock_key)s
-   AND status IN {_LIVE}
+   AND status IN {LIVE}
  LIMIT 1
 """
 
@@ -544,27 +483,11 @@ def find_live_by_lock_key(
     scope: Scope, lock_key: str, *, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
     """Return the live (pending or running) job holding ``lock_key`` in ``scope``."""
-    return _one(using, FIND_LIVE_BY_LOCK_KEY, {**_scope(scope), "lock_key": lock_key})
-
-
-GET_JOB = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s AND {SCOPE}"
-
-
-def get_job(job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
-    """Return the job with ``job_id`` in ``scope``; another scope's job is simply absent."""
-    return _one(using, GET_JOB, {"id": job_id, **_scope(scope)})
-
-
-GET_JOB_ANY_SCOPE = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s"
-
-
-def get_job_unscoped(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
-    """Return a job by id alone: for the worker and reconciler, which act system-wide."""
-    return _one(using, GET_JOB_ANY_SCOPE, {"id": job_id})
+    return fetch_job(using, FIND_LIVE_BY_LOCK_KEY, {**scope_params(scope), "lock_key": lock_key})
 
 
 # ---------------------------------------------------------------------------------------
-# The claim and the lease
+# 2. Claim and lease (invariant 4): the delivery fence, the heartbeat, checkpoints, yields
 # ---------------------------------------------------------------------------------------
 
 CLAIM = f"""
@@ -579,7 +502,7 @@ UPDATE {TABLE}
        started_at = coalesce(started_at, now()),
        updated_at = now()
  WHERE id = %(id)s AND {SCOPE}
-   AND status IN {_LIVE}
+   AND status IN {LIVE}
    AND continuation_seq = %(seq)s AND redrives = %(redrives)s
    AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
 RETURNING {COLUMNS}
@@ -603,12 +526,12 @@ def claim(
     ``next_run_at <= now()`` clause would refuse (and so lose) a retry arriving a few
     milliseconds early. ``next_run_at`` is cleared: the delivery is consumed.
     """
-    return _one(
+    return fetch_job(
         using,
         CLAIM,
         {
             "id": job_id,
-            **_scope(scope),
+            **scope_params(scope),
             "seq": delivery.seq,
             "redrives": delivery.redrives,
             "owner": owner,
@@ -641,7 +564,7 @@ def claim(
 def _deliverable(alias: str = "") -> str:
     """The partial predicate of durable_jobs_deliverable, so every probe can read that index."""
     column = f"{alias}." if alias else ""
-    return f"{column}status IN {_LIVE} AND {column}lease_owner IS NULL AND {column}next_run_at IS NOT NULL"
+    return f"{column}status IN {LIVE} AND {column}lease_owner IS NULL AND {column}next_run_at IS NOT NULL"
 
 
 DEQUEUE = f"""
@@ -698,7 +621,7 @@ def dequeue(
     Each claimed row gets its own epoch and an owner unique to the claim (the worker's
     identity plus the job id), so a batched claim keeps every per-row fence.
     """
-    return _all(
+    return fetch_jobs(
         using, DEQUEUE, {"queues": list(queues), "owner": owner, "ttl_ms": ttl_ms, "limit": limit}
     )
 
@@ -747,26 +670,12 @@ def heartbeat(
         "committed": committed,
     }
     if lock_timeout_ms is None:
-        return _scalar(using, HEARTBEAT, params)
+        return fetch_value(using, HEARTBEAT, params)
     # For a caller that must not queue behind the slice's own fenced transaction
     # (invariant 5): it gives up after the timeout (OperationalError) and tries again.
     return with_lock_timeout(
-        lock_timeout_ms, lambda: _scalar(using, HEARTBEAT, params), using=using
+        lock_timeout_ms, lambda: fetch_value(using, HEARTBEAT, params), using=using
     )
-
-
-SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
-
-
-def with_lock_timeout(lock_timeout_ms: int, write, *, using: str = DEFAULT_DB_ALIAS):
-    """Run ``write()`` in a transaction whose row-lock waits give up after ``lock_timeout_ms``.
-
-    For writers that must never queue behind a slice's own fenced transaction or a slow
-    mirror: a timeout raises ``OperationalError`` and the caller tries again later.
-    """
-    with transaction.atomic(using=using):
-        _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
-        return write()
 
 
 # Every lease a worker holds, extended by one statement per tick. A row locked by its own
@@ -825,37 +734,13 @@ def heartbeat_leases(leases: Sequence[Lease], *, using: str = DEFAULT_DB_ALIAS) 
         ]
     )
     answers: dict[Any, str] = {}
-    with _execute(using, HEARTBEAT_LEASES, {"leases": rows}) as cursor:
+    with execute(using, HEARTBEAT_LEASES, {"leases": rows}) as cursor:
         for job_id, cancel, busy in cursor:
             if cancel is not None:
                 answers[job_id] = CANCEL_REQUESTED if cancel else BEATEN
             else:
                 answers[job_id] = BUSY if busy else LOST
     return answers
-
-
-# A worker stopped (SIGSTOP, a debugger, swap) inside a fenced transaction holds the
-# job's row lock, and SKIP LOCKED reconcilers would skip the job forever. PostgreSQL
-# ends such a session after this timeout, releasing the lock; the worker's late COMMIT
-# then fails and lands nothing.
-SET_LOCAL_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout', %(ms)s, true)"
-
-
-# A handler process killed in the middle of a statement (a lock wait, a long query inside
-# fenced()) leaves its backend running that statement, row locks held, until the server
-# next talks to the client. With this setting the server checks the client socket while
-# it runs a query and ends the session once the client is gone (PostgreSQL 14+).
-SET_CLIENT_CONNECTION_CHECK = "SELECT set_config('client_connection_check_interval', %(ms)s, false)"
-
-
-def check_client_connection(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Have the server notice within ``ms`` that this session's client died mid-query."""
-    _scalar(using, SET_CLIENT_CONNECTION_CHECK, {"ms": f"{int(ms)}ms"})
-
-
-def limit_idle_in_transaction(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
-    """Bound how long the current transaction may sit idle before the server ends it."""
-    _scalar(using, SET_LOCAL_IDLE_TIMEOUT, {"ms": f"{int(ms)}ms"})
 
 
 ASSERT_LEASE = f"SELECT 1 FROM {TABLE} WHERE id = %(id)s AND {LEASE_HELD} FOR UPDATE"
@@ -868,7 +753,7 @@ def assert_lease(lease: Lease, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     domain writes and this check commit or roll back together, and while the row is
     locked nobody can take the job over, so a worker whose lease is gone lands nothing.
     """
-    return _scalar(using, ASSERT_LEASE, _lease(lease)) is not None
+    return fetch_value(using, ASSERT_LEASE, _lease(lease)) is not None
 
 
 WRITE_CHECKPOINT = f"""
@@ -903,7 +788,7 @@ def write_checkpoint(
     """
     set_total = total is not UNSET
     return (
-        _scalar(
+        fetch_value(
             using,
             WRITE_CHECKPOINT,
             {
@@ -943,7 +828,7 @@ def yield_slice(
     retry budget. An interruption (shutdown) is counted on its own counter, which no
     verdict reads, so deploys never park a healthy job.
     """
-    with _execute(
+    with execute(
         using, YIELD_SLICE, {**_lease(lease), "interrupted": interrupted, "delay_ms": delay_ms}
     ) as cursor:
         row = cursor.fetchone()
@@ -1001,7 +886,7 @@ def fail_slice(
     half, drawn in SQL from the same counter the verdict reads. Returns None if the lease
     is gone.
     """
-    with _execute(
+    with execute(
         using,
         FAIL_SLICE,
         {
@@ -1036,11 +921,11 @@ def release_lease(lease: Lease, *, delay_ms: int, using: str = DEFAULT_DB_ALIAS)
     failure, so it spends no retry budget and keeps a pending cancellation pending
     (invariant 11).
     """
-    return _one(using, RELEASE_LEASE, {**_lease(lease), "delay_ms": delay_ms})
+    return fetch_job(using, RELEASE_LEASE, {**_lease(lease), "delay_ms": delay_ms})
 
 
 # ---------------------------------------------------------------------------------------
-# Terminal transitions: run inside the terminal transaction, beside the mirror.
+# 3. Finish: terminal transitions, run inside the terminal transaction beside the mirror
 # ---------------------------------------------------------------------------------------
 
 # Fenced on the epoch alone, not the owner: on the failure path fail_slice has already
@@ -1075,7 +960,7 @@ def complete(
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Mark the job completed (epoch-fenced, invariant 4); None when the epoch moved on."""
-    return _one(
+    return fetch_job(
         using,
         COMPLETE,
         {**_lease(lease), "result": dump_json(result), "processed": processed, "total": total},
@@ -1108,7 +993,7 @@ def complete_many(
         % (lease.job_id, lease.epoch, result if result is not None else "null")
         for lease, result in items
     )
-    with _execute(using, COMPLETE_MANY, {"rows": f"[{rows}]"}) as cursor:
+    with execute(using, COMPLETE_MANY, {"rows": f"[{rows}]"}) as cursor:
         return {row[0] for row in cursor}
 
 
@@ -1132,7 +1017,7 @@ def fail_terminal(
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Mark the job failed with its verdict (epoch-fenced); None when the epoch moved on."""
-    return _one(
+    return fetch_job(
         using,
         FAIL_TERMINAL,
         {**_lease(lease), "code": code, "error_class": error_class, "message": message},
@@ -1150,7 +1035,7 @@ RETURNING {COLUMNS}
 
 def cancel(lease: Lease, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """End a running job the holder saw cancelled (epoch-fenced); None when the epoch moved on."""
-    return _one(using, CANCEL, _lease(lease))
+    return fetch_job(using, CANCEL, _lease(lease))
 
 
 # Its own autocommit statement, never inside the transaction it counts: that transaction
@@ -1194,7 +1079,7 @@ def bump_mirror_attempts(
     Returns the row as written (``status == 'failed'`` when it was parked), or None when
     the epoch moved on. Spends no retry budget: the work did not fail, its reflection did.
     """
-    return _one(
+    return fetch_job(
         using,
         BUMP_MIRROR_ATTEMPTS,
         {**_lease(lease), "max_attempts": max_attempts, "delay_ms": delay_ms, "message": message},
@@ -1226,7 +1111,7 @@ def bump_pending_mirror_attempts(
     job_id: object, *, max_attempts: int, message: str | None, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
     """Count a failed mirror of a pending cancellation; park the job once the budget is spent."""
-    return _one(
+    return fetch_job(
         using,
         BUMP_PENDING_MIRROR_ATTEMPTS,
         {"id": job_id, "max_attempts": max_attempts, "message": message},
@@ -1256,7 +1141,7 @@ def stamp_parked_mirrored(
     Returns the row the mirror gets (``parked_at`` set, ``error_code`` the park reason), or
     None when the job is no longer parked-and-untold at ``epoch``.
     """
-    return _one(using, STAMP_PARKED_MIRRORED, {"id": job_id, "epoch": epoch})
+    return fetch_job(using, STAMP_PARKED_MIRRORED, {"id": job_id, "epoch": epoch})
 
 
 # Its own autocommit statement, after the mirror's transaction rolled back (invariant 11):
@@ -1274,11 +1159,11 @@ def bump_park_mirror_attempts(
     job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS
 ) -> int | None:
     """Count a failed attempt to tell a parked job's subject; return the new count (None: moved on)."""
-    return _scalar(using, BUMP_PARK_MIRROR_ATTEMPTS, {"id": job_id, "epoch": epoch})
+    return fetch_value(using, BUMP_PARK_MIRROR_ATTEMPTS, {"id": job_id, "epoch": epoch})
 
 
 # ---------------------------------------------------------------------------------------
-# Cancellation
+# 4. Operator: cancellation requests (invariant 8)
 # ---------------------------------------------------------------------------------------
 
 SHOW_LOCK_TIMEOUT = "SELECT current_setting('lock_timeout')"
@@ -1301,10 +1186,10 @@ def _waiting_at_most(
             return run()
     try:
         with transaction.atomic(using=using):
-            previous = _scalar(using, SHOW_LOCK_TIMEOUT, {})
-            _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
+            previous = fetch_value(using, SHOW_LOCK_TIMEOUT, {})
+            fetch_value(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
             result = run()
-            _scalar(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": previous})
+            fetch_value(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": previous})
             return result
     except OperationalError as error:
         if getattr(error.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
@@ -1317,7 +1202,7 @@ UPDATE {TABLE}
    SET cancel_requested_at = coalesce(cancel_requested_at, now()),
        cancelled_by = coalesce(cancelled_by, %(by)s),
        updated_at = now()
- WHERE id = %(id)s AND {SCOPE} AND status IN {_LIVE}
+ WHERE id = %(id)s AND {SCOPE} AND status IN {LIVE}
 RETURNING {COLUMNS}
 """
 
@@ -1337,9 +1222,9 @@ def request_cancel(
     The first request's time and author are kept. With ``lock_timeout_ms``, raises
     ``JobBusy`` rather than wait longer behind a transaction holding the row.
     """
-    params = {"id": job_id, **_scope(scope), "by": by}
+    params = {"id": job_id, **scope_params(scope), "by": by}
     return _waiting_at_most(
-        lock_timeout_ms, job_id, "cancel", lambda: _one(using, REQUEST_CANCEL, params), using=using
+        lock_timeout_ms, job_id, "cancel", lambda: fetch_job(using, REQUEST_CANCEL, params), using=using
     )
 
 
@@ -1356,11 +1241,56 @@ RETURNING {COLUMNS}
 
 def cancel_pending(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """End a pending job whose cancellation was requested; None when it is not both."""
-    return _one(using, CANCEL_PENDING, {"id": job_id})
+    return fetch_job(using, CANCEL_PENDING, {"id": job_id})
+
+
+# The admin's bulk cancel ("all N matching", run by the durable_jobs.bulk_action job): one
+# statement per chunk instead of one per job. Each job is matched by id *and* its own scope
+# (invariant 10); only live jobs are touched (invariant 8: a request, never a status
+# write); a row a worker's transaction holds is skipped, not waited for (operators never
+# hang), and the caller reports it as busy.
+REQUEST_CANCEL_MANY = f"""
+WITH wanted AS (
+    SELECT j.id
+      FROM {TABLE} j
+      JOIN unnest(%(ids)s::uuid[], %(tenants)s::text[], %(organizations)s::text[])
+           AS w(id, tenant, organization)
+        ON j.id = w.id AND j.tenant_id = w.tenant AND j.organization_id IS NOT DISTINCT FROM w.organization
+     WHERE j.status IN {LIVE}
+       FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE {TABLE} AS t
+   SET cancel_requested_at = coalesce(t.cancel_requested_at, now()),
+       cancelled_by = coalesce(t.cancelled_by, %(by)s),
+       updated_at = now()
+  FROM wanted
+ WHERE t.id = wanted.id
+RETURNING t.id
+"""
+
+
+def request_cancel_many(
+    items: Sequence[tuple[Any, str, str | None]], *, by: str | None, using: str = DEFAULT_DB_ALIAS
+) -> set[Any]:
+    """Request cancellation of each live ``(job id, tenant, organization)``; return the ids changed.
+
+    An id missing from the answer was finished, not in that scope, or held by another
+    transaction at that moment (skipped, never waited for).
+    """
+    if not items:
+        return set()
+    params = {
+        "ids": [i[0] for i in items],
+        "tenants": [i[1] for i in items],
+        "organizations": [i[2] for i in items],
+        "by": by,
+    }
+    with execute(using, REQUEST_CANCEL_MANY, params) as cursor:
+        return {row[0] for row in cursor.fetchall()}
 
 
 # ---------------------------------------------------------------------------------------
-# The re-drive family: one core, three predicates and budgets.
+# 5. Reconcile and redrive: one core, three predicates and budgets
 # ---------------------------------------------------------------------------------------
 
 _REDRIVE_CORE = """status = 'pending', lease_owner = NULL, lease_epoch = lease_epoch + 1,
@@ -1420,7 +1350,7 @@ def take_orphan(
     budget), which any committed unit resets; once that count exceeds ``max_redrives``
     the same statement parks the job ``poison`` (``status == 'failed'`` in the reply).
     """
-    return _one(
+    return fetch_job(
         using,
         TAKE_ORPHAN,
         {
@@ -1459,7 +1389,7 @@ def charge_interruption(
     handler that kills its process each time must end parked ``poison``). Returns the row
     (``status == 'failed'`` when parked), or None if the lease is gone.
     """
-    return _one(
+    return fetch_job(
         using,
         CHARGE_INTERRUPTION,
         {**_lease(lease), "reason": reason, "backoff_ms": backoff_ms, "max_redrives": max_redrives},
@@ -1486,7 +1416,7 @@ def redrive_pending(
     The database transport never calls this: a pending row cannot lose its delivery, and
     spending budget because no worker ran would park healthy jobs (DESIGN §6).
     """
-    return _one(using, REDRIVE_PENDING, {"id": job_id, "pending_ttl_ms": pending_ttl_ms})
+    return fetch_job(using, REDRIVE_PENDING, {"id": job_id, "pending_ttl_ms": pending_ttl_ms})
 
 
 PARK = f"""
@@ -1496,7 +1426,7 @@ UPDATE {TABLE}
        pending_since = NULL, error_code = %(reason)s,
        error_class = coalesce(error_class, 'terminal'),
        error_message = coalesce(%(message)s, error_message), updated_at = now()
- WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status IN {_LIVE}
+ WHERE id = %(id)s AND lease_epoch = %(epoch)s AND status IN {LIVE}
 RETURNING {COLUMNS}
 """
 
@@ -1505,7 +1435,14 @@ def park(
     job_id: object, epoch: int, reason: str, message: str | None, *, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
     """Fail a job with a reason only an operator re-drives; fenced on the epoch the caller saw."""
-    return _one(using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message})
+    return fetch_job(using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message})
+
+
+GET_JOB = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s AND {SCOPE}"
+
+def get_job(job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Return the job with ``job_id`` in ``scope``; another scope's job is simply absent."""
+    return fetch_job(using, GET_JOB, {"id": job_id, **scope_params(scope)})
 
 
 # Resets the budgets (a wait's fault streak too; its hold clock is kept: written once),
@@ -1550,13 +1487,13 @@ def operator_redrive(
     ``lock_timeout_ms``, raises ``JobBusy`` rather than wait longer behind a transaction
     holding the row.
     """
-    params = {"id": job_id, **_scope(scope), "force": force, "grace_ms": grace_ms}
+    params = {"id": job_id, **scope_params(scope), "force": force, "grace_ms": grace_ms}
     try:
         return _waiting_at_most(
             lock_timeout_ms,
             job_id,
             "redrive",
-            lambda: _one(using, OPERATOR_REDRIVE, params),
+            lambda: fetch_job(using, OPERATOR_REDRIVE, params),
             using=using,
         )
     except IntegrityError as error:
@@ -1584,7 +1521,7 @@ def operator_redrive(
 
 RECORD_ENQUEUE = f"""
 UPDATE {TABLE} SET queue_job_id = %(queue_job_id)s, queue_name = %(queue)s, updated_at = now()
- WHERE id = %(id)s AND status IN {_LIVE} AND lease_owner IS NULL
+ WHERE id = %(id)s AND status IN {LIVE} AND lease_owner IS NULL
 RETURNING 1
 """
 
@@ -1598,7 +1535,7 @@ def record_enqueue(
     claim keeps the queue it was claimed from.
     """
     return (
-        _scalar(using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue})
+        fetch_value(using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue})
         is not None
     )
 
@@ -1634,7 +1571,7 @@ def acquire_leadership(
 
     A takeover (from an expired or resigned holder) bumps the epoch; a renewal keeps it.
     """
-    return _scalar(using, ACQUIRE_LEADERSHIP, {"name": name, "owner": owner, "ttl_ms": ttl_ms})
+    return fetch_value(using, ACQUIRE_LEADERSHIP, {"name": name, "owner": owner, "ttl_ms": ttl_ms})
 
 
 # Keeps the row and its epoch (so the next holder's epoch is still one more), frees it
@@ -1648,7 +1585,7 @@ RETURNING epoch
 
 def resign_leadership(name: str, owner: str, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     """Give leadership ``name`` up if ``owner`` holds it; False when it did not."""
-    return _scalar(using, RESIGN_LEADERSHIP, {"name": name, "owner": owner}) is not None
+    return fetch_value(using, RESIGN_LEADERSHIP, {"name": name, "owner": owner}) is not None
 
 
 # ---------------------------------------------------------------------------------------
@@ -1668,7 +1605,7 @@ _ONE_OR_ALL = "(%(job_id)s::uuid IS NULL OR id = %(job_id)s::uuid)"
 # locking it here would only hold up its heartbeat and fill the batch, starving the rest.
 SELECT_CANCELLING = f"""
 SELECT {COLUMNS} FROM {TABLE}
- WHERE cancel_requested_at IS NOT NULL AND status IN {_LIVE}
+ WHERE cancel_requested_at IS NOT NULL AND status IN {LIVE}
    AND (status = 'pending' OR lease_owner IS NULL
         OR lease_expires_at < clock_timestamp() - {_ms("grace_ms")})
    AND {_TENANT_FILTER} AND {_ONE_OR_ALL}
@@ -1690,7 +1627,7 @@ def select_cancelling(
 
     With ``job_id``, only that job (if it still qualifies and nobody holds its row).
     """
-    return _all(
+    return fetch_jobs(
         using,
         SELECT_CANCELLING,
         {"grace_ms": grace_ms, "limit": limit, "tenant": tenant, "job_id": job_id},
@@ -1720,7 +1657,7 @@ def select_orphans(
 
     With ``job_id``, only that job (if it still qualifies and nobody holds its row).
     """
-    return _all(
+    return fetch_jobs(
         using,
         SELECT_ORPHANS,
         {"grace_ms": grace_ms, "limit": limit, "tenant": tenant, "job_id": job_id},
@@ -1756,7 +1693,7 @@ def select_parked_untold(
     is left alone. With ``job_id``, only that job.
     """
     kinds = sorted(bounds)
-    return _all(
+    return fetch_jobs(
         using,
         SELECT_PARKED_UNTOLD,
         {
@@ -1785,7 +1722,7 @@ def select_stale_pending(
     *, pending_ttl_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
 ) -> list[Job]:
     """Lock and return pending jobs due for longer than the pending TTL."""
-    return _all(
+    return fetch_jobs(
         using,
         SELECT_STALE_PENDING,
         {"pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant},
@@ -1806,7 +1743,7 @@ def count_stale_pending(
 ) -> int:
     """Count pending jobs due for longer than the pending TTL (a warning, never a re-drive)."""
     return int(
-        _scalar(using, COUNT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "tenant": tenant})
+        fetch_value(using, COUNT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "tenant": tenant})
         or 0
     )
 
@@ -1840,81 +1777,14 @@ def delete_finished(
     *, older_than_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
 ) -> int:
     """Delete up to ``limit`` finished, unparked jobs older than the retention; return how many."""
-    with _execute(
+    with execute(
         using, DELETE_FINISHED, {"older_than_ms": older_than_ms, "limit": limit, "tenant": tenant}
     ) as cursor:
         return cursor.rowcount
 
 
 # ---------------------------------------------------------------------------------------
-# Read side
-# ---------------------------------------------------------------------------------------
-
-MAX_PAGE_SIZE = 200
-
-
-def list_jobs(
-    scope: Scope,
-    *,
-    kind: str | None = None,
-    status: str | None = None,
-    subject: tuple[str, str] | None = None,
-    page: int = 1,
-    page_size: int = 20,
-    using: str = DEFAULT_DB_ALIAS,
-) -> tuple[list[Job], int]:
-    """Return one page of the scope's jobs, newest first, and the total matching count."""
-    page = max(1, int(page))
-    page_size = min(MAX_PAGE_SIZE, max(1, int(page_size)))
-    where = [SCOPE]
-    params: dict[str, Any] = _scope(scope)
-    if kind is not None:
-        where.append("kind = %(kind)s")
-        params["kind"] = kind
-    if status is not None:
-        where.append("status = %(status)s")
-        params["status"] = status
-    if subject is not None:
-        where.append("subject_type = %(subject_type)s AND subject_id = %(subject_id)s")
-        params["subject_type"], params["subject_id"] = subject
-    clause = " AND ".join(where)
-    total = _scalar(using, f"SELECT count(*) FROM {TABLE} WHERE {clause}", params)
-    params.update(limit=page_size, offset=(page - 1) * page_size)
-    jobs = _all(
-        using,
-        f"SELECT {COLUMNS} FROM {TABLE} WHERE {clause} ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
-        params,
-    )
-    return jobs, int(total or 0)
-
-
-def database_now(*, using: str = DEFAULT_DB_ALIAS):
-    """Return the database's clock: the only clock a decision may use."""
-    return _scalar(using, "SELECT clock_timestamp()", {})
-
-
-MAKE_DUE = f"""
-UPDATE {TABLE} SET next_run_at = clock_timestamp(), updated_at = now()
- WHERE id = %(id)s AND status IN {_LIVE} AND lease_owner IS NULL
-   AND next_run_at > clock_timestamp()
-RETURNING {COLUMNS}
-"""
-
-
-def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
-    """Bring a scheduled job's run time to now (the testing helpers' fast-forward)."""
-    return _one(using, MAKE_DUE, {"id": job_id})
-
-
-def listen(raw_connection: Any, channel: str) -> None:
-    """Subscribe a raw autocommit psycopg connection to the wake-up channel."""
-    from psycopg import sql
-
-    raw_connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-
-
-# ---------------------------------------------------------------------------------------
-# Wait conditions (durable_jobs.waits). A held job is `pending`, `held_since` set,
+# 6. Waits (durable_jobs.waits). A held job is `pending`, `held_since` set,
 # `wait_satisfied_at` null; its next check is `next_run_at` and it holds no lease while it
 # waits, so the reconciler never mistakes it for an orphan and the stale-pending warning
 # never counts it (its next_run_at is ahead). Every write here is made by the worker
@@ -1936,9 +1806,9 @@ SELECT {COLUMNS} FROM {TABLE}
  WHERE tenant_id = %(tenant)s
    AND coalesce(organization_id, '{NO_ORGANIZATION}') = coalesce(%(organization)s, '{NO_ORGANIZATION}')
    AND wait_key = %(wait_key)s
-   AND (status IN {_LIVE}
+   AND (status IN {LIVE}
         OR (status = 'completed' AND wait_satisfied_at > clock_timestamp() - {_ms("window_ms")}))
- ORDER BY status IN {_LIVE} DESC, wait_satisfied_at DESC
+ ORDER BY status IN {LIVE} DESC, wait_satisfied_at DESC
  LIMIT 1
 """
 
@@ -1947,8 +1817,8 @@ def find_wait_holder(
     scope: Scope, wait_key: str, *, window_ms: int, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
     """Return the job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
-    return _one(
-        using, FIND_WAIT_HOLDER, {**_scope(scope), "wait_key": wait_key, "window_ms": window_ms}
+    return fetch_job(
+        using, FIND_WAIT_HOLDER, {**scope_params(scope), "wait_key": wait_key, "window_ms": window_ms}
     )
 
 
@@ -1990,7 +1860,7 @@ def hold_job(
     ``checks`` counts the check runs of this pickup; ``denied`` counts a pickup refused a
     check turn (consecutive: any other hold resets it).
     """
-    return _one(
+    return fetch_job(
         using,
         HOLD_JOB,
         {
@@ -2021,7 +1891,7 @@ def count_wait_fault(
     lease: Lease, *, checks: int, max_faults: int, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[int, bool] | None:
     """Count a "cannot tell"; return ``(consecutive faults, exhausted)``, or None if the lease is gone."""
-    with _execute(
+    with execute(
         using, COUNT_WAIT_FAULT, {**_lease(lease), "checks": checks, "max_faults": max_faults}
     ) as cursor:
         row = cursor.fetchone()
@@ -2040,7 +1910,7 @@ RETURNING wait_checks
 
 def count_wait_checks(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) -> int | None:
     """Count check runs that answered; return the total, or None if the lease is gone."""
-    return _scalar(using, COUNT_WAIT_CHECKS, {**_lease(lease), "checks": checks})
+    return fetch_value(using, COUNT_WAIT_CHECKS, {**_lease(lease), "checks": checks})
 
 
 # Every condition cleared: stamped once, under the claim that will run the first slice.
@@ -2059,11 +1929,11 @@ RETURNING {COLUMNS}
 
 def satisfy_wait(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Record that the job's wait cleared (``checks`` ran this pickup); None if the lease is gone."""
-    return _one(using, SATISFY_WAIT, {**_lease(lease), "checks": checks})
+    return fetch_job(using, SATISFY_WAIT, {**_lease(lease), "checks": checks})
 
 
 # ---------------------------------------------------------------------------------------
-# Django's Tasks framework (durable_jobs.tasks.backend): one attempt row per run of a task job.
+# 7. Django's Tasks framework (durable_jobs.tasks.backend): one attempt row per run of a task job.
 # Only the tasks backend's handler calls these, so ordinary jobs write nothing here.
 # Neither statement touches the job row (a task's attempts are not committed units: they
 # must not reset the failure counter that max_attempts is read from), yet both are fenced
@@ -2087,7 +1957,7 @@ RETURNING started_at
 
 def begin_task_attempt(lease: Lease, worker_id: str, *, using: str = DEFAULT_DB_ALIAS) -> Any:
     """Record that this claim starts running the task; return its start, or None if the lease is gone."""
-    return _scalar(using, BEGIN_TASK_ATTEMPT, {**_lease(lease), "worker_id": worker_id[:200]})
+    return fetch_value(using, BEGIN_TASK_ATTEMPT, {**_lease(lease), "worker_id": worker_id[:200]})
 
 
 END_TASK_ATTEMPT = f"""
@@ -2110,7 +1980,7 @@ def end_task_attempt(
     False when the lease is gone or the attempt was already ended: nothing was written.
     """
     return (
-        _scalar(
+        fetch_value(
             using,
             END_TASK_ATTEMPT,
             {**_lease(lease), "exception_class_path": exception_class_path, "traceback": traceback},
@@ -2120,283 +1990,17 @@ def end_task_attempt(
 
 
 # ---------------------------------------------------------------------------------------
-# Behind a pooler: the listener's probe (see durable_jobs.runtime.pooling)
+# 8. For the testing helpers only (durable_jobs.testing)
 # ---------------------------------------------------------------------------------------
 
-NOTIFY_PROBE = "SELECT pg_notify(%(channel)s, %(payload)s)"
-
-
-def notify_probe(raw_connection: Any, channel: str, payload: str) -> None:
-    """Send a probe NOTIFY on a raw autocommit connection: it must come back to the listener."""
-    raw_connection.execute(NOTIFY_PROBE, {"channel": channel, "payload": payload})
-
-
-# ---------------------------------------------------------------------------------------
-# Operator console and cheap figures: reads whose cost does not grow with finished rows.
-# (The admin's change list, `durable_jobs stats` and the Prometheus view.)
-# ---------------------------------------------------------------------------------------
-
-#: Columns a loose index scan may list, each the leading column of an index (migration 0005).
-_LISTABLE = {
-    "kind": "kind",
-    "queue_name": "queue_name",
-    "tenant_id": "tenant_id",
-    "subject_type": "subject_type",
-}
-
-# A loose index scan: one index probe per distinct value ("the smallest value above the
-# last one"), so listing the few kinds of a ten-million-row table reads a few dozen index
-# pages instead of the table (PostgreSQL has no skip scan for DISTINCT).
-_DISTINCT_VALUES = """
-WITH RECURSIVE v(value) AS (
-    (SELECT {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY {col} LIMIT 1)
-    UNION ALL
-    SELECT (SELECT {col} FROM {table} WHERE {col} > v.value ORDER BY {col} LIMIT 1)
-      FROM v WHERE v.value IS NOT NULL
-)
-SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
+MAKE_DUE = f"""
+UPDATE {TABLE} SET next_run_at = clock_timestamp(), updated_at = now()
+ WHERE id = %(id)s AND status IN {LIVE} AND lease_owner IS NULL
+   AND next_run_at > clock_timestamp()
+RETURNING {COLUMNS}
 """
 
 
-def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """Return at most ``limit`` distinct values of ``column`` (kind, queue_name, tenant_id or
-    subject_type), sorted."""
-    col = _LISTABLE[column]
-    sql = _DISTINCT_VALUES.format(col=col, table=TABLE)
-    with _execute(using, sql, {"limit": int(limit)}) as cursor:
-        return [row[0] for row in cursor.fetchall()]
-
-
-# Organizations have no index of their own (they are read within a tenant): the choices
-# come from the newest rows only, so listing them costs the same at any table size.
-RECENT_ORGANIZATIONS = f"""
-SELECT DISTINCT organization_id FROM (
-    SELECT organization_id FROM {TABLE} ORDER BY created_at DESC, id DESC LIMIT %(sample)s
-) recent WHERE organization_id IS NOT NULL ORDER BY 1 LIMIT %(limit)s
-"""
-
-
-def recent_organizations(*, sample: int, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
-    """Return up to ``limit`` organizations among the newest ``sample`` jobs, sorted."""
-    with _execute(
-        using, RECENT_ORGANIZATIONS, {"sample": int(sample), "limit": int(limit)}
-    ) as cursor:
-        return [row[0] for row in cursor.fetchall()]
-
-
-def estimate_rows(
-    sql: str, params: Sequence[Any] | dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
-) -> int:
-    """Return the planner's estimate of the rows ``sql`` returns (runs EXPLAIN, never the query)."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-        plan = cursor.fetchone()[0]
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return int(plan[0]["Plan"]["Plan Rows"])
-
-
-# ANALYZE's joint most-common-value list of (kind, status) (the statistics object of
-# migration 0005): the share of the table each pair holds, as of the last ANALYZE. Read
-# through pg_stats_ext, which shows it to the table's owner (pg_statistic_ext_data itself
-# is for superusers only); its values are a two-dimensional array, one (kind, status) row each.
-KIND_STATUS_FREQUENCIES = f"""
-SELECT s.most_common_vals[i][1], s.most_common_vals[i][2], s.most_common_freqs[i]
-  FROM pg_stats_ext s
- CROSS JOIN LATERAL generate_subscripts(s.most_common_freqs, 1) AS i
- WHERE s.statistics_name = 'durable_jobs_kind_status' AND s.tablename = '{TABLE}'
-   AND s.schemaname = current_schema()
-"""
-
-
-def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, float]]:
-    """Return ``(kind, status, share of rows)`` from the last ANALYZE; [] before the first one.
-
-    Only the table's owner (or a superuser) sees these statistics; for anyone else, and
-    before the first ANALYZE, the list is empty and callers fall back to estimates per status.
-    """
-    # A savepoint only inside the caller's transaction, where a refused read would abort
-    # it; in autocommit it would cost two more round trips (BEGIN, COMMIT) for nothing.
-    contained = (
-        transaction.atomic(using=using) if connections[using].in_atomic_block else nullcontext()
-    )
-    try:
-        with contained, _execute(using, KIND_STATUS_FREQUENCIES, {}) as cursor:
-            return [(row[0], row[1], float(row[2])) for row in cursor.fetchall()]
-    except Exception:  # noqa: BLE001 — no rights to the statistics: fall back, never fail a scrape
-        return []
-
-
-# Exact counts of live rows only: each read walks a partial index or the status index's
-# live entries, so its cost follows the live backlog, never the finished history.
-LIVE_COUNTS = f"""
-SELECT kind, status, count(*) FROM {TABLE}
- WHERE status IN {_LIVE} {{scope}}
- GROUP BY kind, status
-"""
-
-PARKED_COUNTS = f"""
-SELECT error_code, count(*) FROM {TABLE}
- WHERE parked_at IS NOT NULL AND status = 'failed' {{scope}}
- GROUP BY error_code
-"""
-
-# Everything else `durable_jobs stats` and the scrape report, in one statement (one round
-# trip, however loaded the machine): the database's clock, the pending backlog's oldest
-# entry (durable_jobs_pending), running jobs whose lease expired (durable_jobs_leased),
-# retrying jobs (durable_jobs_deliverable: each predicate written as that index's own),
-# held jobs (durable_jobs_held), and jobs finished in the last 1, 5 and 15 minutes:
-# unparked ones through durable_jobs_finished, parked ones through the parked index. Every
-# read is proportional to the live backlog, the parked jobs or the last 15 minutes'
-# finished jobs, never to the history.
-STATS_FIGURES = f"""
-SELECT clock_timestamp(),
-       (SELECT min(pending_since) FROM {TABLE} WHERE status = 'pending' {{scope}}),
-       (SELECT count(*) FROM {TABLE} WHERE status = 'running' AND lease_owner IS NOT NULL
-           AND lease_expires_at < now() {{scope}}),
-       (SELECT count(*) FROM {TABLE} WHERE status IN {_LIVE} AND lease_owner IS NULL
-           AND next_run_at IS NOT NULL AND status = 'running' {{scope}}),
-       (SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND held_since IS NOT NULL
-           AND wait_satisfied_at IS NULL {{scope}}),
-       count(*), min(finished_at),
-       {{windows}}
-  FROM (SELECT status, finished_at FROM (
-            (SELECT status, finished_at FROM {TABLE}
-              WHERE finished_at IS NOT NULL AND parked_at IS NULL
-                AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}
-              ORDER BY finished_at DESC LIMIT %(sample)s)
-            UNION ALL
-            (SELECT status, finished_at FROM {TABLE}
-              WHERE parked_at IS NOT NULL AND status = 'failed'
-                AND finished_at >= statement_timestamp() - %(widest)s * interval '1 minute' {{scope}}
-              ORDER BY finished_at DESC LIMIT %(sample)s)
-        ) AS both_kinds ORDER BY finished_at DESC LIMIT %(sample)s) AS finished
-"""
-
-#: The throughput windows read at most this many of the newest finished rows. Below about
-#: 11 jobs/s over the widest window (15 minutes) every count is exact; above it the rows
-#: finished before the sample's oldest are not read, and a window reaching past it is the
-#: sample's rate over the window (flagged as an estimate): at 5,000 jobs/s a 15-minute
-#: window is 4.5 million rows, which no scrape should read.
-FINISHED_SAMPLE = 10_000
-
-_FINISHED_STATUSES = ("completed", "failed", "cancelled")
-
-
-def _scope_clause(tenant: str | None, scope: Scope | None) -> tuple[str, dict[str, Any]]:
-    if scope is not None:
-        return f"AND {SCOPE}", _scope(scope)
-    if tenant is not None:
-        return "AND tenant_id = %(tenant)s", {"tenant": tenant}
-    return "", {}
-
-
-def live_counts(
-    *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
-) -> list[tuple[str, str, int]]:
-    """Return exact ``(kind, status, count)`` of pending and running jobs."""
-    clause, params = _scope_clause(tenant, scope)
-    with _execute(using, LIVE_COUNTS.format(scope=clause), params) as cursor:
-        return [(row[0], row[1], int(row[2])) for row in cursor.fetchall()]
-
-
-def parked_counts(
-    *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
-) -> dict[str | None, int]:
-    """Return exact parked-job counts by reason (the parked index holds only parked rows)."""
-    clause, params = _scope_clause(tenant, scope)
-    with _execute(using, PARKED_COUNTS.format(scope=clause), params) as cursor:
-        return {row[0]: int(row[1]) for row in cursor.fetchall()}
-
-
-def stats_figures(
-    windows: Sequence[int],
-    *,
-    tenant: str | None = None,
-    scope: Scope | None = None,
-    using: str = DEFAULT_DB_ALIAS,
-) -> dict[str, Any]:
-    """Return the database's clock, the backlog figures and finished counts per window (minutes).
-
-    Keys: ``now``, ``oldest_pending`` (pending_since, or None), ``expired`` (running with an
-    expired lease), ``retrying``, ``held``, ``finished``: ``{minutes: {status: count}}``, and
-    ``finished_estimated``: the windows counted from the newest ``FINISHED_SAMPLE`` rows'
-    rate rather than row by row (none below about 11 jobs/s).
-    """
-    clause, params = _scope_clause(tenant, scope)
-    columns = ",\n       ".join(
-        f"count(*) FILTER (WHERE status = '{status}' AND finished_at >= statement_timestamp() - "
-        f"{int(minutes)} * interval '1 minute')"
-        for minutes in windows
-        for status in _FINISHED_STATUSES
-    )
-    sql = STATS_FIGURES.format(scope=clause, windows=columns)
-    widest = max(int(m) for m in windows)
-    with _execute(using, sql, {**params, "widest": widest, "sample": FINISHED_SAMPLE}) as cursor:
-        row = cursor.fetchone()
-    now, sampled, oldest_sampled = row[0], int(row[5]), row[6]
-    counts = iter(row[7:])
-    finished, estimated = {}, []
-    for minutes in windows:
-        in_sample = {status: int(next(counts)) for status in _FINISHED_STATUSES}
-        covered = (now - oldest_sampled).total_seconds() if oldest_sampled is not None else 0.0
-        if sampled >= FINISHED_SAMPLE and covered < minutes * 60:
-            # The sample ends inside this window: its rate, carried over the whole window.
-            scale = minutes * 60 / max(covered, 0.001)
-            in_sample = {status: round(n * scale) for status, n in in_sample.items()}
-            estimated.append(minutes)
-        finished[minutes] = in_sample
-    return {
-        "now": now,
-        "oldest_pending": row[1],
-        "expired": int(row[2]),
-        "retrying": int(row[3]),
-        "held": int(row[4]),
-        "finished": finished,
-        "finished_estimated": estimated,
-    }
-
-
-# The admin's bulk cancel ("all N matching", run by the durable_jobs.bulk_action job): one
-# statement per chunk instead of one per job. Each job is matched by id *and* its own scope
-# (invariant 10); only live jobs are touched (invariant 8: a request, never a status
-# write); a row a worker's transaction holds is skipped, not waited for (operators never
-# hang), and the caller reports it as busy.
-REQUEST_CANCEL_MANY = f"""
-WITH wanted AS (
-    SELECT j.id
-      FROM {TABLE} j
-      JOIN unnest(%(ids)s::uuid[], %(tenants)s::text[], %(organizations)s::text[])
-           AS w(id, tenant, organization)
-        ON j.id = w.id AND j.tenant_id = w.tenant AND j.organization_id IS NOT DISTINCT FROM w.organization
-     WHERE j.status IN {_LIVE}
-       FOR UPDATE OF j SKIP LOCKED
-)
-UPDATE {TABLE} AS t
-   SET cancel_requested_at = coalesce(t.cancel_requested_at, now()),
-       cancelled_by = coalesce(t.cancelled_by, %(by)s),
-       updated_at = now()
-  FROM wanted
- WHERE t.id = wanted.id
-RETURNING t.id
-"""
-
-
-def request_cancel_many(
-    items: Sequence[tuple[Any, str, str | None]], *, by: str | None, using: str = DEFAULT_DB_ALIAS
-) -> set[Any]:
-    """Request cancellation of each live ``(job id, tenant, organization)``; return the ids changed.
-
-    An id missing from the answer was finished, not in that scope, or held by another
-    transaction at that moment (skipped, never waited for).
-    """
-    if not items:
-        return set()
-    params = {
-        "ids": [i[0] for i in items],
-        "tenants": [i[1] for i in items],
-        "organizations": [i[2] for i in items],
-        "by": by,
-    }
-    with _execute(using, REQUEST_CANCEL_MANY, params) as cursor:
-        return {row[0] for row in cursor.fetchall()}
+def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Bring a scheduled job's run time to now (the testing helpers' fast-forward)."""
+    return fetch_job(using, MAKE_DUE, {"id": job_id})

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from durable_jobs import conf, service, store
+from durable_jobs import conf, reads, service, store
 from durable_jobs.models import HELD, Job
 from durable_jobs.runtime.executor import SliceReport, run_slice
 from durable_jobs.states import LIVE_STATUSES
@@ -60,7 +60,7 @@ def fast_forward(job: Job | Any, *, using: str = DEFAULT_DB_ALIAS) -> Job:
     job_id = getattr(job, "id", job)
     row = store.make_due(job_id, using=using)
     if row is None:
-        row = store.get_job_unscoped(job_id, using=using)
+        row = reads.get_job_unscoped(job_id, using=using)
         if row is None:
             raise AssertionError(f"no job {job_id}")
     return row

@@ -12,7 +12,7 @@ import uuid
 import factory
 from django.db import connection
 
-from durable_jobs import store
+from durable_jobs import db, reads
 from durable_jobs.models import Job
 
 _TIME_COLUMNS = {
@@ -54,7 +54,7 @@ class JobFactory(factory.Factory):
     def _create(cls, model_class, **fields):
         for name in ("input", "checkpoint", "meta", "result", "wait_for"):
             if name in fields:
-                fields[name] = store.dump_json(fields[name])
+                fields[name] = db.dump_json(fields[name])
         columns, values, params = [], [], {}
         for name, value in fields.items():
             columns.append(name)
@@ -71,7 +71,7 @@ class JobFactory(factory.Factory):
                 f"VALUES ({', '.join(values)}, now(), now())",
                 params,
             )
-        return store.get_job_unscoped(fields["id"])
+        return reads.get_job_unscoped(fields["id"])
 
 
 def running(**fields) -> Job:
@@ -101,4 +101,4 @@ def shift(job_id, column: str, seconds: float) -> None:
 
 
 def reload(job: Job | uuid.UUID) -> Job:
-    return store.get_job_unscoped(getattr(job, "id", job))
+    return reads.get_job_unscoped(getattr(job, "id", job))

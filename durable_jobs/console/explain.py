@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from durable_jobs import conf, registry, store
+from durable_jobs import conf, db, registry
 from durable_jobs.models import Job
 from durable_jobs.states import Status
 from durable_jobs.waits.explain import explain_hold
@@ -38,7 +38,7 @@ def _held_reasons(job: Job, now: datetime) -> list[str]:
 
 def explain(job: Job, *, now: datetime | None = None) -> list[str]:
     """Return the reasons ``job`` is not running now, in plain language (empty when it is)."""
-    now = now or store.database_now()
+    now = now or db.database_now()
     settings = conf.get()
     if job.status == Status.RUNNING.value and job.lease_owner is not None:
         if job.lease_expires_at is not None and job.lease_expires_at < now:

@@ -16,7 +16,8 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 
-from durable_jobs import conf, registry, store
+from durable_jobs import conf, registry
+from durable_jobs.console import queries
 from durable_jobs.models import HELD, Job
 from durable_jobs.states import Status
 
@@ -70,9 +71,9 @@ def seen_values(column: str) -> list[str]:
     if cached is not None and cached[0] > time.monotonic():
         return cached[1]
     if column == "organization_id":
-        values = store.recent_organizations(sample=ORGANIZATION_SAMPLE, limit=MAX_CHOICES)
+        values = queries.recent_organizations(sample=ORGANIZATION_SAMPLE, limit=MAX_CHOICES)
     else:
-        values = store.distinct_values(column, limit=MAX_CHOICES)
+        values = queries.distinct_values(column, limit=MAX_CHOICES)
     _choices_cache[column] = (time.monotonic() + CHOICES_TTL, values)
     return values
 
@@ -162,7 +163,7 @@ def search(queryset: QuerySet, term: str) -> QuerySet:
 def _under_each(column: str, condition: Q) -> Q:
     """``condition`` restricted to the values ``column`` has (read fresh: a loose index scan
     of a few probes), so an index led by ``column`` answers it; unrestricted past MAX_CHOICES."""
-    values = store.distinct_values(column, limit=MAX_CHOICES)
+    values = queries.distinct_values(column, limit=MAX_CHOICES)
     if len(values) >= MAX_CHOICES:
         return condition
     return condition & Q(**{f"{column}__in": values})
@@ -171,7 +172,7 @@ def _under_each(column: str, condition: Q) -> Q:
 def estimate_count(queryset: QuerySet, *, exact_below: int) -> tuple[int, bool]:
     """Return ``(count, exact)``: the planner's estimate, or the exact count when that is small."""
     sql, params = queryset.order_by().values("pk").query.sql_with_params()
-    estimate = store.estimate_rows(sql, params, using=queryset.db)
+    estimate = queries.estimate_rows(sql, params, using=queryset.db)
     if estimate < exact_below:
         return queryset.count(), True
     return estimate, False

@@ -7,8 +7,8 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count
 
-from durable_jobs import store
 from durable_jobs.console import live as console
+from durable_jobs.console import queries
 from durable_jobs.models import Job
 from durable_jobs.states import Scope
 
@@ -52,7 +52,7 @@ def collect(
     estimated = table_rows >= EXACT_BELOW
     by_kind: dict[str, dict[str, int]] = {}
     if estimated:
-        for kind, status, n in store.live_counts(tenant=tenant, scope=scope, using=using):
+        for kind, status, n in queries.live_counts(tenant=tenant, scope=scope, using=using):
             by_kind.setdefault(kind, {})[status] = n
         _add_finished_estimates(
             by_kind, jobs, table_rows, whole_table=tenant is None and scope is None, using=using
@@ -62,8 +62,8 @@ def collect(
         for row in jobs.values("kind", "status").annotate(n=Count("id")).order_by("kind", "status"):
             by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
     # The clock, the backlog's figures, held jobs and the throughput windows: one statement.
-    figures = store.stats_figures(WINDOWS, tenant=tenant, scope=scope, using=using)
-    parked = store.parked_counts(tenant=tenant, scope=scope, using=using)
+    figures = queries.stats_figures(WINDOWS, tenant=tenant, scope=scope, using=using)
+    parked = queries.parked_counts(tenant=tenant, scope=scope, using=using)
     now, oldest = figures["now"], figures["oldest_pending"]
     throughput = {f"{minutes}m": counts for minutes, counts in figures["finished"].items()}
     live = {status: 0 for status in ("pending", "running")}
@@ -83,7 +83,7 @@ def collect(
         "held": figures["held"],
         "parked_by_reason": parked,
         "finished_last": throughput,
-        # Windows past store.FINISHED_SAMPLE rows are the newest rows' rate, not a count.
+        # Windows past queries.FINISHED_SAMPLE rows are the newest rows' rate, not a count.
         "finished_last_estimated": [f"{minutes}m" for minutes in figures["finished_estimated"]],
     }
 
@@ -96,7 +96,7 @@ def _add_finished_estimates(
 ) -> None:
     """Add estimated counts of finished jobs: by kind from the joint statistics when they
     cover the whole table, else per status under the kind ``"*"`` (the planner's estimate)."""
-    frequencies = store.kind_status_frequencies(using=using) if whole_table else []
+    frequencies = queries.kind_status_frequencies(using=using) if whole_table else []
     finished = [(kind, status, share) for kind, status, share in frequencies if status in FINISHED]
     if finished:
         for kind, status, share in finished:

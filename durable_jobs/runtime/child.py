@@ -39,6 +39,7 @@ from typing import Any
 log = logging.getLogger("durable_jobs.child")
 
 
+
 class Mailbox:
     """Messages from the worker, read on a thread of their own while a handler runs.
 
@@ -233,10 +234,10 @@ CLIENT_CHECK_MS = 1000
 
 def _watch_for_a_dead_client(sender, connection, **kwargs) -> None:
     """Every connection of a handler process: the server ends its query once the process is killed."""
-    from durable_jobs import store
+    from durable_jobs import db
 
     try:
-        store.check_client_connection(CLIENT_CHECK_MS, using=connection.alias)
+        db.check_client_connection(CLIENT_CHECK_MS, using=connection.alias)
     except Exception:
         log.debug("client_connection_check_interval not available", exc_info=True)
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
-from durable_jobs import conf, faults, store, validation
+from durable_jobs import conf, db, faults, store, validation
 from durable_jobs.exceptions import CancelRequested, LeaseLost
 from durable_jobs.states import Lease, Scope
 
@@ -182,7 +182,7 @@ class Slice:
             self.in_fence = True
             try:
                 if outermost:
-                    store.limit_idle_in_transaction(
+                    db.limit_idle_in_transaction(
                         conf.ms(conf.get().FENCED_IDLE_TIMEOUT), using=self.using
                     )
                 if not store.assert_lease(self.lease, using=self.using):

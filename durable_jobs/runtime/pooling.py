@@ -45,6 +45,7 @@ PROBE_PREFIX = "probe "
 RAW_CONNECT_TIMEOUT = 10
 
 
+
 def role_name(role: str) -> str:
     """``<PGAPPNAME or durable_jobs>/<role>``, cut to PostgreSQL's 63 bytes."""
     return f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/{role}"[:63]
@@ -106,7 +107,7 @@ class Probe:
         return self._payload is None and time.monotonic() >= self._next_at
 
     def send(self) -> None:
-        from durable_jobs import store
+        from durable_jobs import db
 
         self._payload = f"{PROBE_PREFIX}{self.identity} {secrets.token_hex(4)}"
         self._sent_at = time.monotonic()
@@ -114,7 +115,7 @@ class Probe:
             # A connection of its own for the moment of the probe: a worker keeps no
             # extra connection open for it.
             self._raw = new_raw_connection(self.using, "durable-probe")
-            store.notify_probe(self._raw, self.channel, self._payload)
+            db.notify_probe(self._raw, self.channel, self._payload)
         except Exception:
             self._payload = None
             self._next_at = time.monotonic() + PROBE_TIMEOUT

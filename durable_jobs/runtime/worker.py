@@ -418,7 +418,7 @@ class Worker:
                 return store.release_lease(context.lease, delay_ms=0, using=self.using)
 
         try:
-            store.with_lock_timeout(lock_ms, write, using=self.using)
+            db.with_lock_timeout(lock_ms, write, using=self.using)
         except (DatabaseError, InterfaceError) as error:
             log.info(
                 "[%s %s] charge for %s deferred: %s",
@@ -455,7 +455,7 @@ class Worker:
                 complete_deferred(completions, using=self.using)
             for entry in waiting:
                 if not entry.lease_lost:
-                    store.with_lock_timeout(
+                    db.with_lock_timeout(
                         200,
                         lambda e=entry: store.release_lease(e.lease, delay_ms=0, using=self.using),
                         using=self.using,
@@ -515,7 +515,7 @@ class Worker:
                     return store.release_lease(h.lease, delay_ms=0, using=self.using)
 
             try:
-                if store.with_lock_timeout(200, write, using=self.using) is not None:
+                if db.with_lock_timeout(200, write, using=self.using) is not None:
                     log.info("[%s %s] handed back at shutdown", holder.kind, holder.id)
             except (DatabaseError, InterfaceError) as error:
                 log.warning(
@@ -773,7 +773,7 @@ class Worker:
                 connected_at = None
                 try:
                     raw = pooling.new_raw_connection(listen_using, "durable-listener")
-                    store.listen(raw, channel)
+                    db.listen(raw, channel)
                     connected_at = time.monotonic()
                     self._wake_all()
                     probe.send()

@@ -13,6 +13,7 @@ import dataclasses
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from durable_jobs import db
 from durable_jobs.waits import grammar
 
 if TYPE_CHECKING:
@@ -43,9 +44,8 @@ def explain_hold(job: Job, *, now: datetime | None = None) -> HoldExplanation | 
     if job.status != "pending" or job.held_since is None or job.wait_satisfied_at is not None:
         return None
     if now is None:
-        from durable_jobs import store
 
-        now = store.database_now()
+        now = db.database_now()
     after = grammar.after_instant(job.wait_for)
     profiles = tuple(grammar.profile_names(job.wait_for))
     label = grammar.label(job.wait_for) or "a condition this version cannot read"

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DEFAULT_DB_ALIAS
 
-from durable_jobs import conf, store
+from durable_jobs import conf, db, store
 from durable_jobs.states import (
     WAIT_FAULTS_EXHAUSTED,
     WAIT_MAX_HOLD,
@@ -121,7 +121,7 @@ def run(
         )
     # The database's clock, read now (invariant 2): not the claim's stamp, which a claim
     # that waited its turn in a slot's batch would have left behind.
-    now: datetime = store.database_now(using=using)
+    now: datetime = db.database_now(using=using)
     instant = grammar.after_instant(job.wait_for)
     if instant is not None and instant > now:
         return _held(

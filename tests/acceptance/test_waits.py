@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import durable_jobs as durable
-from durable_jobs import store
+from durable_jobs import db
 from tests.acceptance.harness import ROOT, backends_of, wait_until
 from tests.factories import reload
 
@@ -30,7 +30,7 @@ def test_after__the_job_starts_within_a_second_of_its_instant_without_polling(pr
     wait_until(
         lambda: backends_of("durable-test-worker/durable-listener"), message="the worker's listener"
     )
-    instant = (store.database_now() + timedelta(seconds=3)).replace(microsecond=0)
+    instant = (db.database_now() + timedelta(seconds=3)).replace(microsecond=0)
     job = durable.start("demo.noop", wait_for=[{"after": instant.isoformat()}])
     wait_until(lambda: reload(job).status == "completed", timeout=20, message="the job to complete")
     done = reload(job)

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from durable_jobs import store
+from durable_jobs import db, store
 from durable_jobs.models import Job
 from durable_jobs.states import Delivery, Lease, Scope
 from tests.factories import reload
@@ -52,7 +52,7 @@ def delivery_of(job: Job) -> Delivery:
 
 
 def db_now() -> datetime:
-    return store.database_now()
+    return db.database_now()
 
 
 def snapshot(job: Job | Any) -> dict[str, Any]:

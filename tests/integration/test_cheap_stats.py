@@ -9,7 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from durable_jobs.console import stats
+from durable_jobs.console import queries, stats
 from tests.factories import JobFactory, running
 
 pytestmark = pytest.mark.django_db
@@ -115,7 +115,6 @@ def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypat
     sample's rate carried over the window, and flagged. With a sample that holds every
     row, the windows are exact counts again.
     """
-    from durable_jobs import store
 
     with connection.cursor() as cursor:
         cursor.execute(
@@ -123,7 +122,7 @@ def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypat
             " finished_at) SELECT gen_random_uuid(), 'default', 'tests.a', 'completed', 'default', now(), now(),"
             " statement_timestamp() - i * interval '200 milliseconds' FROM generate_series(1, 600) AS i"
         )
-    monkeypatch.setattr(store, "FINISHED_SAMPLE", 200)
+    monkeypatch.setattr(queries, "FINISHED_SAMPLE", 200)
 
     data = stats.collect()
 
@@ -133,7 +132,7 @@ def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypat
     assert 285 <= data["finished_last"]["1m"]["completed"] <= 315, data["finished_last"]
     assert 1425 <= data["finished_last"]["5m"]["completed"] <= 1575, data["finished_last"]
 
-    monkeypatch.setattr(store, "FINISHED_SAMPLE", 1000)  # now the sample holds every row
+    monkeypatch.setattr(queries, "FINISHED_SAMPLE", 1000)  # now the sample holds every row
     data = stats.collect()
     assert data["finished_last_estimated"] == []
     assert data["finished_last"]["1m"]["completed"] in (

@@ -2,7 +2,7 @@
 
 Python's clocks (``time.time`` and ``django.utils.timezone.now``) are moved hours away
 from the database's; the lease predicates still decide by ``clock_timestamp()``, and the
-leases written are relative to ``store.database_now()``.
+leases written are relative to ``db.database_now()``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import time
 import pytest
 from django.db import connections
 
-from durable_jobs import store
+from durable_jobs import db
 from durable_jobs.runtime import pooling
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,7 +63,7 @@ def test_the_probe_comes_back_to_a_listener_and_is_not_a_wake_up():
     listener = pooling.new_raw_connection("default", "durable-listener")
     probe = pooling.Probe("default", "durable_jobs_probe_test", "test-identity")
     try:
-        store.listen(listener, "durable_jobs_probe_test")
+        db.listen(listener, "durable_jobs_probe_test")
         probe.send()
         assert probe.check() is None  # sent, not back yet
         payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]

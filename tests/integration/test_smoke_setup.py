@@ -1,6 +1,6 @@
 import pytest
 
-from durable_jobs import store
+from durable_jobs import db
 from tests.factories import JobFactory, running
 
 
@@ -8,5 +8,5 @@ from tests.factories import JobFactory, running
 def test_factory_builds_rows_on_the_database_clock():
     job = running(lease_expires_at=-30)
     assert job.status == "running"
-    assert job.lease_expires_at < store.database_now()
+    assert job.lease_expires_at < db.database_now()
     assert JobFactory().status == "pending"

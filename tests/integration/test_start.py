@@ -8,6 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.db import connection, transaction
+from django.db.models import NOT_PROVIDED
 from django.test import override_settings
 
 import durable_jobs as durable
@@ -120,6 +121,31 @@ def test_start__returns_exactly_the_row_it_wrote(kind, extra):
     fields = [f.attname for f in type(job)._meta.concrete_fields]
     assert {f: getattr(job, f) for f in fields} == {f: getattr(stored, f) for f in fields}
     assert job.id.version == 7
+
+
+def test_start__its_column_lists_cover_every_column_of_the_model_once():
+    """The start's hand-written lists (where each column of a new row comes from) name
+    every column INSERT_JOB writes, each once, and only columns the model has: a column
+    added to the model or the insert and forgotten in the lists fails here, not silently."""
+    model_columns = {f.column for f in Job._meta.concrete_fields}
+    named = [
+        *store.START_FROM_PARAMS,
+        *store.START_LITERALS,
+        *store.START_RETURNING,
+        *store.START_SAME_AS,
+    ]
+    assert len(named) == len(set(named)), named
+    inserted = store.INSERT_JOB.split("(", 1)[1].split(")", 1)[0]
+    assert {c.strip() for c in inserted.split(",")} == set(named)
+    assert set(named) <= model_columns
+    assert set(store.START_SAME_AS.values()) <= set(store.START_RETURNING)
+    # Every column the insert does not name comes back as NULL or its zero default.
+    unnamed = model_columns - set(named)
+    assert unnamed and all(
+        f.null or f.db_default is not NOT_PROVIDED
+        for f in Job._meta.concrete_fields
+        if f.column in unnamed
+    )
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import pytest
 from django.core.management import call_command
 
 import durable_jobs as durable
-from durable_jobs import store, testing
+from durable_jobs import db, store, testing
 from durable_jobs.console import stats
 from durable_jobs.exceptions import InvalidInput
 from durable_jobs.models import Job
@@ -92,7 +92,7 @@ def outcomes(**kwargs) -> list[str]:
 
 def test_after__an_instant_not_yet_due_is_one_exact_reschedule_that_spends_nothing(handled):
     ran, _ = handled
-    instant = (store.database_now() + timedelta(minutes=5)).replace(microsecond=0)
+    instant = (db.database_now() + timedelta(minutes=5)).replace(microsecond=0)
     job = durable.start(KIND, wait_for=[{"after": iso(instant)}])
     assert job.wait_label == f"after {iso(instant)}"
     assert outcomes() == ["held"]
@@ -115,7 +115,7 @@ def test_after__an_instant_not_yet_due_is_one_exact_reschedule_that_spends_nothi
 
 
 def test_after__picked_up_early_it_is_held_again_without_restarting_its_clock(handled):
-    instant = (store.database_now() + timedelta(minutes=5)).replace(microsecond=0)
+    instant = (db.database_now() + timedelta(minutes=5)).replace(microsecond=0)
     job = durable.start(KIND, wait_for=[{"after": iso(instant)}])
     assert outcomes() == ["held"]
     first = reload(job)
@@ -128,7 +128,7 @@ def test_after__picked_up_early_it_is_held_again_without_restarting_its_clock(ha
 
 def test_after__once_the_instant_passed_the_job_runs_and_keeps_its_hold_clock(handled):
     ran, _ = handled
-    past = iso((store.database_now() - timedelta(seconds=1)).replace(microsecond=0))
+    past = iso((db.database_now() - timedelta(seconds=1)).replace(microsecond=0))
     job = JobFactory(kind=KIND, wait_for=[{"after": past}], held_since=-60, next_run_at=0)
     before = reload(job).held_since
     assert outcomes() == ["completed"]
@@ -137,7 +137,7 @@ def test_after__once_the_instant_passed_the_job_runs_and_keeps_its_hold_clock(ha
 
 
 def test_after__an_instant_already_past_at_start_runs_at_once_without_a_hold(handled):
-    past = iso(store.database_now() - timedelta(days=3))
+    past = iso(db.database_now() - timedelta(days=3))
     job = durable.start(KIND, wait_for=[{"after": past}])
     assert outcomes() == ["completed"]
     assert reload(job).held_since is None and reload(job).wait_satisfied_at is not None
@@ -145,11 +145,11 @@ def test_after__an_instant_already_past_at_start_runs_at_once_without_a_hold(han
 
 def test_start__an_after_past_the_ceiling_is_refused_by_the_database_clock(handled, settings):
     settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "WAIT_AFTER_MAX_AHEAD": 3600}
-    too_far = iso(store.database_now() + timedelta(hours=2))
+    too_far = iso(db.database_now() + timedelta(hours=2))
     with pytest.raises(InvalidInput) as caught:
         durable.start(KIND, wait_for=[{"after": too_far}])
     assert caught.value.field == "wait_for[0]" and "WAIT_AFTER_MAX_AHEAD" in str(caught.value)
-    durable.start(KIND, wait_for=[{"after": iso(store.database_now() + timedelta(minutes=50))}])
+    durable.start(KIND, wait_for=[{"after": iso(db.database_now() + timedelta(minutes=50))}])
     assert Job.objects.count() == 1, "only the start within the ceiling was stored"
 
 
@@ -197,7 +197,7 @@ def test_profile__not_yet_holds_until_the_next_check_by_the_backoff_floor(handle
     job = durable.start(KIND, wait_for=[{"profile": "later"}])
     assert outcomes() == ["held"]
     held = reload(job)
-    due_in = (held.next_run_at - store.database_now()).total_seconds()
+    due_in = (held.next_run_at - db.database_now()).total_seconds()
     assert 25 < due_in <= 30, "the first check of a hold waits the (floored) base"
     assert (held.status, held.lease_owner, held.wait_checks, held.wait_faults) == (
         "pending",
@@ -381,7 +381,7 @@ def test_hold_clock__starts_once_and_the_backoff_grows_from_it_across_pickups(ha
     assert again.held_since == since - timedelta(seconds=300), (
         "held_since is written once, never reset"
     )
-    due_in = (again.next_run_at - store.database_now()).total_seconds()
+    due_in = (again.next_run_at - db.database_now()).total_seconds()
     assert 55 < due_in <= 60, "the cadence doubled after ten base periods held"
     assert again.wait_checks == 2
 
@@ -391,7 +391,7 @@ def test_hold__an_hourly_base_stays_hourly(handled, waits):
     waits.configure(WAIT_CHECK_INTERVAL=3600)
     job = durable.start(KIND, wait_for=[{"profile": "later"}])
     assert outcomes() == ["held"]
-    due_in = (reload(job).next_run_at - store.database_now()).total_seconds()
+    due_in = (reload(job).next_run_at - db.database_now()).total_seconds()
     assert 3590 < due_in <= 3600
 
 
@@ -497,7 +497,7 @@ def test_capacity__a_pickup_denied_a_check_turn_is_held_shortly_and_counted(hand
     assert run_slice(claimed[0], check_slots=slots).outcome == "held"
     denied = reload(job)
     assert (denied.wait_denials, denied.wait_checks, waits.runs("ready")) == (1, 0, 0)
-    due_in = (denied.next_run_at - store.database_now()).total_seconds()
+    due_in = (denied.next_run_at - db.database_now()).total_seconds()
     assert 0 < due_in <= 5
     assert "Denied a check turn 1 time(s)" in explain_hold(denied).summary
     slots.give_back()
@@ -512,7 +512,7 @@ def test_capacity__a_pickup_denied_a_check_turn_is_held_shortly_and_counted(hand
 
 def test_explain_stats_and_cli__say_what_a_held_job_waits_for(handled, waits):
     waits.declare(later="exit 75")
-    instant = store.database_now() - timedelta(seconds=5)
+    instant = db.database_now() - timedelta(seconds=5)
     job = durable.start(KIND, wait_for=[{"after": iso(instant)}, {"profile": "later"}])
     plain = durable.start(KIND)
     assert explain_hold(reload(job)) is None, "not held before its first pickup"

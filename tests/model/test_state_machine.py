@@ -56,7 +56,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from durable_jobs import store
+from durable_jobs import db, reads, store
 from durable_jobs.exceptions import LockKeyHeld
 from durable_jobs.models import TABLE, Job
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
@@ -533,7 +533,7 @@ class StoreMachine(RuleBasedStateMachine):
     def _same_as_stored(row: Job | None) -> None:
         """A statement's RETURNING row is the row as stored, every column."""
         if row is not None:
-            assert snapshot(row) == snapshot(store.get_job_unscoped(row.id))
+            assert snapshot(row) == snapshot(reads.get_job_unscoped(row.id))
 
     @staticmethod
     def _run_at(delay_ms: int) -> str:
@@ -865,7 +865,7 @@ class StoreMachine(RuleBasedStateMachine):
         if with_others:  # the latest lease of every other job ever claimed
             items += [other for job_id, other in self.granted.items() if job_id != lease.job_id]
         clauses = [self._epoch_holds(item) for item in items]
-        done = store.complete_many([(item, store.dump_json(result)) for item in items])
+        done = store.complete_many([(item, db.dump_json(result)) for item in items])
         assert done <= {item.job_id for item in items}
         for item, item_clauses in zip(items, clauses, strict=True):
             m = self.model[item.job_id]
@@ -1138,8 +1138,8 @@ class StoreMachine(RuleBasedStateMachine):
     def _rows(self) -> dict[uuid.UUID, Job]:
         """Every job row and the database's clock, read once per step for all invariants."""
         if self._read_at_step != self._step:
-            self._now = store.database_now()
-            self._read = {job_id: store.get_job_unscoped(job_id) for job_id in self.model}
+            self._now = db.database_now()
+            self._read = {job_id: reads.get_job_unscoped(job_id) for job_id in self.model}
             self._read_at_step = self._step
         assert all(row is not None for row in self._read.values())
         return self._read
@@ -1523,7 +1523,7 @@ def test_operator_redrive__refuses_when_a_live_job_holds_the_lock_key():
     claimed = store.claim(first.id, scope, Delivery(seq=0, redrives=0), "w1", TTL_MS)
     lease = Lease(job_id=first.id, owner="w1", epoch=claimed.lease_epoch, ttl_ms=TTL_MS)
     assert store.fail_terminal(lease, code="terminal", error_class="terminal") is not None
-    before = snapshot(store.get_job_unscoped(first.id))
+    before = snapshot(reads.get_job_unscoped(first.id))
     successor = store.insert_job(
         insert_fields(uuid.uuid4(), queue="q0", lock_key="k"), scope, notify_channel=None
     ).job
@@ -1533,5 +1533,5 @@ def test_operator_redrive__refuses_when_a_live_job_holds_the_lock_key():
             store.operator_redrive(first.id, scope, force=False, grace_ms=0)
         assert (refused.value.lock_key, refused.value.holder_id) == ("k", successor.id)
         # Still usable, and nothing changed.
-        assert snapshot(store.get_job_unscoped(first.id)) == before
-        assert store.get_job_unscoped(successor.id).status == "pending"
+        assert snapshot(reads.get_job_unscoped(first.id)) == before
+        assert reads.get_job_unscoped(successor.id).status == "pending"

@@ -1,0 +1,61 @@
+"""The scoped reads of job rows behind ``durable.get()`` and ``durable.list_jobs()``.
+
+Reads only: every statement that writes a job row is in ``store``. Each read by id
+carries the scope predicate (``store.SCOPE``), so tenant A's job is simply absent to
+tenant B (invariant 10); ``get_job_unscoped`` is for the worker, the reconciler and the
+testing helpers, which act system-wide.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+
+from durable_jobs.db import JOB_COLUMNS as COLUMNS
+from durable_jobs.db import fetch_job, fetch_jobs, fetch_value
+from durable_jobs.models import TABLE, Job
+from durable_jobs.states import Scope
+from durable_jobs.store import SCOPE, scope_params
+
+GET_JOB_ANY_SCOPE = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s"
+
+def get_job_unscoped(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
+    """Return a job by id alone: for the worker and reconciler, which act system-wide."""
+    return fetch_job(using, GET_JOB_ANY_SCOPE, {"id": job_id})
+
+MAX_PAGE_SIZE = 200
+
+def list_jobs(
+    scope: Scope,
+    *,
+    kind: str | None = None,
+    status: str | None = None,
+    subject: tuple[str, str] | None = None,
+    page: int = 1,
+    page_size: int = 20,
+    using: str = DEFAULT_DB_ALIAS,
+) -> tuple[list[Job], int]:
+    """Return one page of the scope's jobs, newest first, and the total matching count."""
+    page = max(1, int(page))
+    page_size = min(MAX_PAGE_SIZE, max(1, int(page_size)))
+    where = [SCOPE]
+    params: dict[str, Any] = scope_params(scope)
+    if kind is not None:
+        where.append("kind = %(kind)s")
+        params["kind"] = kind
+    if status is not None:
+        where.append("status = %(status)s")
+        params["status"] = status
+    if subject is not None:
+        where.append("subject_type = %(subject_type)s AND subject_id = %(subject_id)s")
+        params["subject_type"], params["subject_id"] = subject
+    clause = " AND ".join(where)
+    total = fetch_value(using, f"SELECT count(*) FROM {TABLE} WHERE {clause}", params)
+    params.update(limit=page_size, offset=(page - 1) * page_size)
+    jobs = fetch_jobs(
+        using,
+        f"SELECT {COLUMNS} FROM {TABLE} WHERE {clause} ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s",
+        params,
+    )
+    return jobs, int(total or 0)
