@@ -222,3 +222,24 @@ class TaskUnavailable(TerminalError):
 class TaskAttemptInterrupted(TransientError):
     """Named in a TaskResult's errors for an attempt that ended without an outcome: its
     worker (or handler process) died, lost its lease or ran past the time limit."""
+
+
+class BookkeepingFailed(DurableJobsError):
+    """A slice's bookkeeping write failed twice (the connection replaced in between).
+
+    Raised inside the runtime only: the slice is reported ``bookkeeping_failed`` and the
+    job is left to its lease, which expires and makes it an orphan the reconciler
+    re-drives (invariant 14a). It is never left looking healthy while nobody runs it.
+    """
+
+    def __init__(self, cause: str) -> None:
+        self.cause = cause
+        super().__init__(f"bookkeeping write failed twice: {cause}")
+
+
+class KindNotRegisteredHere(TransientError):
+    """A claimed job's kind has no handler in this worker (an older deploy, or ``TASKS``
+    unset in this process): a transient failure, retried by a worker that knows it.
+
+    Not ``UnknownKind``, which refuses a *start* of a kind no handler is registered for.
+    """

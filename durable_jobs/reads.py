@@ -20,11 +20,14 @@ from durable_jobs.store import SCOPE, scope_params
 
 GET_JOB_ANY_SCOPE = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s"
 
+
 def get_job_unscoped(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Return a job by id alone: for the worker and reconciler, which act system-wide."""
     return fetch_job(using, GET_JOB_ANY_SCOPE, {"id": job_id})
 
+
 MAX_PAGE_SIZE = 200
+
 
 def list_jobs(
     scope: Scope,

@@ -62,6 +62,51 @@ DONE = Outcome.DONE
 YIELD = Outcome.YIELD
 
 
+class SliceEnd(str, enum.Enum):
+    """How a slice's run ended, before anything is recorded: the closed set ``Ran.end`` takes.
+
+    Produced where the handler ran (the slot thread, or the handler process, which sends
+    it over a pipe as its value) and by the worker itself when it had to end the slice.
+    The executor's ``record`` maps each to exactly one transition, and so to one
+    ``SliceOutcome``.
+    """
+
+    DONE = "done"  # returned DONE or Done(result)
+    YIELD = "yield"  # returned YIELD (interrupted when the worker was stopping)
+    CANCEL = "cancel"  # observed a cancel request
+    LEASE_LOST = "lease_lost"  # its lease was taken over
+    FAILED = "failed"  # raised, or returned something that is not an outcome
+    INTERRUPTED = "interrupted"  # lost its connection, or its handler process died
+    TIME_LIMIT = "time_limit"  # ran past its kind's time limit and was ended
+    WITHDRAWN = "withdrawn"  # taken back from the handler process before it started
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class SliceOutcome(str, enum.Enum):
+    """What was recorded for a slice: ``SliceReport.outcome``, the log line's ``outcome=``
+    and the ``slices`` metric's label. One value per transition the executor writes."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"  # a verdict: the job ended failed
+    CANCELLED = "cancelled"
+    YIELDED = "yielded"
+    INTERRUPTED = "interrupted"  # handed back on shutdown, or charged as an interruption
+    RETRYING = "retrying"  # a failed slice waits out its backoff
+    PARKED = "parked"
+    LEASE_LOST = "lease_lost"
+    HANDED_BACK = "handed_back"  # withdrawn unstarted: released uncharged
+    MIRROR_RETRY = "mirror_retry"  # the terminal transaction's mirror failed; counted
+    BOOKKEEPING_FAILED = "bookkeeping_failed"  # the write failed twice: left to its lease
+    DEFERRED = "deferred"  # finished; completed with the slot's batch
+    ABANDONED = "abandoned"  # the worker gave up on it and recorded that itself
+    HELD = "held"  # its wait condition has not cleared
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Scope:
     """Whose job it is: ``(tenant, organization)``.

@@ -40,7 +40,7 @@ def bulk_action(job):
     state = job.checkpoint or {"after": None, "changed": 0, "refused": {}, "processed": 0}
     # Only jobs that existed when the action was asked for: later ones were never seen.
     matching = (
-        console.matching(filters).filter(created_at__lte=job.job.created_at).exclude(id=job.id)
+        console.matching(filters).filter(created_at__lte=job.row.created_at).exclude(id=job.id)
     )
     while True:
         page = matching

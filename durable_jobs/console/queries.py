@@ -40,6 +40,7 @@ WITH RECURSIVE v(value) AS (
 SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
 """
 
+
 def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Return at most ``limit`` distinct values of ``column`` (kind, queue_name, tenant_id or
     subject_type), sorted."""
@@ -47,6 +48,7 @@ def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -
     sql = _DISTINCT_VALUES.format(col=col, table=TABLE)
     with execute(using, sql, {"limit": int(limit)}) as cursor:
         return [row[0] for row in cursor.fetchall()]
+
 
 # Organizations have no index of their own (they are read within a tenant): the choices
 # come from the newest rows only, so listing them costs the same at any table size.
@@ -56,12 +58,14 @@ SELECT DISTINCT organization_id FROM (
 ) recent WHERE organization_id IS NOT NULL ORDER BY 1 LIMIT %(limit)s
 """
 
+
 def recent_organizations(*, sample: int, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Return up to ``limit`` organizations among the newest ``sample`` jobs, sorted."""
     with execute(
         using, RECENT_ORGANIZATIONS, {"sample": int(sample), "limit": int(limit)}
     ) as cursor:
         return [row[0] for row in cursor.fetchall()]
+
 
 def estimate_rows(
     sql: str, params: Sequence[Any] | dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
@@ -74,6 +78,7 @@ def estimate_rows(
         plan = json.loads(plan)
     return int(plan[0]["Plan"]["Plan Rows"])
 
+
 # ANALYZE's joint most-common-value list of (kind, status) (the statistics object of
 # migration 0005): the share of the table each pair holds, as of the last ANALYZE. Read
 # through pg_stats_ext, which shows it to the table's owner (pg_statistic_ext_data itself
@@ -85,6 +90,7 @@ SELECT s.most_common_vals[i][1], s.most_common_vals[i][2], s.most_common_freqs[i
  WHERE s.statistics_name = 'durable_jobs_kind_status' AND s.tablename = '{TABLE}'
    AND s.schemaname = current_schema()
 """
+
 
 def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str, str, float]]:
     """Return ``(kind, status, share of rows)`` from the last ANALYZE; [] before the first one.
@@ -102,6 +108,7 @@ def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str,
             return [(row[0], row[1], float(row[2])) for row in cursor.fetchall()]
     except Exception:  # noqa: BLE001 — no rights to the statistics: fall back, never fail a scrape
         return []
+
 
 # Exact counts of live rows only: each read walks a partial index or the status index's
 # live entries, so its cost follows the live backlog, never the finished history.
@@ -158,12 +165,14 @@ FINISHED_SAMPLE = 10_000
 
 _FINISHED_STATUSES = ("completed", "failed", "cancelled")
 
+
 def _scope_clause(tenant: str | None, scope: Scope | None) -> tuple[str, dict[str, Any]]:
     if scope is not None:
         return f"AND {SCOPE}", scope_params(scope)
     if tenant is not None:
         return "AND tenant_id = %(tenant)s", {"tenant": tenant}
     return "", {}
+
 
 def live_counts(
     *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
@@ -173,6 +182,7 @@ def live_counts(
     with execute(using, LIVE_COUNTS.format(scope=clause), params) as cursor:
         return [(row[0], row[1], int(row[2])) for row in cursor.fetchall()]
 
+
 def parked_counts(
     *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
 ) -> dict[str | None, int]:
@@ -180,6 +190,7 @@ def parked_counts(
     clause, params = _scope_clause(tenant, scope)
     with execute(using, PARKED_COUNTS.format(scope=clause), params) as cursor:
         return {row[0]: int(row[1]) for row in cursor.fetchall()}
+
 
 def stats_figures(
     windows: Sequence[int],

@@ -36,8 +36,9 @@ import time
 import uuid
 from typing import Any
 
-log = logging.getLogger("durable_jobs.child")
+from durable_jobs.states import SliceEnd
 
+log = logging.getLogger("durable_jobs.child")
 
 
 class Mailbox:
@@ -222,7 +223,7 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
     try:
         if context.lease_lost:
             # Lost while it waited in the queue: not ours to run (the worker records it).
-            return {"end": "lease_lost"}
+            return {"end": SliceEnd.LEASE_LOST.value}
         return executor.invoke(context, using=using).as_dict()
     finally:
         mailbox.end()
@@ -293,13 +294,13 @@ def serve(command_fd: int, result_fd: int) -> None:
             # Loading the job failed on a dead connection: infrastructure, not the work.
             connections[using].close()
             ran = {
-                "end": "interrupted",
+                "end": SliceEnd.INTERRUPTED.value,
                 "message": f"interrupted: database connection lost ({type(error).__name__})",
             }
         except Exception as error:
             log.exception("child: slice bookkeeping failed")
             ran = {
-                "end": "failed",
+                "end": SliceEnd.FAILED.value,
                 "error_class": "transient",
                 "code": "child_error",
                 "message": f"{type(error).__name__}: {error}"[:2000],

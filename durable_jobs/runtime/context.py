@@ -6,6 +6,7 @@ import contextlib
 import logging
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,9 @@ class Slice:
         stopping: threading.Event | None = None,
         using: str = DEFAULT_DB_ALIAS,
     ) -> None:
-        self.job = job
+        #: The job's row as the claim returned it (read-only: every write goes through the
+        #: fenced methods below).
+        self.row = job
         self.id = job.id
         self.kind = job.kind
         self.input = job.input
@@ -81,16 +84,24 @@ class Slice:
         #: True while a fenced transaction of this slice holds the job row.
         self.in_fence = False
 
+    @property
+    def job(self) -> Job:
+        """Deprecated alias of ``row`` (``job.job`` read as the job's job); removed in 0.3."""
+        warnings.warn(
+            "Slice.job is deprecated; use Slice.row (the job's row)", DeprecationWarning, stacklevel=2
+        )
+        return self.row
+
     # --- attempt counters, for handlers that want to behave differently on a retry ---
     @property
     def attempt(self) -> int:
         """1 on the first try of this delivery, 2 after one failed slice, and so on."""
-        return self.job.consecutive_failures + 1
+        return self.row.consecutive_failures + 1
 
     @property
     def continuation(self) -> int:
         """How many slices of this job yielded before this one."""
-        return self.job.continuation_seq
+        return self.row.continuation_seq
 
     @property
     def heartbeat_interval(self) -> float:

@@ -45,10 +45,25 @@ from django.db import (
 )
 
 from durable_jobs import conf, db, faults, metrics, registry, signals, store, validation
-from durable_jobs.exceptions import CancelRequested, InvalidInput, LeaseLost, TransientError
+from durable_jobs.exceptions import (
+    BookkeepingFailed,
+    CancelRequested,
+    InvalidInput,
+    KindNotRegisteredHere,
+    LeaseLost,
+)
 from durable_jobs.runtime.context import Slice
 from durable_jobs.runtime.heartbeat import HeldLease
-from durable_jobs.states import VERDICT_CODES, Done, ErrorClass, Lease, Outcome, ParkReason
+from durable_jobs.states import (
+    VERDICT_CODES,
+    Done,
+    ErrorClass,
+    Lease,
+    Outcome,
+    ParkReason,
+    SliceEnd,
+    SliceOutcome,
+)
 from durable_jobs.waits import gate as waits_gate
 
 if TYPE_CHECKING:
@@ -66,7 +81,7 @@ class SliceReport:
 
     job_id: Any
     kind: str
-    outcome: str  # completed | failed | cancelled | yielded | interrupted | retrying | parked | lease_lost | mirror_retry | bookkeeping_failed | deferred | time_limit | abandoned | held
+    outcome: SliceOutcome
     duration: float
     error: str | None = None
     #: The slice's own work: its ``duration`` less what the slot spent waiting to hear
@@ -89,7 +104,7 @@ class Ran:
     turns each into exactly one transition.
     """
 
-    end: str  # done | yield | cancel | lease_lost | failed | interrupted | time_limit | withdrawn
+    end: SliceEnd
     result_json: str | None = None  # done: the validated result as JSON text
     interrupted: bool = False  # yield: the worker was shutting down
     error_class: str | None = None  # failed
@@ -101,7 +116,7 @@ class Ran:
     def as_dict(self) -> dict[str, Any]:
         """The fields that are set, for the pipe from a handler process (``_ran_of`` reads
         them back). Not ``dataclasses.asdict``, a deep copy: this runs once per slice."""
-        fields: dict[str, Any] = {"end": self.end}
+        fields: dict[str, Any] = {"end": self.end.value}
         for name in ("result_json", "error_class", "code", "message"):
             value = getattr(self, name)
             if value is not None:
@@ -111,12 +126,8 @@ class Ran:
         return fields
 
 
-#: The ends of ``Ran``: what ``record`` knows how to write.
-#: ``withdrawn``: process execution took the run back from the handler process before it
-#: started (``ChildRunner``); the claim is handed back uncharged, as an unstarted claim is.
-ENDS = frozenset(
-    {"done", "yield", "cancel", "lease_lost", "failed", "interrupted", "time_limit", "withdrawn"}
-)
+#: The ends of ``Ran``, by value: what ``record`` knows how to write (the pipe's check).
+ENDS = frozenset(end.value for end in SliceEnd)
 
 
 def run_slice(
@@ -173,7 +184,7 @@ def run_slice(
                     job,
                     handler,
                     lease,
-                    "failed",
+                    SliceOutcome.FAILED,
                     using=using,
                     code=job.error_code,
                     error_class=job.error_class,
@@ -183,7 +194,7 @@ def run_slice(
         if waits_gate.pending(job):
             verdict = _gate(job, handler, lease, heartbeater, check_slots, stopping, using)
             if verdict.end != "run":
-                outcome = verdict.end
+                outcome = SliceOutcome(verdict.end)  # held, or failed with its wait code
                 if verdict.end == "failed":
                     outcome = _guarded(
                         using,
@@ -191,7 +202,7 @@ def run_slice(
                             job,
                             handler,
                             lease,
-                            "failed",
+                            SliceOutcome.FAILED,
                             using=using,
                             code=verdict.code,
                             error_class=ErrorClass.TERMINAL.value,
@@ -211,7 +222,7 @@ def run_slice(
             and store.heartbeat(lease, using=using) is None
         ):
             outcome, error = (
-                "lease_lost",
+                SliceOutcome.LEASE_LOST,
                 None,
             )  # the claim used the default TTL; this kind has its own
         else:
@@ -223,20 +234,25 @@ def run_slice(
             if not context.handler_returned():
                 # The worker gave up on this slice (time limit, cancel past its grace) and
                 # recorded that itself; whatever the handler did since is not ours to write.
-                outcome, error = "abandoned", ran.message
+                outcome, error = SliceOutcome.ABANDONED, ran.message
             else:
                 outcome, error = record(context, ran, completions=completions, using=using)
-    except Exception as error:
+    except BookkeepingFailed as failed:
+        # The write and its one retry both failed: the job is left to its lease, which
+        # expires and makes it an orphan the reconciler re-drives (invariant 14a).
+        outcome, error = SliceOutcome.BOOKKEEPING_FAILED, failed.cause
+    except Exception as unexpected:
         log.exception("[%s %s] slice bookkeeping failed", job.kind, job.id)
+        outcome, error = SliceOutcome.BOOKKEEPING_FAILED, _describe(unexpected)
         # Hand the lease back (after a pause, in case the fault repeats) rather than leave
         # the job to wait out its lease as an orphan.
-        _guarded(
-            using,
-            lambda: store.release_lease(
-                lease, delay_ms=conf.ms(conf.get().RETRY_BACKOFF_MAX), using=using
-            ),
-        )
-        outcome, error = "bookkeeping_failed", _describe(error)
+        with contextlib.suppress(BookkeepingFailed):
+            _guarded(
+                using,
+                lambda: store.release_lease(
+                    lease, delay_ms=conf.ms(conf.get().RETRY_BACKOFF_MAX), using=using
+                ),
+            )
     finally:
         if heartbeater is not None and context is not None:
             heartbeater.untrack(context)
@@ -276,16 +292,16 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
     try:
         returned = handler.func(context)
     except LeaseLost:
-        return Ran(end="lease_lost")
+        return Ran(end=SliceEnd.LEASE_LOST)
     except CancelRequested:
-        return Ran(end="cancel")
+        return Ran(end=SliceEnd.CANCEL)
     except BaseException as error:  # noqa: BLE001 - every handler failure is an outcome
         # SystemExit, asyncio.CancelledError and the like too: nothing a handler raises
         # may take its slot (or the handler process) down.
         if db.is_connection_loss(error):
             db.reset_connection(using)
             return Ran(
-                end="interrupted",
+                end=SliceEnd.INTERRUPTED,
                 message=f"interrupted: database connection lost ({_describe(error)})"[:2000],
             )
         db.leave_broken_transaction(using)
@@ -294,13 +310,13 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
             # count, a start with bad arguments) is the handler's bug, whatever its
             # classifier says: the same call fails the same way every time.
             return Ran(
-                end="failed",
+                end=SliceEnd.FAILED,
                 error_class=ErrorClass.TERMINAL.value,
                 code=_error_code(error),
                 message=_describe(error),
             )
         return Ran(
-            end="failed",
+            end=SliceEnd.FAILED,
             error_class=handler.error_class_of(error),
             code=_error_code(error),
             message=_describe(error),
@@ -316,18 +332,18 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
             )
         except Exception as error:  # noqa: BLE001
             return Ran(
-                end="failed",
+                end=SliceEnd.FAILED,
                 error_class=ErrorClass.TERMINAL.value,
                 code="invalid_result",
                 message=_describe(error),
             )
-        return Ran(end="done", result_json=result_json)
+        return Ran(end=SliceEnd.DONE, result_json=result_json)
     if _is(returned, Outcome.YIELD):
         if context.cancel_observed:
-            return Ran(end="cancel")
-        return Ran(end="yield", interrupted=context.interrupted)
+            return Ran(end=SliceEnd.CANCEL)
+        return Ran(end=SliceEnd.YIELD, interrupted=context.interrupted)
     return Ran(
-        end="failed",
+        end=SliceEnd.FAILED,
         error_class=ErrorClass.TERMINAL.value,
         code="invalid_outcome",
         message=f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD",
@@ -340,44 +356,50 @@ def record(
     *,
     completions: list[DeferredCompletion] | None = None,
     using: str = DEFAULT_DB_ALIAS,
-) -> tuple[str, str | None]:
+) -> tuple[SliceOutcome, str | None]:
     """Write the one transition ``ran`` calls for; return (outcome, error text)."""
-    job, handler, lease = context.job, context.handler, context.lease
-    if ran.end == "lease_lost":
+    job, handler, lease = context.row, context.handler, context.lease
+    if ran.end is SliceEnd.LEASE_LOST:
         # Lost here (taken over) or only given up locally: hand the lease back in case it
         # is still ours, so the job need not wait out its expiry.
         _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
-        return "lease_lost", None
-    if ran.end == "withdrawn":
+        return SliceOutcome.LEASE_LOST, None
+    if ran.end is SliceEnd.WITHDRAWN:
         _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
-        return "handed_back", None
-    if ran.end == "cancel":
-        return _guarded(using, lambda: _finish(job, handler, lease, "cancelled", using=using)), None
-    if ran.end == "done":
+        return SliceOutcome.HANDED_BACK, None
+    if ran.end is SliceEnd.CANCEL:
+        return _guarded(
+            using, lambda: _finish(job, handler, lease, SliceOutcome.CANCELLED, using=using)
+        ), None
+    if ran.end is SliceEnd.DONE:
         if completions is not None and handler.mirror is None:
             completions.append(
                 DeferredCompletion(job=job, lease=lease, result_json=ran.result_json)
             )
-            return "deferred", None
+            return SliceOutcome.DEFERRED, None
         result = json.loads(ran.result_json) if ran.result_json is not None else None
         return _guarded(
             using,
             lambda: _finish(
-                job, handler, lease, "completed", using=using, result=result, processed=None
+                job,
+                handler,
+                lease,
+                SliceOutcome.COMPLETED,
+                using=using,
+                result=result,
+                processed=None,
             ),
         ), None
-    if ran.end == "yield":
+    if ran.end is SliceEnd.YIELD:
         delivery = _guarded(
             using, lambda: store.yield_slice(lease, interrupted=ran.interrupted, using=using)
         )
-        if delivery == "bookkeeping_failed":
-            return "bookkeeping_failed", None
         if delivery is None:
-            return "lease_lost", None
-        return ("interrupted" if ran.interrupted else "yielded"), None
-    if ran.end == "interrupted":
+            return SliceOutcome.LEASE_LOST, None
+        return (SliceOutcome.INTERRUPTED if ran.interrupted else "yielded"), None
+    if ran.end is SliceEnd.INTERRUPTED:
         return _charge_interruption(job, handler, lease, ran.message, using), ran.message
-    if ran.end == "time_limit":
+    if ran.end is SliceEnd.TIME_LIMIT:
         return _fail(context, time_limit_failure(context), using), ran.message
     return _fail(context, ran, using), ran.message
 
@@ -386,7 +408,7 @@ def time_limit_failure(context: Slice) -> Ran:
     """The failure charged to a slice that ran past its kind's time limit."""
     limit = context.handler.time_limit_seconds()
     return Ran(
-        end="failed",
+        end=SliceEnd.FAILED,
         error_class=ErrorClass.TRANSIENT.value,
         code="time_limit",
         message=(
@@ -398,7 +420,7 @@ def time_limit_failure(context: Slice) -> Ran:
 
 def _charge_interruption(
     job: Job, handler: Handler, lease: Lease, reason: str | None, using: str
-) -> str:
+) -> SliceOutcome:
     settings = conf.get()
     row = _guarded(
         using,
@@ -410,14 +432,12 @@ def _charge_interruption(
             using=using,
         ),
     )
-    if row == "bookkeeping_failed":
-        return "bookkeeping_failed"
     if row is None:
-        return "lease_lost"
+        return SliceOutcome.LEASE_LOST
     if row.status == "failed":
         metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.POISON.value)
-        return "parked"
-    return "interrupted"
+        return SliceOutcome.PARKED
+    return SliceOutcome.INTERRUPTED
 
 
 def _is(returned: Any, outcome: Outcome) -> bool:
@@ -426,9 +446,9 @@ def _is(returned: Any, outcome: Outcome) -> bool:
     return returned is outcome or (isinstance(returned, str) and returned == outcome.value)
 
 
-def _fail(context: Slice, ran: Ran, using: str) -> str:
+def _fail(context: Slice, ran: Ran, using: str) -> SliceOutcome:
     """Count a failed slice; on a verdict, record it with the terminal transaction."""
-    handler, lease, job = context.handler, context.lease, context.job
+    handler, lease, job = context.handler, context.lease, context.row
     reply = _guarded(
         using,
         lambda: store.fail_slice(
@@ -442,19 +462,17 @@ def _fail(context: Slice, ran: Ran, using: str) -> str:
             using=using,
         ),
     )
-    if reply == "bookkeeping_failed":
-        return "bookkeeping_failed"
     if reply is None:
-        return "lease_lost"
+        return SliceOutcome.LEASE_LOST
     if reply.verdict is None:
-        return "retrying"
+        return SliceOutcome.RETRYING
     return _guarded(
         using,
         lambda: _finish(
-            context.job,
+            context.row,
             handler,
             lease,
-            "failed",
+            SliceOutcome.FAILED,
             using=using,
             code=reply.verdict,
             error_class=ran.error_class,
@@ -467,7 +485,7 @@ def _finish(
     job: Job,
     handler: Handler,
     lease: Lease,
-    outcome: str,
+    outcome: SliceOutcome,
     *,
     using: str,
     result: Any = None,
@@ -475,7 +493,7 @@ def _finish(
     code: str | None = None,
     error_class: str | None = None,
     message: str | None = None,
-) -> str:
+) -> SliceOutcome:
     """The terminal transaction: the epoch-fenced CAS and the mirror commit together.
 
     Invariant 11: when the mirror raises, both roll back; the attempt is then counted in
@@ -484,9 +502,9 @@ def _finish(
     """
 
     def transition():
-        if outcome == "completed":
+        if outcome is SliceOutcome.COMPLETED:
             return store.complete(lease, result=result, processed=processed, using=using)
-        if outcome == "failed":
+        if outcome is SliceOutcome.FAILED:
             return store.fail_terminal(
                 lease,
                 code=code or "failed",
@@ -494,7 +512,7 @@ def _finish(
                 message=message,
                 using=using,
             )
-        return store.cancel(lease, using=using)
+        return store.finish_cancelled(lease, using=using)
 
     try:
         # Without a mirror the CAS is the whole terminal transaction: one statement.
@@ -505,7 +523,7 @@ def _finish(
         ):
             row = transition()
             if row is None:
-                return "lease_lost"
+                return SliceOutcome.LEASE_LOST
             if handler.mirror is not None:
                 handler.mirror(row, outcome)
             faults.point("terminal_inside")
@@ -526,19 +544,15 @@ def _finish(
             using=using,
         )
         if parked is None:
-            return "lease_lost"
+            return SliceOutcome.LEASE_LOST
         if parked.status != "failed":
-            return "mirror_retry"
+            return SliceOutcome.MIRROR_RETRY
         metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.MIRROR_FAILED.value)
-        return "parked"
+        return SliceOutcome.PARKED
     faults.point("terminal_after")
     signals.job_finished.send_robust(sender=Slice, job=row, outcome=outcome)
     metrics.emit(f"jobs_{outcome}", kind=job.kind)
     return outcome
-
-
-class UnknownKindError(TransientError):
-    """No handler for the job's kind in this worker."""
 
 
 def _unregistered(kind: str) -> Handler:
@@ -551,25 +565,32 @@ def _unregistered(kind: str) -> Handler:
     """
 
     def no_handler(job: Slice) -> None:
-        raise UnknownKindError(
+        raise KindNotRegisteredHere(
             f"no handler is registered for kind {kind!r} in this worker", code="unknown_kind"
         )
 
     return registry.Handler(kind=kind, func=no_handler)
 
 
-def _guarded(using: str, write: Callable[[], T]) -> T | str:
-    """Run a bookkeeping write; on a connection failure replace the connection and retry once."""
+def _guarded(using: str, write: Callable[[], T]) -> T:
+    """Run a bookkeeping write; on a connection failure replace the connection and retry once.
+
+    Raises ``BookkeepingFailed`` when the second try fails too: ``run_slice`` reports the
+    slice ``bookkeeping_failed`` and the job is left to its lease (invariant 14a).
+    """
+    cause = ""
     for attempt in (1, 2):
         try:
             return write()
         except (OperationalError, InterfaceError, DatabaseError) as error:
-            log.warning("bookkeeping write failed (attempt %d): %s", attempt, _describe(error))
+            cause = _describe(error)
+            log.warning("bookkeeping write failed (attempt %d): %s", attempt, cause)
             db.reset_connection(using)
     log.error(
-        "bookkeeping write failed twice; the job's lease will expire and the reconciler will re-drive it"
+        "bookkeeping write failed twice; "
+        "the job's lease will expire and the reconciler will re-drive it"
     )
-    return "bookkeeping_failed"
+    raise BookkeepingFailed(cause)
 
 
 #: SQLSTATEs that say the server ended the session: an administrator's command
@@ -596,7 +617,7 @@ class DeferredCompletion:
 
 def complete_deferred(
     completions: list[DeferredCompletion], *, using: str = DEFAULT_DB_ALIAS
-) -> list[str]:
+) -> list[SliceOutcome]:
     """Complete a slot's batch of finished slices in one statement; return each one's outcome.
 
     Each row is fenced on its own epoch: a job taken over meanwhile is ``lease_lost`` and
@@ -604,19 +625,27 @@ def complete_deferred(
     """
     if not completions:
         return []
-    applied = _guarded(
-        using,
-        lambda: store.complete_many(
-            [(item.lease, item.result_json) for item in completions], using=using
-        ),
-    )
+    try:
+        applied = _guarded(
+            using,
+            lambda: store.complete_many(
+                [(item.lease, item.result_json) for item in completions], using=using
+            ),
+        )
+    except BookkeepingFailed:
+        applied = set()  # none committed: each is left to its lease, and reported so
+        failed = True
+    else:
+        failed = False
     outcomes = []
     for item in completions:
-        if applied == "bookkeeping_failed":
-            outcome = "bookkeeping_failed"
+        if failed:
+            outcome = SliceOutcome.BOOKKEEPING_FAILED
+        elif item.job.id in applied:
+            outcome = SliceOutcome.COMPLETED
         else:
-            outcome = "completed" if item.job.id in applied else "lease_lost"
-        if outcome == "completed":
+            outcome = SliceOutcome.LEASE_LOST
+        if outcome is SliceOutcome.COMPLETED:
             faults.point("terminal_after")
             signals.job_finished.send_robust(sender=Slice, job=item.job, outcome=outcome)
             metrics.emit("jobs_completed", kind=item.job.kind)
@@ -637,7 +666,7 @@ def complete_deferred(
         outcomes.append(outcome)
     completed: dict[str, int] = {}
     for item, outcome in zip(completions, outcomes):
-        if outcome == "completed":
+        if outcome is SliceOutcome.COMPLETED:
             completed[item.job.kind] = completed.get(item.job.kind, 0) + 1
     for kind, count in completed.items():
         log.info("slices kind=%s jobs=%d outcome=completed (batched completion)", kind, count)
@@ -647,7 +676,7 @@ def complete_deferred(
 def _report(
     job: Job,
     began: float,
-    outcome: str,
+    outcome: SliceOutcome,
     error: str | None = None,
     *,
     recheck_in: float | None = None,
@@ -667,10 +696,11 @@ def _report(
     metrics.observe("slice_seconds", duration, kind=job.kind, outcome=outcome)
     level = (
         logging.WARNING
-        if outcome in ("lease_lost", "bookkeeping_failed", "parked")
+        if outcome
+        in (SliceOutcome.LEASE_LOST, SliceOutcome.BOOKKEEPING_FAILED, SliceOutcome.PARKED)
         else logging.INFO
     )
-    if outcome == "deferred":
+    if outcome is SliceOutcome.DEFERRED:
         return report  # logged when its batched completion commits
     # kind matched KIND_PATTERN at start and the id is a UUID: only validated bytes here.
     log.log(

@@ -45,7 +45,6 @@ PROBE_PREFIX = "probe "
 RAW_CONNECT_TIMEOUT = 10
 
 
-
 def role_name(role: str) -> str:
     """``<PGAPPNAME or durable_jobs>/<role>``, cut to PostgreSQL's 63 bytes."""
     return f"{os.environ.get('PGAPPNAME', 'durable_jobs')}/{role}"[:63]

@@ -142,7 +142,7 @@ class Reconciler:
         if job.status == "pending":
             row = store.cancel_pending(job.id, using=self.using)
         else:
-            row = store.cancel(_lease_of(job), using=self.using)
+            row = store.finish_cancelled(_lease_of(job), using=self.using)
         if row is None:
             return
         self._mirror(row, "cancelled")

@@ -42,7 +42,7 @@ from durable_jobs.runtime import zygote
 from durable_jobs.runtime.child import encode_row
 from durable_jobs.runtime.context import Slice
 from durable_jobs.runtime.executor import ENDS, Ran, time_limit_failure
-from durable_jobs.states import Lease
+from durable_jobs.states import Lease, SliceEnd
 
 log = logging.getLogger("durable_jobs.worker")
 
@@ -303,8 +303,8 @@ class ChildRunner:
             try:
                 self.ensure_started()
             except (ChildFailed, OSError) as error:
-                return Ran(end="interrupted", message=f"interrupted: {error}")
-            if not self._queue([(context.job, context.lease)]):
+                return Ran(end=SliceEnd.INTERRUPTED, message=f"interrupted: {error}")
+            if not self._queue([(context.row, context.lease)]):
                 self._inflight.clear()
                 return self._died()
         sent = self._inflight[0]
@@ -337,7 +337,8 @@ class ChildRunner:
                 # handed back uncharged, as every withdrawn claim is; waiting for its
                 # answer would wait forever.
                 return Ran(
-                    end="withdrawn", message="taken back from the handler process before it started"
+                    end=SliceEnd.WITHDRAWN,
+                    message="taken back from the handler process before it started",
                 )
             if sent.started_at is not None:
                 # The time limit counts from when the child started it (it may have waited
@@ -356,7 +357,7 @@ class ChildRunner:
                 continue  # taking the queue back may have read this slice's answer
             if context.past_time_limit(now):
                 self.kill()
-                return Ran(end="time_limit", message=time_limit_failure(context).message)
+                return Ran(end=SliceEnd.TIME_LIMIT, message=time_limit_failure(context).message)
             if context.cancel_observed:
                 if "cancel" not in told:
                     told.add("cancel")
@@ -369,7 +370,7 @@ class ChildRunner:
                         settings.CANCEL_GRACE,
                     )
                     self.kill()
-                    return Ran(end="cancel")
+                    return Ran(end=SliceEnd.CANCEL)
             if context.lease_lost:
                 if "lease_lost" not in told:
                     told.add("lease_lost")
@@ -377,7 +378,7 @@ class ChildRunner:
                     self._send({"op": "lease_lost", "job_id": job_id, "epoch": lease.epoch})
                 elif now - lost_seen > settings.CANCEL_GRACE:
                     self.kill()
-                    return Ran(end="lease_lost")
+                    return Ran(end=SliceEnd.LEASE_LOST)
             if self.stopping.is_set():
                 if "stop" not in told:
                     told.add("stop")
@@ -391,7 +392,7 @@ class ChildRunner:
                         context.id,
                     )
                     self.kill()
-                    return Ran(end="yield", interrupted=True)
+                    return Ran(end=SliceEnd.YIELD, interrupted=True)
 
     def _died(self) -> Ran:
         code = None
@@ -409,7 +410,8 @@ class ChildRunner:
             else f"exit code {code}"
         )
         return Ran(
-            end="interrupted", message=f"interrupted: the process running the handler died ({how})"
+            end=SliceEnd.INTERRUPTED,
+            message=f"interrupted: the process running the handler died ({how})",
         )
 
     # --- the pipes ---
@@ -508,7 +510,7 @@ def _ran_of(answer: dict[str, Any]) -> Ran:
     }
     if fields["end"] not in ENDS:
         return Ran(
-            end="failed",
+            end=SliceEnd.FAILED,
             error_class="transient",
             code="child_error",
             message=f"the handler process answered {str(fields['end'])[:100]!r}",
@@ -519,4 +521,5 @@ def _ran_of(answer: dict[str, Any]) -> Ran:
         if isinstance(began, (int, float)) and isinstance(ended, (int, float))
         else None
     )
+    fields["end"] = SliceEnd(fields["end"])
     return Ran(interrupted=bool(answer.get("interrupted")), seconds=seconds, **fields)

@@ -386,7 +386,7 @@ def run_task(context: Any) -> Done:
     """Run one attempt of the task the job names, recording the attempt under the lease."""
     from durable_jobs import store
 
-    job, lease, using = context.job, context.lease, context.using
+    job, lease, using = context.row, context.lease, context.using
     data = job.input if isinstance(job.input, dict) else {}
     if store.begin_task_attempt(lease, worker_id(lease.owner, job.id), using=using) is None:
         raise LeaseLost(job.id, lease.epoch)

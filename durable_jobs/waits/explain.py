@@ -44,7 +44,6 @@ def explain_hold(job: Job, *, now: datetime | None = None) -> HoldExplanation | 
     if job.status != "pending" or job.held_since is None or job.wait_satisfied_at is not None:
         return None
     if now is None:
-
         now = db.database_now()
     after = grammar.after_instant(job.wait_for)
     profiles = tuple(grammar.profile_names(job.wait_for))

@@ -130,7 +130,7 @@ def long_fence(job: durable.Slice):
     from django.db import connection
 
     seconds = float(job.input.get("seconds", 1))
-    if job.job.redrives >= int(job.input.get("short_after", 10**6)):
+    if job.row.redrives >= int(job.input.get("short_after", 10**6)):
         seconds = 0.1
     with job.fenced():
         with connection.cursor() as cursor:

@@ -57,7 +57,7 @@ def test_cancel__of_a_running_job_is_seen_at_its_next_heartbeat(kind):
 
     assert asked.status == "running"
     assert store.heartbeat(lease_of(job)) is True
-    assert store.cancel(lease_of(job)).status == "cancelled"
+    assert store.finish_cancelled(lease_of(job)).status == "cancelled"
 
 
 @pytest.mark.django_db

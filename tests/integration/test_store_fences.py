@@ -48,7 +48,7 @@ TERMINAL_WRITES = {
     "fail_terminal": lambda lease: store.fail_terminal(
         lease, code="terminal", error_class="terminal"
     ),
-    "cancel": lambda lease: store.cancel(lease),
+    "cancel": lambda lease: store.finish_cancelled(lease),
 }
 
 
@@ -199,7 +199,7 @@ def test_fail_terminal__records_the_verdict():
 def test_cancel__ends_a_running_job():
     """Invariant 8: a running slice that saw the request ends itself through the cancel CAS."""
     job = running(cancel_requested_at=-1)
-    ended = store.cancel(lease_of(job))
+    ended = store.finish_cancelled(lease_of(job))
     assert ended.status == "cancelled" and ended.finished_at is not None
 
 
