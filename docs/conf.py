@@ -45,14 +45,3 @@ autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
 # The public API is re-exported by durable_jobs/__init__.py; show it under that name.
 add_module_names = True
-
-
-def _readme_images(app, relative_path, parent_docname, content):
-    """README.rst names its screenshots from the repository root (``docs/_static/…``), as
-    GitHub shows them; where the docs include it, the same files are ``/_static/…``."""
-    if relative_path.name == "README.rst":
-        content[0] = content[0].replace(".. image:: docs/_static/", ".. image:: /_static/")
-
-
-def setup(app):
-    app.connect("include-read", _readme_images)

@@ -7,6 +7,12 @@ block (blank lines aside) changes how it is treated::
     .. example: settings      exec it alone, as a settings.py fragment, and check the
                               DURABLE_JOBS it defines with durable_jobs.conf.load()
     .. example: skip-shell    never run it (shell or other text that happens to compile)
+
+A page whose examples use what another page defines (a how-to page that starts the handler
+of the page before it) names that page in a comment of its own; its examples then run
+after that page's, in the same namespace::
+
+    .. example-prelude: docs/howto/handlers.rst
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ _CODE_BLOCK = re.compile(
 )
 _MARKER = re.compile(r"^\s*\.\. example:\s*(?P<mode>\S+)\s*$")
 _OPTION = re.compile(r"^\s+:[\w-]+:")
+_PRELUDE = re.compile(r"^\.\. example-prelude:\s*(?P<path>\S+)\s*$", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +52,15 @@ def documents() -> list[Path]:
         p for p in (ROOT / "docs").rglob("*.rst") if "_build" not in p.relative_to(ROOT).parts
     )
     return [ROOT / "README.rst", *docs]
+
+
+def preludes(path: Path) -> list[Path]:
+    """The documents whose examples run before those of ``path`` (``.. example-prelude:``)."""
+    found = [ROOT / m.group("path") for m in _PRELUDE.finditer(path.read_text(encoding="utf-8"))]
+    for prelude in found:
+        if not prelude.is_file():
+            raise ValueError(f"{path.relative_to(ROOT)}: example-prelude {prelude} does not exist")
+    return found
 
 
 def extract(path: Path) -> list[Example]:

@@ -1,7 +1,8 @@
 """Every Python example of README.rst and docs/ runs, against the real test database.
 
 The examples of one document run in order in one namespace, so a later example uses what
-an earlier one defined (the handler, then the start, then the watch). They use a few names
+an earlier one defined (the handler, then the start, then the watch); a page that names an
+``example-prelude`` runs after that page's examples. They use a few names
 that stand for the reader's own code; ``stand_ins()`` provides them. Handlers an example
 registers are unregistered afterwards; jobs an example starts are run to their end with
 ``durable_jobs.testing`` (and one reconciler pass, which ends cancelled pending jobs), and
@@ -29,7 +30,7 @@ from durable_jobs import conf, registry, testing
 from durable_jobs.models import Job
 from durable_jobs.runtime.reconciler import Reconciler
 from testproject.demo.models import Effect, Report
-from tests.docs.examples import ROOT, Example, documents, extract
+from tests.docs.examples import ROOT, Example, documents, extract, preludes
 
 pytestmark = pytest.mark.django_db
 
@@ -74,6 +75,10 @@ def stand_ins() -> dict:
     module.__dict__.update(
         {
             "Report": Report,
+            # The tutorial's import: its model, its feed and its writes.
+            "Import": Report,
+            "feed_batches": source_batches,
+            "save_products": write_rows,
             "source_batches": source_batches,
             "write_rows": write_rows,
             "request_id": "request-7f3a",
@@ -90,6 +95,10 @@ FIXTURES = {"db": None}  # what an example's own test function may ask for
 #: A kind missing here fails the test: say what its example is expected to produce.
 EXPECTED = {
     "reports.rebuild": (
+        {"rows": len(SOURCE_ROWS)},
+        {"cursor": SOURCE_ROWS[-1], "rows": len(SOURCE_ROWS)},
+    ),
+    "catalog.import": (  # the tutorial's import job
         {"rows": len(SOURCE_ROWS)},
         {"cursor": SOURCE_ROWS[-1], "rows": len(SOURCE_ROWS)},
     ),
@@ -171,7 +180,8 @@ def _ids(path: Path) -> str:
 
 @pytest.mark.parametrize("document", documents(), ids=_ids)
 def test_examples__run_and_every_job_they_start_ends_as_asked(document, registered_kinds):
-    examples = extract(document)
+    examples = [e for prelude in preludes(document) for e in extract(prelude)]
+    examples += extract(document)
     existing = set(Job.objects.values_list("id", flat=True))
 
     run_examples(examples, stand_ins())
@@ -234,6 +244,37 @@ def test_readme_handler__completes_in_one_slice_with_the_default_budget(register
 
     assert [s.outcome for s in testing.run_jobs()] == ["completed"]
     assert durable.get(job.id).result == {"rows": 7}
+
+
+def tutorial_examples(*containing: str) -> list[Example]:
+    found = []
+    for needle in containing:
+        matches = [e for e in extract(ROOT / "docs" / "tutorial.rst") if needle in e.code]
+        assert len(matches) == 1, f"expected one tutorial example containing {needle!r}"
+        found += matches
+    return found
+
+
+def test_tutorial_import__resumes_slice_after_slice_and_writes_each_row_once(
+    settings, registered_kinds
+):
+    # The tutorial's last handler (step 5) started by its start_import() (step 6), with a
+    # slice budget so small that every slice yields after one batch.
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "SLICE_BUDGET": 0.001}
+    namespace = {**stand_ins(), "durable": durable}  # step 1 imports it
+    run_examples(tutorial_examples("mirror=mirror", "def start_import"), namespace)
+    job = namespace["job"]
+
+    outcomes = [slice_.outcome for slice_ in testing.run_jobs(fast_forward=True)]
+
+    assert outcomes == ["yielded", "yielded", "yielded", "completed"]
+    row = durable.get(job.id)
+    assert (row.status, row.result) == ("completed", {"rows": 7})
+    assert sorted(Effect.objects.filter(job_id=EFFECTS).values_list("item", flat=True)) == list(
+        SOURCE_ROWS
+    )
+    feed = Report.objects.get(pk=row.subject_id)
+    assert (feed.status, feed.rows_written) == ("completed", 7)
 
 
 def test_extractor__finds_every_python_code_block():
