@@ -203,7 +203,7 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
     """Run the slice ``message`` names and return its ``Ran`` as a dict."""
     from durable_jobs import registry
     from durable_jobs.db import keep_connection_healthy
-    from durable_jobs.runtime import executor
+    from durable_jobs.runtime import invoke
     from durable_jobs.runtime.context import Slice
     from durable_jobs.states import Lease
 
@@ -217,14 +217,14 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
     # The row as the worker's claim returned it: the claim is the authority, and every
     # write the handler makes is fenced on this lease anyway.
     job = decode_row(message["row"], using)
-    handler = registry.get(job.kind) or executor._unregistered(job.kind)
+    handler = registry.get(job.kind) or invoke.unregistered(job.kind)
     context = Slice(job, handler, lease, stopping=mailbox.stopping, using=using)
     mailbox.begin((message["job_id"], message["epoch"]), context)
     try:
         if context.lease_lost:
             # Lost while it waited in the queue: not ours to run (the worker records it).
             return {"end": SliceEnd.LEASE_LOST.value}
-        return executor.invoke(context, using=using).as_dict()
+        return invoke.invoke(context, using=using).as_dict()
     finally:
         mailbox.end()
 
@@ -259,7 +259,7 @@ def prepare() -> None:
     # What a run imports, imported now: once in the zygote for every child it forks, and
     # in a spawned child before it says it is ready, not during its first slice.
     from durable_jobs import registry, states, store  # noqa: F401
-    from durable_jobs.runtime import context, executor  # noqa: F401
+    from durable_jobs.runtime import context, executor, invoke  # noqa: F401
 
 
 def serve(command_fd: int, result_fd: int) -> None:

@@ -44,22 +44,23 @@ from django.db import (
     transaction,
 )
 
-from durable_jobs import conf, db, faults, metrics, registry, signals, store, validation
+from durable_jobs import conf, db, faults, metrics, registry, signals, store
 from durable_jobs.exceptions import (
     BookkeepingFailed,
-    CancelRequested,
-    InvalidInput,
-    KindNotRegisteredHere,
-    LeaseLost,
 )
 from durable_jobs.runtime.context import Slice
 from durable_jobs.runtime.heartbeat import HeldLease
+from durable_jobs.runtime.invoke import (
+    Ran,
+    describe,
+    invoke,
+    time_limit_failure,
+    unregistered,
+)
 from durable_jobs.states import (
     VERDICT_CODES,
-    Done,
     ErrorClass,
     Lease,
-    Outcome,
     ParkReason,
     SliceEnd,
     SliceOutcome,
@@ -92,42 +93,6 @@ class SliceReport:
     busy: float | None = None
     #: held: seconds until the job is due again (its wait's instant or next check).
     recheck_in: float | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class Ran:
-    """How a slice's handler ended, before anything is recorded: a closed set of ends.
-
-    Produced where the handler ran (this thread, or the child process of process
-    execution, which sends it over a pipe) and by the worker itself when it had to end
-    the slice (time limit, cancel or shutdown past their grace, a dead child). ``record``
-    turns each into exactly one transition.
-    """
-
-    end: SliceEnd
-    result_json: str | None = None  # done: the validated result as JSON text
-    interrupted: bool = False  # yield: the worker was shutting down
-    error_class: str | None = None  # failed
-    code: str | None = None  # failed
-    message: str | None = None  # failed, interrupted, time_limit
-    #: The run's own length, by the handler process's clock (process execution only).
-    seconds: float | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The fields that are set, for the pipe from a handler process (``_ran_of`` reads
-        them back). Not ``dataclasses.asdict``, a deep copy: this runs once per slice."""
-        fields: dict[str, Any] = {"end": self.end.value}
-        for name in ("result_json", "error_class", "code", "message"):
-            value = getattr(self, name)
-            if value is not None:
-                fields[name] = value
-        if self.interrupted:
-            fields["interrupted"] = True
-        return fields
-
-
-#: The ends of ``Ran``, by value: what ``record`` knows how to write (the pipe's check).
-ENDS = frozenset(end.value for end in SliceEnd)
 
 
 def run_slice(
@@ -168,7 +133,7 @@ def run_slice(
     context = None
     heard_late: float | None = None
     try:
-        handler = registry.get(job.kind) or _unregistered(job.kind)
+        handler = registry.get(job.kind) or unregistered(job.kind)
         lease = Lease(
             job_id=job.id,
             owner=job.lease_owner,
@@ -243,7 +208,7 @@ def run_slice(
         outcome, error = SliceOutcome.BOOKKEEPING_FAILED, failed.cause
     except Exception as unexpected:
         log.exception("[%s %s] slice bookkeeping failed", job.kind, job.id)
-        outcome, error = SliceOutcome.BOOKKEEPING_FAILED, _describe(unexpected)
+        outcome, error = SliceOutcome.BOOKKEEPING_FAILED, describe(unexpected)
         # Hand the lease back (after a pause, in case the fault repeats) rather than leave
         # the job to wait out its lease as an orphan.
         with contextlib.suppress(BookkeepingFailed):
@@ -279,75 +244,6 @@ def _gate(
     finally:
         if heartbeater is not None:
             heartbeater.untrack(held)
-
-
-def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
-    """Call the handler and say how it ended; writes nothing of the job's bookkeeping.
-
-    Whatever the handler returns or raises maps to one ``Ran``. A lost connection (or a
-    server restart) is an interruption, never the work's own failure; a deadlock or a
-    serialization failure leaves the connection usable and stays a transient failure.
-    """
-    handler = context.handler
-    try:
-        returned = handler.func(context)
-    except LeaseLost:
-        return Ran(end=SliceEnd.LEASE_LOST)
-    except CancelRequested:
-        return Ran(end=SliceEnd.CANCEL)
-    except BaseException as error:  # noqa: BLE001 - every handler failure is an outcome
-        # SystemExit, asyncio.CancelledError and the like too: nothing a handler raises
-        # may take its slot (or the handler process) down.
-        if db.is_connection_loss(error):
-            db.reset_connection(using)
-            return Ran(
-                end=SliceEnd.INTERRUPTED,
-                message=f"interrupted: database connection lost ({_describe(error)})"[:2000],
-            )
-        db.leave_broken_transaction(using)
-        if isinstance(error, InvalidInput):
-            # Data the store can never hold (a checkpoint that is not JSON, a negative
-            # count, a start with bad arguments) is the handler's bug, whatever its
-            # classifier says: the same call fails the same way every time.
-            return Ran(
-                end=SliceEnd.FAILED,
-                error_class=ErrorClass.TERMINAL.value,
-                code=_error_code(error),
-                message=_describe(error),
-            )
-        return Ran(
-            end=SliceEnd.FAILED,
-            error_class=handler.error_class_of(error),
-            code=_error_code(error),
-            message=_describe(error),
-        )
-    if isinstance(returned, Done) or _is(returned, Outcome.DONE):
-        result = returned.result if isinstance(returned, Done) else None
-        try:
-            result_json = validation.payload(
-                "result",
-                result,
-                max_bytes=conf.get().MAX_PAYLOAD_BYTES,
-                max_depth=conf.get().MAX_PAYLOAD_DEPTH,
-            )
-        except Exception as error:  # noqa: BLE001
-            return Ran(
-                end=SliceEnd.FAILED,
-                error_class=ErrorClass.TERMINAL.value,
-                code="invalid_result",
-                message=_describe(error),
-            )
-        return Ran(end=SliceEnd.DONE, result_json=result_json)
-    if _is(returned, Outcome.YIELD):
-        if context.cancel_observed:
-            return Ran(end=SliceEnd.CANCEL)
-        return Ran(end=SliceEnd.YIELD, interrupted=context.interrupted)
-    return Ran(
-        end=SliceEnd.FAILED,
-        error_class=ErrorClass.TERMINAL.value,
-        code="invalid_outcome",
-        message=f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD",
-    )
 
 
 def record(
@@ -404,20 +300,6 @@ def record(
     return _fail(context, ran, using), ran.message
 
 
-def time_limit_failure(context: Slice) -> Ran:
-    """The failure charged to a slice that ran past its kind's time limit."""
-    limit = context.handler.time_limit_seconds()
-    return Ran(
-        end=SliceEnd.FAILED,
-        error_class=ErrorClass.TRANSIENT.value,
-        code="time_limit",
-        message=(
-            f"slice ran past its time limit of {limit:g}s and was ended; raise time_limit for kind "
-            f"{context.kind!r}, or save a checkpoint and return YIELD when should_yield() says so"
-        ),
-    )
-
-
 def _charge_interruption(
     job: Job, handler: Handler, lease: Lease, reason: str | None, using: str
 ) -> SliceOutcome:
@@ -438,12 +320,6 @@ def _charge_interruption(
         metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.POISON.value)
         return SliceOutcome.PARKED
     return SliceOutcome.INTERRUPTED
-
-
-def _is(returned: Any, outcome: Outcome) -> bool:
-    # Compared as text only when it is text: ``==`` on an arbitrary object (an array, a
-    # model) may raise or answer with something that is not a bool.
-    return returned is outcome or (isinstance(returned, str) and returned == outcome.value)
 
 
 def _fail(context: Slice, ran: Ran, using: str) -> SliceOutcome:
@@ -535,12 +411,12 @@ def _finish(
         # A usable connection means the mirror itself failed (a constraint, a deadlock,
         # a statement timeout): count it against the mirror budget, not the work.
         db.leave_broken_transaction(using)
-        log.warning("[%s %s] mirror failed: %s", job.kind, job.id, _describe(error))
+        log.warning("[%s %s] mirror failed: %s", job.kind, job.id, describe(error))
         parked = store.bump_mirror_attempts(
             lease,
             max_attempts=handler.setting("MAX_MIRROR_ATTEMPTS"),
             delay_ms=conf.ms(handler.retry_delay(job.mirror_attempts + 1)),
-            message=f"mirror failed: {_describe(error)}",
+            message=f"mirror failed: {describe(error)}",
             using=using,
         )
         if parked is None:
@@ -555,23 +431,6 @@ def _finish(
     return outcome
 
 
-def _unregistered(kind: str) -> Handler:
-    """A stand-in handler for a kind this worker does not know.
-
-    It fails each slice as a transient ``unknown_kind`` error: during a rolling deploy a
-    worker that knows the kind takes the retry; if none does, the job ends
-    ``retry_exhausted`` with the reason in its message. It never crashes the worker
-    and never spins: retries back off like any other.
-    """
-
-    def no_handler(job: Slice) -> None:
-        raise KindNotRegisteredHere(
-            f"no handler is registered for kind {kind!r} in this worker", code="unknown_kind"
-        )
-
-    return registry.Handler(kind=kind, func=no_handler)
-
-
 def _guarded(using: str, write: Callable[[], T]) -> T:
     """Run a bookkeeping write; on a connection failure replace the connection and retry once.
 
@@ -583,7 +442,7 @@ def _guarded(using: str, write: Callable[[], T]) -> T:
         try:
             return write()
         except (OperationalError, InterfaceError, DatabaseError) as error:
-            cause = _describe(error)
+            cause = describe(error)
             log.warning("bookkeeping write failed (attempt %d): %s", attempt, cause)
             db.reset_connection(using)
     log.error(
@@ -595,17 +454,6 @@ def _guarded(using: str, write: Callable[[], T]) -> T:
 
 #: SQLSTATEs that say the server ended the session: an administrator's command
 #: (pg_terminate_backend), a crash or a shutdown, a server not accepting connections yet.
-
-
-def _error_code(error: BaseException) -> str:
-    code = getattr(error, "code", None)
-    if isinstance(code, str) and validation.NAME.match(code):
-        return code
-    return type(error).__name__[:100]
-
-
-def _describe(error: BaseException) -> str:
-    return validation.printable(f"{type(error).__name__}: {error}", limit=2000)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -665,7 +513,7 @@ def complete_deferred(
             )
         outcomes.append(outcome)
     completed: dict[str, int] = {}
-    for item, outcome in zip(completions, outcomes):
+    for item, outcome in zip(completions, outcomes, strict=True):
         if outcome is SliceOutcome.COMPLETED:
             completed[item.job.kind] = completed.get(item.job.kind, 0) + 1
     for kind, count in completed.items():

@@ -41,7 +41,7 @@ from durable_jobs import conf
 from durable_jobs.runtime import zygote
 from durable_jobs.runtime.child import encode_row
 from durable_jobs.runtime.context import Slice
-from durable_jobs.runtime.executor import ENDS, Ran, time_limit_failure
+from durable_jobs.runtime.invoke import ENDS, Ran, time_limit_failure
 from durable_jobs.states import Lease, SliceEnd
 
 log = logging.getLogger("durable_jobs.worker")

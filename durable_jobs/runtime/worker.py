@@ -24,9 +24,7 @@ exits.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
-import heapq
 import logging
 import os
 import re
@@ -44,70 +42,24 @@ from durable_jobs.runtime import pooling, zygote
 from durable_jobs.runtime.context import Slice
 from durable_jobs.runtime.executor import (
     DeferredCompletion,
-    SliceReport,
-    complete_deferred,
     run_slice,
-    time_limit_failure,
 )
 from durable_jobs.runtime.heartbeat import Heartbeater, HeldLease
+from durable_jobs.runtime.pacing import (
+    PREFETCH_WINDOW,
+    QUICK_SLICE,
+    Pace,
+    next_batch,
+    prefetch_ceiling,
+    slice_seconds,
+)
 from durable_jobs.runtime.runner import ChildRunner
+from durable_jobs.runtime.supervision import Supervision
+from durable_jobs.runtime.wakeups import WakeUps
 from durable_jobs.states import VERDICT_CODES, Lease
 from durable_jobs.waits import gate as waits_gate
 
 log = logging.getLogger("durable_jobs.worker")
-
-
-#: A slice this short (seconds) lets its slot claim more than one job at a time.
-QUICK_SLICE = 0.05
-#: How long (seconds) a prefetched claim may wait behind its batch-mates: a batch still
-#: running after this hands the rest back, and the slot claims half as many next time.
-#: It bounds the wait whatever MAX_PREFETCH is, so a large batch only ever forms from
-#: slices that together finish well inside it.
-PREFETCH_WINDOW = 0.1
-
-
-#: MAX_PREFETCH when it is None, by execution mode. A handler process that dies charges
-#: only the slice it ran (the runs queued behind it go to the next child), so process
-#: execution risks only a worker killed outright on a large batch; in thread execution a
-#: handler that kills the process (a segfault, os._exit) takes every claim with it.
-PREFETCH_BY_EXECUTION = {"process": 64, "thread": 8}
-
-
-def prefetch_ceiling(max_prefetch: int | None, execution: str) -> int:
-    """The most jobs a slot claims at once: ``MAX_PREFETCH``, or its default for ``execution``."""
-    return max_prefetch if max_prefetch is not None else PREFETCH_BY_EXECUTION[execution]
-
-
-class Pace(enum.Enum):
-    """How a slot's last batch went, which sets how many jobs it claims next."""
-
-    QUICK = "quick"  # every slice quick and the batch inside PREFETCH_WINDOW: may grow
-    LONG = "long"  # quick slices, but together past PREFETCH_WINDOW: halve
-    SLOW = "slow"  # a slice took QUICK_SLICE or more (or the batch was cut short): one at a time
-
-
-def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int) -> int:
-    """How many jobs a slot claims next, after claiming ``claimed`` of ``batch`` at ``pace``.
-
-    Grows (doubling, up to ``ceiling``, i.e. ``MAX_PREFETCH``) only when the claim came
-    back full, so a thin queue keeps batches small; halves after a long batch; drops to
-    one after a slow slice, since the claims behind a slow slice are what prefetch costs.
-    """
-    if pace is Pace.SLOW:
-        return 1
-    if pace is Pace.LONG:
-        return max(1, batch // 2)
-    return min(ceiling, batch * 2) if claimed == batch else min(ceiling, batch)
-
-
-def _slice_seconds(report: SliceReport) -> float:
-    """How long a slice took, for pacing: its own work (``SliceReport.busy``: the run by
-    the handler process's clock, the slot's bookkeeping and the mirror) where a handler
-    process ran it, else the slot thread's duration. On a saturated machine the slot
-    thread hears of a no-op run tens of milliseconds late; judged by that, every slice
-    looked slow and every slot fell back to one claim per job, adding work to the
-    machine that was already behind."""
-    return report.busy if report.busy is not None else report.duration
 
 
 def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:
@@ -155,7 +107,7 @@ class SlotState:
     )
 
 
-class Worker:
+class Worker(Supervision, WakeUps):
     def __init__(
         self,
         *,
@@ -337,195 +289,6 @@ class Worker:
         )
         self._fail()
 
-    # --- thread execution: the supervisor ---
-    def _supervise(self) -> None:
-        """End thread slices past their time limit or deaf to a cancel; replace their slots."""
-        settings = conf.get()
-        now = time.monotonic()
-        for slot in self._live_slots():
-            context = slot.current
-            if context is None or context.abandoned or context.returned:
-                continue
-            if context.past_time_limit(now):
-                self._abandon(slot, context, "time_limit")
-            elif (
-                context.cancel_observed
-                and now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE
-            ):
-                self._abandon(slot, context, "cancel")
-        self._unpaid = [
-            (context, why) for context, why in self._unpaid if not self._charge(context, why)
-        ]
-
-    def _abandon(self, slot: SlotState, context: Slice, why: str) -> None:
-        """Give up on a slot's thread: charge its slice, hand its claims back, start a new thread."""
-        if not context.abandon():
-            return  # the handler returned just now: its outcome is being recorded
-        slot.abandoned = True
-        self._heartbeater.untrack(context)
-        self.abandoned_threads += 1
-        limit = conf.get().MAX_ABANDONED_THREADS
-        log.error(
-            "[%s %s] %s: abandoning thread %s (%d of %d abandoned threads allowed)",
-            context.kind,
-            context.id,
-            "slice ran past its time limit"
-            if why == "time_limit"
-            else "handler ignored the cancel request past CANCEL_GRACE",
-            slot.thread.name,
-            self.abandoned_threads,
-            limit,
-        )
-        if not self._charge(context, why):
-            self._unpaid.append((context, why))
-        self._hand_back(slot)
-        if self.abandoned_threads > limit:
-            log.error(
-                "worker %s: more than %d handler threads are stuck; exiting for a restart (use "
-                "EXECUTION = 'process' to have stuck handlers killed instead)",
-                self.identity,
-                limit,
-            )
-            self._fail()
-        elif not self.stopping.is_set():
-            self._start_slot(slot.number, generation=slot.generation + 1)
-
-    def _charge(self, context: Slice, why: str) -> bool:
-        """Write what an abandoned slice owes; False when its row is busy (try next tick)."""
-        lock_ms = max(50, conf.ms(context.heartbeat_interval) // 4)
-        if why == "time_limit":
-            failure = time_limit_failure(context)
-            handler = context.handler
-
-            def write():
-                # A verdict is left for the next claim to record (with the kind's mirror):
-                # user code never runs on the supervisor.
-                return store.fail_slice(
-                    context.lease,
-                    error_class=failure.error_class,
-                    code=failure.code,
-                    message=failure.message,
-                    max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
-                    backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
-                    backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")),
-                    using=self.using,
-                )
-        else:
-
-            def write():
-                # Released with the cancel request standing: the reconciler ends it (with
-                # its mirror) on its next pass.
-                return store.release_lease(context.lease, delay_ms=0, using=self.using)
-
-        try:
-            db.with_lock_timeout(lock_ms, write, using=self.using)
-        except (DatabaseError, InterfaceError) as error:
-            log.info(
-                "[%s %s] charge for %s deferred: %s",
-                context.kind,
-                context.id,
-                why,
-                type(error).__name__,
-            )
-            db.keep_connection_healthy(self.using)
-            return False
-        return True
-
-    # --- shutdown ---
-    def _hand_back(self, slot: SlotState, *, take_back: bool = True) -> None:
-        """Complete a slot's finished batch and release its unstarted claims, uncharged.
-
-        Claims queued in the slot's child are taken back first (``ChildRunner.take_back``);
-        one the child had already started stays in ``slot.waiting``, to be run (told to
-        stop, on a shutdown) and recorded like any slice: handed back or run, never both.
-        """
-        runner = slot.runner
-        if runner is not None and take_back and not slot.abandoned:
-            runner.take_back()  # on the slot's own thread, the only one that talks to its child
-        # Emptied in place: a slice still running holds the completions list and appends
-        # to it when it finishes, so the list object must stay the slot's.
-        completions, finished = list(slot.completions), list(slot.finished)
-        kept = [entry for entry in slot.waiting if runner is not None and runner.holds(entry.id)]
-        waiting = [entry for entry in slot.waiting if entry not in kept]
-        slot.completions.clear()
-        slot.waiting[:] = kept
-        slot.finished.clear()
-        try:
-            if completions:
-                complete_deferred(completions, using=self.using)
-            for entry in waiting:
-                if not entry.lease_lost:
-                    db.with_lock_timeout(
-                        200,
-                        lambda e=entry: store.release_lease(e.lease, delay_ms=0, using=self.using),
-                        using=self.using,
-                    )
-        except (DatabaseError, InterfaceError) as error:
-            log.warning(
-                "slot %s: could not hand its claims back (%s); their leases will expire",
-                slot.owner,
-                type(error).__name__,
-            )
-            db.keep_connection_healthy(self.using)
-        finally:
-            for entry in (*waiting, *finished):
-                self._heartbeater.untrack(entry)
-
-    def _hand_back_everything(self) -> None:
-        """At exit: hand back every lease still held, so nothing waits out an expiry.
-
-        A slice still running is recorded as interrupted (invariant 6: a shutdown spends
-        no budget); a claim never started is released. Busy rows (a fence still open)
-        are left to their lease.
-
-        In process execution the handler processes are killed first (a handler process,
-        and its own children, never outlives its worker), after their running slices are
-        marked abandoned so that no slot records the kill as a death: nothing a child
-        had queued may start once its claim is released.
-        """
-        lost_before = set()
-        # Taken once, before the kills: a slot that sees its child die untracks its slice.
-        holders = self._heartbeater.held()
-        for holder in holders:
-            if isinstance(holder, Slice):
-                if holder.lease_lost:
-                    lost_before.add(id(holder))
-                holder.abandon()  # which marks it lost: lost_before says whether it was
-        for slot in self._slots:
-            if slot.runner is not None:
-                slot.runner.kill()
-        for slot in self._slots:
-            if not slot.abandoned and (slot.waiting or slot.completions):
-                self._hand_back(slot, take_back=False)  # the children are dead by now
-        seen = {id(holder) for holder in holders}
-        for holder in holders + [
-            holder for holder in self._heartbeater.held() if id(holder) not in seen
-        ]:
-            self._heartbeater.untrack(holder)
-            if id(holder) in lost_before if isinstance(holder, Slice) else holder.lease_lost:
-                continue
-            if isinstance(holder, Slice):
-                holder.abandon()
-
-                def write(h=holder):
-                    return store.yield_slice(h.lease, interrupted=True, using=self.using)
-            else:
-
-                def write(h=holder):
-                    return store.release_lease(h.lease, delay_ms=0, using=self.using)
-
-            try:
-                if db.with_lock_timeout(200, write, using=self.using) is not None:
-                    log.info("[%s %s] handed back at shutdown", holder.kind, holder.id)
-            except (DatabaseError, InterfaceError) as error:
-                log.warning(
-                    "[%s %s] not handed back (%s); its lease will expire",
-                    holder.kind,
-                    holder.id,
-                    type(error).__name__,
-                )
-                db.keep_connection_healthy(self.using)
-
     # --- a slot ---
     def _slot(self, slot: SlotState) -> None:
         pooling.name_connection(self.using)
@@ -688,7 +451,7 @@ class Worker:
                     1  # one live thread per slot number writes its cell
                 )
                 ran += 1
-                if _slice_seconds(report) >= QUICK_SLICE:
+                if slice_seconds(report) >= QUICK_SLICE:
                     pace = Pace.SLOW
         finally:
             if not slot.abandoned:  # an abandoned slot's claims were handed back by the supervisor
@@ -725,161 +488,6 @@ class Worker:
             runner.run, on_slow=functools.partial(self._hand_back, slot), slow_after=QUICK_SLICE
         )
 
-    def _note_due(self, seconds: float) -> None:
-        """Remember that a job this worker held is due in ``seconds`` (database clock difference)."""
-        with self._due_lock:
-            heapq.heappush(self._due_soon, time.monotonic() + max(0.0, seconds))
-
-    def _idle_wait(self, poll: float) -> float:
-        """How long an idle slot sleeps: the poll interval, or less when a held job is due sooner."""
-        now = time.monotonic()
-        with self._due_lock:
-            while self._due_soon and self._due_soon[0] <= now:
-                heapq.heappop(self._due_soon)
-            if not self._due_soon:
-                return poll
-            # A hair past the instant, so the dequeue's clock_timestamp() has reached it.
-            return min(poll, self._due_soon[0] - now + DUE_SLACK)
-
-    def _set_idle(self, number: int, idle: bool) -> bool:
-        with self._idle_lock:
-            self._idle[number] = idle
-            return all(self._idle)
-
-    def _listen(self, channel: str) -> None:
-        """Wake one idle slot per committed start; reconnect with backoff when cut.
-
-        The listener connects through ``LISTEN_DATABASE`` (default: the worker's own
-        database). The backoff is reset only after a connection has stayed up for a
-        while: a LISTEN that succeeds on a connection that dies at once (a pooler, a
-        server restarting) must not turn into a reconnect loop. After every (re)connect
-        the slots are woken for one dequeue pass each, since notifications sent while no
-        LISTEN was in place are lost.
-
-        A probe NOTIFY, sent through the worker's own database as a ``start()`` would,
-        must come back within ``pooling.PROBE_TIMEOUT``, at start and every
-        ``pooling.PROBE_EVERY`` seconds. When it does not (a transaction-mode pooler took
-        the LISTEN away), the worker logs an error saying that jobs now wait for the poll
-        and how to fix it, instead of polling silently.
-        """
-        settings = conf.get()
-        listen_using = settings.LISTEN_DATABASE or self.using
-        probe = pooling.Probe(self.using, channel, self.identity)
-        hearing: bool | None = None
-        failures = 0
-        try:
-            while not self.stopping.is_set():
-                raw = None
-                connected_at = None
-                try:
-                    raw = pooling.new_raw_connection(listen_using, "durable-listener")
-                    db.listen(raw, channel)
-                    connected_at = time.monotonic()
-                    self._wake_all()
-                    probe.send()
-                    while not self.stopping.is_set():
-                        for notification in raw.notifies(timeout=0.5, stop_after=1):
-                            if not probe.seen(notification.payload):
-                                self._wake_one()
-                        hearing = self._judge_probe(probe, hearing, listen_using, settings)
-                        if probe.due():
-                            probe.send()
-                        if failures and time.monotonic() - connected_at > LISTENER_HEALTHY:
-                            failures = 0
-                except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
-                    failures += 1
-                    delay = min(30.0, 0.2 * 2**failures)
-                    log.info(
-                        "listener reconnecting in %.1fs after %s",
-                        delay,
-                        validation.printable(f"{type(error).__name__}: {error}", limit=300),
-                    )
-                    self.stopping.wait(delay)
-                finally:
-                    if raw is not None:
-                        try:
-                            raw.close()
-                        except Exception:  # noqa: BLE001
-                            pass
-        finally:
-            probe.close()
-
-    def _judge_probe(
-        self, probe: pooling.Probe, hearing: bool | None, listen_using: str, settings
-    ) -> bool | None:
-        """Log what the probe found when it changes; return whether wake-ups arrive (None: not known yet)."""
-        answer = probe.check()
-        if answer is None or answer == hearing:
-            return hearing
-        if answer:
-            if hearing is None:
-                log.info(
-                    "worker %s: wake-ups arrive (a probe NOTIFY came back to the listener on %r)",
-                    self.identity,
-                    listen_using,
-                )
-            else:
-                log.warning(
-                    "worker %s: wake-ups arrive again (the probe NOTIFY came back)", self.identity
-                )
-            return True
-        log.error(
-            "worker %s: wake-ups are not arriving: a probe NOTIFY sent through database %r did not reach the "
-            "listener on %r within %.0fs. A transaction-mode pooler (PgBouncer) drops LISTEN. Jobs still run, "
-            "but each waits up to POLL_INTERVAL (%.1fs) to start. Fix: set DURABLE_JOBS['LISTEN_DATABASE'] to "
-            "an alias that connects to PostgreSQL directly, or NOTIFY_CHANNEL = None to poll on purpose. "
-            "Checking again every %.0fs.",
-            self.identity,
-            self.using,
-            listen_using,
-            pooling.PROBE_TIMEOUT,
-            settings.POLL_INTERVAL,
-            pooling.PROBE_EVERY,
-        )
-        return False
-
-    def _wake_all(self) -> None:
-        for wake in self._wakes:
-            wake.set()
-
-    # --- one wake-up per notification (no thundering herd) ---
-    def _sleep(self, number: int, wake: threading.Event, timeout: float) -> None:
-        """Sleep until woken or ``timeout``; not at all when a wake-up found nobody asleep.
-
-        A notification that arrives while every slot is busy, or while this one is between
-        an empty dequeue and its sleep, is kept as a missed wake-up: the next slot about to
-        sleep dequeues once more instead, so no committed start waits out a poll interval.
-        """
-        with self._idle_lock:
-            if self._missed_wakes:
-                self._missed_wakes -= 1
-                return
-            self._sleepers[number] = None
-        try:
-            wake.wait(timeout)
-            wake.clear()
-        finally:
-            with self._idle_lock:
-                self._sleepers.pop(number, None)
-
-    def _wake_one(self, *, chained: bool = False) -> None:
-        """Wake one sleeping slot for one notification, or (``chained``) for a full claim.
-
-        PostgreSQL folds identical notifications of one transaction into one, so a
-        transaction starting many jobs wakes one slot; a slot whose claim came back full
-        wakes the next, so the whole batch is picked up, one slot more at a time.
-        """
-        with self._idle_lock:
-            for number in self._sleepers:
-                if not self._wakes[number].is_set():
-                    self._wakes[number].set()
-                    return
-            if chained:
-                return
-            # Nobody asleep and not already woken: every slot is busy and dequeues again on
-            # its own when its batch ends; remember it for a slot about to sleep.
-            self._missed_wakes = min(self._missed_wakes + 1, self.concurrency)
-
     def _reconcile_loop(self) -> None:
         # Every worker takes part; only the holder of the leader row runs passes, and it
         # resigns when this worker starts stopping (invariant 14).
@@ -887,10 +495,3 @@ class Worker:
 
         pooling.name_connection(self.using)
         run_as_leader(self.stopping, self.identity, using=self.using)
-
-
-#: Seconds an idle slot sleeps past a held job's known due moment before it dequeues.
-DUE_SLACK = 0.005
-
-#: A listener connection up this long (seconds) has proved itself: its backoff resets.
-LISTENER_HEALTHY = 30.0

@@ -209,7 +209,7 @@ def test_cancel__ends_a_running_job():
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("end", ["complete", "fail_terminal", "cancel"])
+@pytest.mark.parametrize("end", ["complete", "fail_terminal", "finish_cancelled"])
 def test_terminal_cas__stamps_the_mirror_as_landed_with_the_transition(end):
     """Invariant 11: the stamp is part of the terminal CAS, so it commits exactly when the
     mirror that runs in the same transaction does."""

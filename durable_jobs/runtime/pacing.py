@@ -1,0 +1,66 @@
+"""How many jobs a slot claims at once: a batch grows while its slices are quick.
+
+A slot that finds its slices finishing well under ``QUICK_SLICE`` claims more at a time
+(up to ``MAX_PREFETCH``), so a no-op-sized job costs its share of one claim statement
+instead of a whole one; a slow batch halves the next claim, so a long job never waits
+behind prefetched siblings for more than ``PREFETCH_WINDOW``. The measured case for it
+(and for keeping it) is in docs/performance.rst.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from durable_jobs.runtime.executor import SliceReport
+
+#: A slice this short (seconds) lets its slot claim more than one job at a time.
+QUICK_SLICE = 0.05
+
+#: How long (seconds) a prefetched claim may wait behind its batch-mates: a batch still
+#: running after this hands the rest back, and the slot claims half as many next time.
+#: It bounds the wait whatever MAX_PREFETCH is, so a large batch only ever forms from
+#: slices that together finish well inside it.
+PREFETCH_WINDOW = 0.1
+
+#: MAX_PREFETCH when it is None, by execution mode. A handler process that dies charges
+#: only the slice it ran (the runs queued behind it go to the next child), so process
+#: execution risks only a worker killed outright on a large batch; in thread execution a
+#: handler that kills the process (a segfault, os._exit) takes every claim with it.
+PREFETCH_BY_EXECUTION = {"process": 64, "thread": 8}
+
+
+def prefetch_ceiling(max_prefetch: int | None, execution: str) -> int:
+    """The most jobs a slot claims at once: ``MAX_PREFETCH``, or its default for ``execution``."""
+    return max_prefetch if max_prefetch is not None else PREFETCH_BY_EXECUTION[execution]
+
+
+class Pace(enum.Enum):
+    """How a slot's last batch went, which sets how many jobs it claims next."""
+
+    QUICK = "quick"  # every slice quick and the batch inside PREFETCH_WINDOW: may grow
+    LONG = "long"  # quick slices, but together past PREFETCH_WINDOW: halve
+    SLOW = "slow"  # a slice took QUICK_SLICE or more (or the batch was cut short): one at a time
+
+
+def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int) -> int:
+    """How many jobs a slot claims next, after claiming ``claimed`` of ``batch`` at ``pace``.
+
+    Grows (doubling, up to ``ceiling``, i.e. ``MAX_PREFETCH``) only when the claim came
+    back full, so a thin queue keeps batches small; halves after a long batch; drops to
+    one after a slow slice, since the claims behind a slow slice are what prefetch costs.
+    """
+    if pace is Pace.SLOW:
+        return 1
+    if pace is Pace.LONG:
+        return max(1, batch // 2)
+    return min(ceiling, batch * 2) if claimed == batch else min(ceiling, batch)
+
+
+def slice_seconds(report: SliceReport) -> float:
+    """How long a slice took, for pacing: its own work (``SliceReport.busy``: the run by
+    the handler process's clock, the slot's bookkeeping and the mirror) where a handler
+    process ran it, else the slot thread's duration. On a saturated machine the slot
+    thread hears of a no-op run tens of milliseconds late; judged by that, every slice
+    looked slow and every slot fell back to one claim per job, adding work to the
+    machine that was already behind."""
+    return report.busy if report.busy is not None else report.duration

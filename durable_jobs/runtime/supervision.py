@@ -1,0 +1,223 @@
+"""The worker's main thread watching its slots: time limits, cancels past their grace,
+abandoned threads, and handing claims back on shutdown.
+
+A thread cannot be stopped from outside, so in thread execution a slice past its time
+limit, or deaf to a cancel past its grace, is charged here and abandoned, and a fresh
+thread takes the slot over; in process execution the slot's handler process is killed.
+On the second phase of a stop every running slice is ended and every lease and unstarted
+claim handed back uncharged (invariant 6).
+
+``Supervision`` is a part of ``Worker`` (a mixin), kept in its own module so that each
+concern reads on its own; it uses the worker's slots, settings and stopping events.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, InterfaceError
+
+from durable_jobs import conf, db, store
+from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.executor import complete_deferred
+from durable_jobs.runtime.invoke import time_limit_failure
+
+if TYPE_CHECKING:
+    from durable_jobs.runtime.worker import SlotState
+
+log = logging.getLogger("durable_jobs.worker")
+
+
+class Supervision:
+    """The main thread's side of the slots (mixed into ``Worker``)."""
+
+    # --- thread execution: the supervisor ---
+    def _supervise(self) -> None:
+        """End thread slices past their time limit or deaf to a cancel; replace their slots."""
+        settings = conf.get()
+        now = time.monotonic()
+        for slot in self._live_slots():
+            context = slot.current
+            if context is None or context.abandoned or context.returned:
+                continue
+            if context.past_time_limit(now):
+                self._abandon(slot, context, "time_limit")
+            elif (
+                context.cancel_observed
+                and now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE
+            ):
+                self._abandon(slot, context, "cancel")
+        self._unpaid = [
+            (context, why) for context, why in self._unpaid if not self._charge(context, why)
+        ]
+
+    def _abandon(self, slot: SlotState, context: Slice, why: str) -> None:
+        """Give up on a slot's thread: charge its slice, hand its claims back, start a new thread."""
+        if not context.abandon():
+            return  # the handler returned just now: its outcome is being recorded
+        slot.abandoned = True
+        self._heartbeater.untrack(context)
+        self.abandoned_threads += 1
+        limit = conf.get().MAX_ABANDONED_THREADS
+        log.error(
+            "[%s %s] %s: abandoning thread %s (%d of %d abandoned threads allowed)",
+            context.kind,
+            context.id,
+            "slice ran past its time limit"
+            if why == "time_limit"
+            else "handler ignored the cancel request past CANCEL_GRACE",
+            slot.thread.name,
+            self.abandoned_threads,
+            limit,
+        )
+        if not self._charge(context, why):
+            self._unpaid.append((context, why))
+        self._hand_back(slot)
+        if self.abandoned_threads > limit:
+            log.error(
+                "worker %s: more than %d handler threads are stuck; exiting for a restart (use "
+                "EXECUTION = 'process' to have stuck handlers killed instead)",
+                self.identity,
+                limit,
+            )
+            self._fail()
+        elif not self.stopping.is_set():
+            self._start_slot(slot.number, generation=slot.generation + 1)
+
+    def _charge(self, context: Slice, why: str) -> bool:
+        """Write what an abandoned slice owes; False when its row is busy (try next tick)."""
+        lock_ms = max(50, conf.ms(context.heartbeat_interval) // 4)
+        if why == "time_limit":
+            failure = time_limit_failure(context)
+            handler = context.handler
+
+            def write():
+                # A verdict is left for the next claim to record (with the kind's mirror):
+                # user code never runs on the supervisor.
+                return store.fail_slice(
+                    context.lease,
+                    error_class=failure.error_class,
+                    code=failure.code,
+                    message=failure.message,
+                    max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
+                    backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
+                    backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")),
+                    using=self.using,
+                )
+        else:
+
+            def write():
+                # Released with the cancel request standing: the reconciler ends it (with
+                # its mirror) on its next pass.
+                return store.release_lease(context.lease, delay_ms=0, using=self.using)
+
+        try:
+            db.with_lock_timeout(lock_ms, write, using=self.using)
+        except (DatabaseError, InterfaceError) as error:
+            log.info(
+                "[%s %s] charge for %s deferred: %s",
+                context.kind,
+                context.id,
+                why,
+                type(error).__name__,
+            )
+            db.keep_connection_healthy(self.using)
+            return False
+        return True
+
+    # --- shutdown ---
+    def _hand_back(self, slot: SlotState, *, take_back: bool = True) -> None:
+        """Complete a slot's finished batch and release its unstarted claims, uncharged.
+
+        Claims queued in the slot's child are taken back first (``ChildRunner.take_back``);
+        one the child had already started stays in ``slot.waiting``, to be run (told to
+        stop, on a shutdown) and recorded like any slice: handed back or run, never both.
+        """
+        runner = slot.runner
+        if runner is not None and take_back and not slot.abandoned:
+            runner.take_back()  # on the slot's own thread, the only one that talks to its child
+        # Emptied in place: a slice still running holds the completions list and appends
+        # to it when it finishes, so the list object must stay the slot's.
+        completions, finished = list(slot.completions), list(slot.finished)
+        kept = [entry for entry in slot.waiting if runner is not None and runner.holds(entry.id)]
+        waiting = [entry for entry in slot.waiting if entry not in kept]
+        slot.completions.clear()
+        slot.waiting[:] = kept
+        slot.finished.clear()
+        try:
+            if completions:
+                complete_deferred(completions, using=self.using)
+            for entry in waiting:
+                if not entry.lease_lost:
+                    db.with_lock_timeout(
+                        200,
+                        lambda e=entry: store.release_lease(e.lease, delay_ms=0, using=self.using),
+                        using=self.using,
+                    )
+        except (DatabaseError, InterfaceError) as error:
+            log.warning(
+                "slot %s: could not hand its claims back (%s); their leases will expire",
+                slot.owner,
+                type(error).__name__,
+            )
+            db.keep_connection_healthy(self.using)
+        finally:
+            for entry in (*waiting, *finished):
+                self._heartbeater.untrack(entry)
+
+    def _hand_back_everything(self) -> None:
+        """At exit: hand back every lease still held, so nothing waits out an expiry.
+
+        A slice still running is recorded as interrupted (invariant 6: a shutdown spends
+        no budget); a claim never started is released. Busy rows (a fence still open)
+        are left to their lease.
+
+        In process execution the handler processes are killed first (a handler process,
+        and its own children, never outlives its worker), after their running slices are
+        marked abandoned so that no slot records the kill as a death: nothing a child
+        had queued may start once its claim is released.
+        """
+        lost_before = set()
+        # Taken once, before the kills: a slot that sees its child die untracks its slice.
+        holders = self._heartbeater.held()
+        for holder in holders:
+            if isinstance(holder, Slice):
+                if holder.lease_lost:
+                    lost_before.add(id(holder))
+                holder.abandon()  # which marks it lost: lost_before says whether it was
+        for slot in self._slots:
+            if slot.runner is not None:
+                slot.runner.kill()
+        for slot in self._slots:
+            if not slot.abandoned and (slot.waiting or slot.completions):
+                self._hand_back(slot, take_back=False)  # the children are dead by now
+        seen = {id(holder) for holder in holders}
+        for holder in holders + [
+            holder for holder in self._heartbeater.held() if id(holder) not in seen
+        ]:
+            self._heartbeater.untrack(holder)
+            if id(holder) in lost_before if isinstance(holder, Slice) else holder.lease_lost:
+                continue
+            if isinstance(holder, Slice):
+                holder.abandon()
+
+                def write(h=holder):
+                    return store.yield_slice(h.lease, interrupted=True, using=self.using)
+            else:
+
+                def write(h=holder):
+                    return store.release_lease(h.lease, delay_ms=0, using=self.using)
+
+            try:
+                if db.with_lock_timeout(200, write, using=self.using) is not None:
+                    log.info("[%s %s] handed back at shutdown", holder.kind, holder.id)
+            except (DatabaseError, InterfaceError) as error:
+                log.warning(
+                    "[%s %s] not handed back (%s); its lease will expire",
+                    holder.kind,
+                    holder.id,
+                    type(error).__name__,
+                )
+                db.keep_connection_healthy(self.using)

@@ -1,0 +1,188 @@
+"""Idle slots and what wakes them: the poll, a held job's due moment, and LISTEN/NOTIFY.
+
+A slot with nothing due sleeps until the poll interval passes, a held job it knows of
+comes due, or a NOTIFY from a committed start arrives on the listener connection; one
+wake-up wakes one sleeper, which chains to the next while it finds work. Polling alone
+is correct (a transaction-mode pooler drops LISTEN; the pooler probe detects it); the
+notification only makes it prompt.
+
+``WakeUps`` is a part of ``Worker`` (a mixin), kept in its own module so that each
+concern reads on its own; it uses the worker's sleepers, idle flags and stopping event.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import threading
+import time
+
+from durable_jobs import conf, db, validation
+from durable_jobs.runtime import pooling
+
+log = logging.getLogger("durable_jobs.worker")
+
+#: Seconds an idle slot sleeps past a held job's known due moment before it dequeues.
+DUE_SLACK = 0.005
+
+#: A listener connection up this long (seconds) has proved itself: its backoff resets.
+LISTENER_HEALTHY = 30.0
+
+
+class WakeUps:
+    """Sleeping, waking and listening (mixed into ``Worker``)."""
+
+    def _note_due(self, seconds: float) -> None:
+        """Remember that a job this worker held is due in ``seconds`` (database clock difference)."""
+        with self._due_lock:
+            heapq.heappush(self._due_soon, time.monotonic() + max(0.0, seconds))
+
+    def _idle_wait(self, poll: float) -> float:
+        """How long an idle slot sleeps: the poll interval, or less when a held job is due sooner."""
+        now = time.monotonic()
+        with self._due_lock:
+            while self._due_soon and self._due_soon[0] <= now:
+                heapq.heappop(self._due_soon)
+            if not self._due_soon:
+                return poll
+            # A hair past the instant, so the dequeue's clock_timestamp() has reached it.
+            return min(poll, self._due_soon[0] - now + DUE_SLACK)
+
+    def _set_idle(self, number: int, idle: bool) -> bool:
+        with self._idle_lock:
+            self._idle[number] = idle
+            return all(self._idle)
+
+    def _listen(self, channel: str) -> None:
+        """Wake one idle slot per committed start; reconnect with backoff when cut.
+
+        The listener connects through ``LISTEN_DATABASE`` (default: the worker's own
+        database). The backoff is reset only after a connection has stayed up for a
+        while: a LISTEN that succeeds on a connection that dies at once (a pooler, a
+        server restarting) must not turn into a reconnect loop. After every (re)connect
+        the slots are woken for one dequeue pass each, since notifications sent while no
+        LISTEN was in place are lost.
+
+        A probe NOTIFY, sent through the worker's own database as a ``start()`` would,
+        must come back within ``pooling.PROBE_TIMEOUT``, at start and every
+        ``pooling.PROBE_EVERY`` seconds. When it does not (a transaction-mode pooler took
+        the LISTEN away), the worker logs an error saying that jobs now wait for the poll
+        and how to fix it, instead of polling silently.
+        """
+        settings = conf.get()
+        listen_using = settings.LISTEN_DATABASE or self.using
+        probe = pooling.Probe(self.using, channel, self.identity)
+        hearing: bool | None = None
+        failures = 0
+        try:
+            while not self.stopping.is_set():
+                raw = None
+                connected_at = None
+                try:
+                    raw = pooling.new_raw_connection(listen_using, "durable-listener")
+                    db.listen(raw, channel)
+                    connected_at = time.monotonic()
+                    self._wake_all()
+                    probe.send()
+                    while not self.stopping.is_set():
+                        for notification in raw.notifies(timeout=0.5, stop_after=1):
+                            if not probe.seen(notification.payload):
+                                self._wake_one()
+                        hearing = self._judge_probe(probe, hearing, listen_using, settings)
+                        if probe.due():
+                            probe.send()
+                        if failures and time.monotonic() - connected_at > LISTENER_HEALTHY:
+                            failures = 0
+                except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
+                    failures += 1
+                    delay = min(30.0, 0.2 * 2**failures)
+                    log.info(
+                        "listener reconnecting in %.1fs after %s",
+                        delay,
+                        validation.printable(f"{type(error).__name__}: {error}", limit=300),
+                    )
+                    self.stopping.wait(delay)
+                finally:
+                    if raw is not None:
+                        try:
+                            raw.close()
+                        except Exception:  # noqa: BLE001
+                            pass
+        finally:
+            probe.close()
+
+    def _judge_probe(
+        self, probe: pooling.Probe, hearing: bool | None, listen_using: str, settings
+    ) -> bool | None:
+        """Log what the probe found when it changes; return whether wake-ups arrive (None: not known yet)."""
+        answer = probe.check()
+        if answer is None or answer == hearing:
+            return hearing
+        if answer:
+            if hearing is None:
+                log.info(
+                    "worker %s: wake-ups arrive (a probe NOTIFY came back to the listener on %r)",
+                    self.identity,
+                    listen_using,
+                )
+            else:
+                log.warning(
+                    "worker %s: wake-ups arrive again (the probe NOTIFY came back)", self.identity
+                )
+            return True
+        log.error(
+            "worker %s: wake-ups are not arriving: a probe NOTIFY sent through database %r did not reach the "
+            "listener on %r within %.0fs. A transaction-mode pooler (PgBouncer) drops LISTEN. Jobs still run, "
+            "but each waits up to POLL_INTERVAL (%.1fs) to start. Fix: set DURABLE_JOBS['LISTEN_DATABASE'] to "
+            "an alias that connects to PostgreSQL directly, or NOTIFY_CHANNEL = None to poll on purpose. "
+            "Checking again every %.0fs.",
+            self.identity,
+            self.using,
+            listen_using,
+            pooling.PROBE_TIMEOUT,
+            settings.POLL_INTERVAL,
+            pooling.PROBE_EVERY,
+        )
+        return False
+
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
+    # --- one wake-up per notification (no thundering herd) ---
+    def _sleep(self, number: int, wake: threading.Event, timeout: float) -> None:
+        """Sleep until woken or ``timeout``; not at all when a wake-up found nobody asleep.
+
+        A notification that arrives while every slot is busy, or while this one is between
+        an empty dequeue and its sleep, is kept as a missed wake-up: the next slot about to
+        sleep dequeues once more instead, so no committed start waits out a poll interval.
+        """
+        with self._idle_lock:
+            if self._missed_wakes:
+                self._missed_wakes -= 1
+                return
+            self._sleepers[number] = None
+        try:
+            wake.wait(timeout)
+            wake.clear()
+        finally:
+            with self._idle_lock:
+                self._sleepers.pop(number, None)
+
+    def _wake_one(self, *, chained: bool = False) -> None:
+        """Wake one sleeping slot for one notification, or (``chained``) for a full claim.
+
+        PostgreSQL folds identical notifications of one transaction into one, so a
+        transaction starting many jobs wakes one slot; a slot whose claim came back full
+        wakes the next, so the whole batch is picked up, one slot more at a time.
+        """
+        with self._idle_lock:
+            for number in self._sleepers:
+                if not self._wakes[number].is_set():
+                    self._wakes[number].set()
+                    return
+            if chained:
+                return
+            # Nobody asleep and not already woken: every slot is busy and dequeues again on
+            # its own when its batch ends; remember it for a slot about to sleep.
+            self._missed_wakes = min(self._missed_wakes + 1, self.concurrency)
