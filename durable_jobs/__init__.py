@@ -76,7 +76,15 @@ __all__ = [
     "UnrecoverableError",
     "WaitKeyHeld",
     "WrongState",
-    *_LAZY,
+    # resolved lazily, by __getattr__
+    "start",
+    "start_many",
+    "get",
+    "list_jobs",
+    "cancel",
+    "redrive",
+    "Slice",
+    "Job",
 ]
 
 

@@ -995,7 +995,7 @@ def complete_many(
     ``items`` pairs each lease with its result as serialised JSON text (or None).
     """
     rows = ",".join(
-        '{"id":"%s","epoch":%d,"result":%s}'
+        '{"id":"%s","epoch":%d,"result":%s}'  # noqa: UP031 - the hot path: %-formatting measured fastest
         % (lease.job_id, lease.epoch, result if result is not None else "null")
         for lease, result in items
     )
@@ -1459,9 +1459,10 @@ def get_job(job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS) -> J
 
 
 # Resets the budgets (a wait's fault streak too; its hold clock is kept: written once),
-# because an operator asking for a re-drive is asking for more attempts; keeps `redrives` (identity, not budget: a retained broker message may carry
-# the old pair). Clears the cancellation too: an explicit re-drive supersedes a request
-# the failed slice never honoured. `completed` and `cancelled` are never re-drivable
+# because an operator asking for a re-drive is asking for more attempts; keeps `redrives`
+# (identity, not budget: a retained broker message may carry the old pair). Clears the
+# cancellation too: an explicit re-drive supersedes a request the failed slice never
+# honoured. `completed` and `cancelled` are never re-drivable
 # (invariant 13); `unrecoverable` only with force.
 OPERATOR_REDRIVE = f"""
 UPDATE {TABLE}

@@ -13,7 +13,7 @@ import os
 os.environ.setdefault("DURABLE_JOBS_LOG_LEVEL", "WARNING")
 os.environ["TESTPROJECT_THROWAWAY_DB"] = "1"
 
-from testproject.settings import *  # noqa: F403
+from testproject.settings import *
 
 DURABLE_JOBS = {
     # Short leases so crash and stall scenarios play out in seconds.
