@@ -56,7 +56,7 @@ def test_the_cancel_cas_and_a_completion_cannot_both_win(kinds):
     for _ in range(10):
         job = running(lease_expires_at=60, cancel_requested_at=-1)
         lease = Lease(job_id=job.id, owner="worker-a", epoch=1, ttl_ms=1000)
-        done, cancelled = race(lambda: store.complete(lease), lambda: store.cancel(lease))
+        done, cancelled = race(lambda: store.complete(lease), lambda: store.finish_cancelled(lease))
         assert (done is None) != (cancelled is None), "exactly one terminal CAS applies"
         assert reload(job).status in ("completed", "cancelled")
 

@@ -855,7 +855,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     def cancel(self, lease):
         m = self.model[lease.job_id]
-        if self._terminal(lease, store.cancel) is None:
+        if self._terminal(lease, store.finish_cancelled) is None:
             return
         self._ended(m, "cancelled")
 
