@@ -57,7 +57,7 @@ class Mailbox:
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
-        self._current = None  # (job id, Slice) of the slice running now
+        self._current = None  # (delivery, SliceControl) of the slice running now
         self._early: dict[tuple[str, int], set[str]] = {}  # flags for a slice not started yet
         self._stream = stream
         self._results_fd = results_fd
@@ -117,22 +117,22 @@ class Mailbox:
             else:
                 self._early.setdefault(delivery, set()).add(op)
 
-    def begin(self, delivery: tuple[str, int], context) -> None:
+    def begin(self, delivery: tuple[str, int], control) -> None:
         with self._lock:
-            self._current = (delivery, context)
+            self._current = (delivery, control)
             for op in self._early.pop(delivery, ()):
-                _apply(context, op)
+                _apply(control, op)
 
     def end(self) -> None:
         with self._lock:
             self._current = None
 
 
-def _apply(context, op: str) -> None:
+def _apply(control, op: str) -> None:
     if op == "cancel":
-        context.observe_cancel()
+        control.observe_cancel()
     elif op == "lease_lost":
-        context.mark_lease_lost()
+        control.mark_lease_lost()
 
 
 def encode_row(job) -> dict[str, Any]:
@@ -204,7 +204,7 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
     from durable_jobs import registry
     from durable_jobs.db import keep_connection_healthy
     from durable_jobs.runtime import invoke
-    from durable_jobs.runtime.context import Slice
+    from durable_jobs.runtime.control import SliceControl
     from durable_jobs.states import Lease
 
     keep_connection_healthy(using)
@@ -218,13 +218,13 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
     # write the handler makes is fenced on this lease anyway.
     job = decode_row(message["row"], using)
     handler = registry.get(job.kind) or invoke.unregistered(job.kind)
-    context = Slice(job, handler, lease, stopping=mailbox.stopping, using=using)
-    mailbox.begin((message["job_id"], message["epoch"]), context)
+    control = SliceControl(job, handler, lease, stopping=mailbox.stopping, using=using)
+    mailbox.begin((message["job_id"], message["epoch"]), control)
     try:
-        if context.lease_lost:
+        if control.lease_lost:
             # Lost while it waited in the queue: not ours to run (the worker records it).
             return {"end": SliceEnd.LEASE_LOST.value}
-        return invoke.invoke(context, using=using).as_dict()
+        return invoke.invoke(control.context, using=using).as_dict()
     finally:
         mailbox.end()
 
@@ -259,7 +259,7 @@ def prepare() -> None:
     # What a run imports, imported now: once in the zygote for every child it forks, and
     # in a spawned child before it says it is ready, not during its first slice.
     from durable_jobs import registry, states, store  # noqa: F401
-    from durable_jobs.runtime import context, executor, invoke  # noqa: F401
+    from durable_jobs.runtime import context, control, executor, invoke  # noqa: F401
 
 
 def serve(command_fd: int, result_fd: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -30,12 +31,50 @@ class JobLogger(logging.LoggerAdapter):
         return f"[{self.extra['kind']} {self.extra['job_id']}] {msg}", kwargs
 
 
-class Slice:
-    """One bounded run of a handler under one lease.
+@dataclasses.dataclass(eq=False)
+class SliceState:
+    """What the handler's context and the worker's control of one slice share.
 
-    Read ``input``, ``checkpoint``, ``scope`` and ``subject``; write domain rows inside
-    ``fenced()``; record progress with ``save_checkpoint()`` (durable) or ``heartbeat()``
-    (advisory); return ``YIELD`` when ``should_yield()`` says so.
+    The handler reads it (``should_yield()``, ``lease_lost``); the worker's side
+    (``control.SliceControl``: the heartbeat, the supervisor, the handler process's
+    mailbox) writes it. Kept apart from both so neither hands the other its methods.
+    """
+
+    stopping: threading.Event
+    deadline: float  # monotonic: the slice budget is spent
+    cancel_observed: bool = False
+    #: When (monotonic) the slice first learned of a cancel request: its grace runs from here.
+    cancel_seen_at: float | None = None
+    lease_lost: bool = False
+    #: True while a fenced transaction of this slice holds the job row.
+    in_fence: bool = False
+
+    def observe_cancel(self) -> None:
+        if not self.cancel_observed:
+            self.cancel_seen_at = time.monotonic()
+        self.cancel_observed = True
+
+
+def new_state(job: Job, handler: Handler, stopping: threading.Event | None) -> SliceState:
+    """The shared state of a slice starting now."""
+    now = time.monotonic()
+    cancelled = job.cancel_requested_at is not None
+    return SliceState(
+        stopping=stopping or threading.Event(),
+        deadline=now + handler.setting("SLICE_BUDGET"),
+        cancel_observed=cancelled,
+        cancel_seen_at=now if cancelled else None,
+    )
+
+
+class Slice:
+    """What a handler receives: one bounded run of its job under one lease.
+
+    Read ``input``, ``checkpoint``, ``scope``, ``subject`` and ``row`` (the job's row as
+    claimed); write domain rows inside ``fenced()``; record progress with
+    ``save_checkpoint()`` (durable) or ``heartbeat()`` (advisory); return ``YIELD`` when
+    ``should_yield()`` says so. The worker's control of the slice (time limits,
+    abandoning it, the heartbeat's reports) is not here: see ``control.SliceControl``.
     """
 
     def __init__(
@@ -46,6 +85,7 @@ class Slice:
         *,
         stopping: threading.Event | None = None,
         using: str = DEFAULT_DB_ALIAS,
+        state: SliceState | None = None,
     ) -> None:
         #: The job's row as the claim returned it (read-only: every write goes through the
         #: fenced methods below).
@@ -65,32 +105,13 @@ class Slice:
         self.log = JobLogger(
             logging.getLogger("durable_jobs.job"), {"kind": job.kind, "job_id": job.id}
         )
-        self._stopping = stopping or threading.Event()
-        self.started_at = time.monotonic()
-        self._deadline = self.started_at + handler.setting("SLICE_BUDGET")
-        #: The hard bound (monotonic): past it the worker ends the slice (time_limit).
-        self.time_limit_at = self.started_at + handler.time_limit_seconds()
-        self._cancel_observed = job.cancel_requested_at is not None
-        #: When (monotonic) this slice first learned of a cancel request.
-        self.cancel_seen_at: float | None = self.started_at if self._cancel_observed else None
-        self._lease_lost = False
-        #: Set by the worker that gave up on this slice (thread execution: time limit or
-        #: cancel past its grace); nothing the handler does afterwards is recorded.
-        self.abandoned = False
-        #: Set once the handler came back, before its outcome is recorded: from then on
-        #: the slice is bookkeeping, which no time limit may abandon.
-        self.returned = False
-        self._end_lock = threading.Lock()
-        #: True while a fenced transaction of this slice holds the job row.
-        self.in_fence = False
+        self._state = state or new_state(job, handler, stopping)
 
     @property
     def job(self) -> Job:
         """Deprecated alias of ``row`` (``job.job`` read as the job's job); removed in 0.3."""
         warnings.warn(
-            "Slice.job is deprecated; use Slice.row (the job's row)",
-            DeprecationWarning,
-            stacklevel=2,
+            "Slice.job is deprecated; use Slice.row (the job's row)", DeprecationWarning, stacklevel=2
         )
         return self.row
 
@@ -105,65 +126,31 @@ class Slice:
         """How many slices of this job yielded before this one."""
         return self.row.continuation_seq
 
-    @property
-    def heartbeat_interval(self) -> float:
-        return self.handler.setting("HEARTBEAT_INTERVAL")
-
-    # --- what the heartbeat thread reports in ---
-    def observe_cancel(self) -> None:
-        if not self._cancel_observed:
-            self.cancel_seen_at = time.monotonic()
-        self._cancel_observed = True
-
-    def abandon(self) -> bool:
-        """Give up on this slice (every later fenced write raises ``LeaseLost``).
-
-        False when the handler has already returned: its outcome is being recorded, and
-        exactly one of the two — the supervisor's charge or the record — must happen.
-        """
-        with self._end_lock:
-            if self.returned:
-                return False
-            self.abandoned = True
-            self._lease_lost = True
-            return True
-
-    def handler_returned(self) -> bool:
-        """Mark the handler as returned; False when the worker abandoned the slice first."""
-        with self._end_lock:
-            if self.abandoned:
-                return False
-            self.returned = True
-            return True
-
-    def mark_lease_lost(self) -> None:
-        self._lease_lost = True
-
+    # --- what the handler asks ---
     @property
     def cancel_observed(self) -> bool:
-        return self._cancel_observed
+        """A cancel request reached this slice: return (``YIELD`` ends it cancelled)."""
+        return self._state.cancel_observed
 
     @property
     def lease_lost(self) -> bool:
-        return self._lease_lost
+        """The lease is gone: nothing this slice writes from now on can land."""
+        return self._state.lease_lost
 
     @property
     def interrupted(self) -> bool:
         """The worker is shutting down and wants this slice to hand back."""
-        return self._stopping.is_set()
+        return self._state.stopping.is_set()
 
     def should_yield(self) -> bool:
         """True when the slice should return ``YIELD``: budget spent, shutdown, cancel, or lease lost."""
+        state = self._state
         return (
-            self._stopping.is_set()
-            or self._cancel_observed
-            or self._lease_lost
-            or time.monotonic() >= self._deadline
+            state.stopping.is_set()
+            or state.cancel_observed
+            or state.lease_lost
+            or time.monotonic() >= state.deadline
         )
-
-    def past_time_limit(self, now: float | None = None) -> bool:
-        """True once the slice has run past its kind's time limit: the worker ends it."""
-        return (time.monotonic() if now is None else now) >= self.time_limit_at
 
     # --- fenced writes ---
     @contextlib.contextmanager
@@ -181,34 +168,34 @@ class Slice:
         transaction commits (the background heartbeat skips it meanwhile), so the lease
         is extended once more right after that commit.
         """
-        if self._lease_lost:
+        if self._state.lease_lost:
             raise LeaseLost(self.id, self.lease.epoch)
-        if self._cancel_observed:
+        if self._state.cancel_observed:
             raise CancelRequested(self.id)
-        if self.in_fence:  # nested: the outer fence already holds the row
+        if self._state.in_fence:  # nested: the outer fence already holds the row
             yield
             return
         outermost = not connections[self.using].in_atomic_block
         # What save_checkpoint() records in memory is only true once this commits.
         remembered = (self.checkpoint, self.processed, self.total)
         with transaction.atomic(using=self.using):
-            self.in_fence = True
+            self._state.in_fence = True
             try:
                 if outermost:
                     db.limit_idle_in_transaction(
                         conf.ms(conf.get().FENCED_IDLE_TIMEOUT), using=self.using
                     )
                 if not store.assert_lease(self.lease, using=self.using):
-                    self._lease_lost = True
+                    self._state.lease_lost = True
                     raise LeaseLost(self.id, self.lease.epoch)
                 yield
                 faults.point("domain_before_commit")
                 cancel = store.heartbeat(self.lease, committed=True, using=self.using)
                 if cancel is None:  # cannot happen while we hold the row lock; never assume
-                    self._lease_lost = True
+                    self._state.lease_lost = True
                     raise LeaseLost(self.id, self.lease.epoch)
                 if cancel:
-                    self.observe_cancel()
+                    self._state.observe_cancel()
                 if not outermost:
                     transaction.on_commit(
                         self._beat_after_outer_commit, using=self.using, robust=True
@@ -217,12 +204,12 @@ class Slice:
                 self.checkpoint, self.processed, self.total = remembered
                 raise
             finally:
-                self.in_fence = False
+                self._state.in_fence = False
         faults.point("domain_after_commit")
 
     def _beat_after_outer_commit(self) -> None:
         if store.heartbeat(self.lease, using=self.using) is None:
-            self._lease_lost = True
+            self._state.lease_lost = True
 
     def save_checkpoint(
         self, state: Any, *, processed: int | None = None, total: Any = _UNSET
@@ -243,7 +230,7 @@ class Slice:
             if not store.write_checkpoint(
                 self.lease, state, processed=processed, total=total, using=self.using
             ):
-                self._lease_lost = True
+                self._state.lease_lost = True
                 raise LeaseLost(self.id, self.lease.epoch)
         self.checkpoint = state
         if processed is not None:
@@ -258,15 +245,15 @@ class Slice:
         in the background anyway, so call this only to publish progress. It does not
         move the slice's time limit.
         """
-        if self._lease_lost:
+        if self._state.lease_lost:
             raise LeaseLost(self.id, self.lease.epoch)
         processed, total = validation.progress(processed, total, unset=_UNSET)  # InvalidProgress
         cancel = store.heartbeat(self.lease, processed=processed, total=total, using=self.using)
         if cancel is None:
-            self._lease_lost = True
+            self._state.lease_lost = True
             raise LeaseLost(self.id, self.lease.epoch)
         if cancel:
-            self.observe_cancel()
+            self._state.observe_cancel()
         if processed is not None:
             self.processed = processed
         if total is not _UNSET:

@@ -49,6 +49,7 @@ from durable_jobs.exceptions import (
     BookkeepingFailed,
 )
 from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.heartbeat import HeldLease
 from durable_jobs.runtime.invoke import (
     Ran,
@@ -101,8 +102,8 @@ def run_slice(
     stopping: threading.Event | None = None,
     heartbeater: Heartbeater | None = None,
     completions: list[DeferredCompletion] | None = None,
-    runner: Callable[[Slice], Ran] | None = None,
-    on_start: Callable[[Slice], None] | None = None,
+    runner: Callable[[SliceControl], Ran] | None = None,
+    on_start: Callable[[SliceControl], None] | None = None,
     check_slots: waits_gate.CheckSlots | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> SliceReport:
@@ -110,7 +111,7 @@ def run_slice(
 
     ``runner`` runs the handler somewhere else (process execution: a child process) and
     answers how it ended; without one the handler runs on this thread (``invoke``).
-    ``on_start`` is handed the slice context before the handler runs (the worker's
+    ``on_start`` is handed the worker's control of the slice before the handler runs (the worker's
     supervisor watches it).
 
     With ``completions`` (a worker slot's batch), a job of a kind without a mirror that
@@ -130,7 +131,7 @@ def run_slice(
         epoch=job.lease_epoch,
         ttl_ms=conf.ms(conf.get().LEASE_TTL),
     )
-    context = None
+    control = None
     heard_late: float | None = None
     try:
         handler = registry.get(job.kind) or unregistered(job.kind)
@@ -176,12 +177,12 @@ def run_slice(
                     )
                 return _report(job, began, outcome, verdict.message, recheck_in=verdict.recheck_in)
             job = verdict.job
-        context = Slice(job, handler, lease, stopping=stopping, using=using)
+        control = SliceControl(job, handler, lease, stopping=stopping, using=using)
         if on_start is not None:
-            on_start(context)
+            on_start(control)
         signals.slice_started.send_robust(sender=Slice, job=job)
         if heartbeater is not None:
-            heartbeater.track(context)
+            heartbeater.track(control)
         if (
             lease.ttl_ms != conf.ms(conf.get().LEASE_TTL)
             and store.heartbeat(lease, using=using) is None
@@ -192,16 +193,16 @@ def run_slice(
             )  # the claim used the default TTL; this kind has its own
         else:
             asked = time.monotonic()
-            ran = runner(context) if runner is not None else invoke(context, using=using)
+            ran = runner(control) if runner is not None else invoke(control.context, using=using)
             if ran.seconds is not None:
                 # Negative when the child ran it (queued) before this slot asked for it.
                 heard_late = time.monotonic() - asked - ran.seconds
-            if not context.handler_returned():
+            if not control.handler_returned():
                 # The worker gave up on this slice (time limit, cancel past its grace) and
                 # recorded that itself; whatever the handler did since is not ours to write.
                 outcome, error = SliceOutcome.ABANDONED, ran.message
             else:
-                outcome, error = record(context, ran, completions=completions, using=using)
+                outcome, error = record(control, ran, completions=completions, using=using)
     except BookkeepingFailed as failed:
         # The write and its one retry both failed: the job is left to its lease, which
         # expires and makes it an orphan the reconciler re-drives (invariant 14a).
@@ -219,8 +220,8 @@ def run_slice(
                 ),
             )
     finally:
-        if heartbeater is not None and context is not None:
-            heartbeater.untrack(context)
+        if heartbeater is not None and control is not None:
+            heartbeater.untrack(control)
     report = _report(job, began, outcome, error, heard_late=heard_late)
     signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
     return report
@@ -247,14 +248,14 @@ def _gate(
 
 
 def record(
-    context: Slice,
+    control: SliceControl,
     ran: Ran,
     *,
     completions: list[DeferredCompletion] | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> tuple[SliceOutcome, str | None]:
     """Write the one transition ``ran`` calls for; return (outcome, error text)."""
-    job, handler, lease = context.row, context.handler, context.lease
+    job, handler, lease = control.row, control.handler, control.lease
     if ran.end is SliceEnd.LEASE_LOST:
         # Lost here (taken over) or only given up locally: hand the lease back in case it
         # is still ours, so the job need not wait out its expiry.
@@ -296,8 +297,8 @@ def record(
     if ran.end is SliceEnd.INTERRUPTED:
         return _charge_interruption(job, handler, lease, ran.message, using), ran.message
     if ran.end is SliceEnd.TIME_LIMIT:
-        return _fail(context, time_limit_failure(context), using), ran.message
-    return _fail(context, ran, using), ran.message
+        return _fail(control, time_limit_failure(control), using), ran.message
+    return _fail(control, ran, using), ran.message
 
 
 def _charge_interruption(
@@ -322,9 +323,9 @@ def _charge_interruption(
     return SliceOutcome.INTERRUPTED
 
 
-def _fail(context: Slice, ran: Ran, using: str) -> SliceOutcome:
+def _fail(control: SliceControl, ran: Ran, using: str) -> SliceOutcome:
     """Count a failed slice; on a verdict, record it with the terminal transaction."""
-    handler, lease, job = context.handler, context.lease, context.row
+    handler, lease, job = control.handler, control.lease, control.row
     reply = _guarded(
         using,
         lambda: store.fail_slice(
@@ -345,7 +346,7 @@ def _fail(context: Slice, ran: Ran, using: str) -> SliceOutcome:
     return _guarded(
         using,
         lambda: _finish(
-            context.row,
+            control.row,
             handler,
             lease,
             SliceOutcome.FAILED,

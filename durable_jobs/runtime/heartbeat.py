@@ -31,8 +31,9 @@ log = logging.getLogger("durable_jobs.heartbeat")
 
 
 class Beatable(Protocol):
-    """What the heartbeat needs of a lease holder: a ``Slice`` (in process execution,
-    the worker's own record of the slice its child runs) or a ``HeldLease``."""
+    """What the heartbeat needs of a lease holder: a running slice's ``SliceControl`` (in
+    process execution, the worker's own record of the slice its child runs) or a
+    ``HeldLease``."""
 
     id: object
     kind: str

@@ -9,7 +9,7 @@ one ``SliceEnd`` here; ``executor.record`` then writes the one transition it cal
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS
 
@@ -17,6 +17,9 @@ from durable_jobs import conf, db, registry, validation
 from durable_jobs.exceptions import CancelRequested, InvalidInput, KindNotRegisteredHere, LeaseLost
 from durable_jobs.registry import Handler
 from durable_jobs.runtime.context import Slice
+
+if TYPE_CHECKING:
+    from durable_jobs.runtime.control import SliceControl
 from durable_jobs.states import Done, ErrorClass, Outcome, SliceEnd
 
 
@@ -125,16 +128,16 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
     )
 
 
-def time_limit_failure(context: Slice) -> Ran:
+def time_limit_failure(control: SliceControl) -> Ran:
     """The failure charged to a slice that ran past its kind's time limit."""
-    limit = context.handler.time_limit_seconds()
+    limit = control.handler.time_limit_seconds()
     return Ran(
         end=SliceEnd.FAILED,
         error_class=ErrorClass.TRANSIENT.value,
         code="time_limit",
         message=(
             f"slice ran past its time limit of {limit:g}s and was ended; raise time_limit for kind "
-            f"{context.kind!r}, or save a checkpoint and return YIELD when should_yield() says so"
+            f"{control.kind!r}, or save a checkpoint and return YIELD when should_yield() says so"
         ),
     )
 

@@ -40,7 +40,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from durable_jobs import conf
 from durable_jobs.runtime import zygote
 from durable_jobs.runtime.child import encode_row
-from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.invoke import ENDS, Ran, time_limit_failure
 from durable_jobs.states import Lease, SliceEnd
 
@@ -284,15 +284,15 @@ class ChildRunner:
 
     # --- one slice ---
     def run(
-        self, context: Slice, *, on_slow: Callable[[], None] | None = None, slow_after: float = 0.0
+        self, control: SliceControl, *, on_slow: Callable[[], None] | None = None, slow_after: float = 0.0
     ) -> Ran:
-        """Run ``context``'s slice in the child; return how it ended. Never raises for the handler.
+        """Run ``control``'s slice in the child; return how it ended. Never raises for the handler.
 
         The slice may already be queued there (``send_ahead``); otherwise it is sent now.
         ``on_slow`` is called once, on this thread, when the slice has run ``slow_after``
         seconds (the slot hands back the claims waiting behind it).
         """
-        key = str(context.id)
+        key = str(control.id)
         if not self.holds(key):
             if (
                 self._inflight
@@ -304,24 +304,24 @@ class ChildRunner:
                 self.ensure_started()
             except (ChildFailed, OSError) as error:
                 return Ran(end=SliceEnd.INTERRUPTED, message=f"interrupted: {error}")
-            if not self._queue([(context.row, context.lease)]):
+            if not self._queue([(control.row, control.lease)]):
                 self._inflight.clear()
                 return self._died()
         sent = self._inflight[0]
         if sent.job_id != key:
             raise RuntimeError(f"{self.role}: {key} is queued behind a run not collected")
         try:
-            return self._supervise(context, sent, on_slow, slow_after)
+            return self._supervise(control, sent, on_slow, slow_after)
         finally:
             if self._inflight and self._inflight[0] is sent:
                 self._inflight.popleft()
 
     def _supervise(
-        self, context: Slice, sent: _Sent, on_slow: Callable[[], None] | None, slow_after: float
+        self, control: SliceControl, sent: _Sent, on_slow: Callable[[], None] | None, slow_after: float
     ) -> Ran:
         if sent.dead:
             return self._died()
-        job_id, lease = sent.job_id, context.lease
+        job_id, lease = sent.job_id, control.lease
         settings = conf.get()
         began = time.monotonic()
         told: set[str] = set()
@@ -343,8 +343,8 @@ class ChildRunner:
             if sent.started_at is not None:
                 # The time limit counts from when the child started it (it may have waited
                 # in the queue, or run while this thread recorded the slice before it).
-                context.time_limit_at = min(
-                    context.time_limit_at, sent.started_at + context.handler.time_limit_seconds()
+                control.time_limit_at = min(
+                    control.time_limit_at, sent.started_at + control.handler.time_limit_seconds()
                 )
             if self._pump(timeout=POLL) and sent.answer is not None:
                 continue
@@ -355,23 +355,23 @@ class ChildRunner:
                 on_slow()
                 on_slow = None
                 continue  # taking the queue back may have read this slice's answer
-            if context.past_time_limit(now):
+            if control.past_time_limit(now):
                 self.kill()
-                return Ran(end=SliceEnd.TIME_LIMIT, message=time_limit_failure(context).message)
-            if context.cancel_observed:
+                return Ran(end=SliceEnd.TIME_LIMIT, message=time_limit_failure(control).message)
+            if control.cancel_observed:
                 if "cancel" not in told:
                     told.add("cancel")
                     self._send({"op": "cancel", "job_id": job_id, "epoch": lease.epoch})
-                elif now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE:
+                elif now - (control.cancel_seen_at or now) > settings.CANCEL_GRACE:
                     log.warning(
                         "[%s %s] handler ignored the cancel request for %.0fs: killed",
-                        context.kind,
-                        context.id,
+                        control.kind,
+                        control.id,
                         settings.CANCEL_GRACE,
                     )
                     self.kill()
                     return Ran(end=SliceEnd.CANCEL)
-            if context.lease_lost:
+            if control.lease_lost:
                 if "lease_lost" not in told:
                     told.add("lease_lost")
                     lost_seen = now
@@ -388,8 +388,8 @@ class ChildRunner:
                 elif now - stop_seen > settings.SHUTDOWN_GRACE:
                     log.warning(
                         "[%s %s] handler did not yield within the shutdown grace: killed",
-                        context.kind,
-                        context.id,
+                        control.kind,
+                        control.id,
                     )
                     self.kill()
                     return Ran(end=SliceEnd.YIELD, interrupted=True)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, InterfaceError
 
 from durable_jobs import conf, db, store
-from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import complete_deferred
 from durable_jobs.runtime.invoke import time_limit_failure
 
@@ -39,32 +39,32 @@ class Supervision:
         settings = conf.get()
         now = time.monotonic()
         for slot in self._live_slots():
-            context = slot.current
-            if context is None or context.abandoned or context.returned:
+            control = slot.current
+            if control is None or control.abandoned or control.returned:
                 continue
-            if context.past_time_limit(now):
-                self._abandon(slot, context, "time_limit")
+            if control.past_time_limit(now):
+                self._abandon(slot, control, "time_limit")
             elif (
-                context.cancel_observed
-                and now - (context.cancel_seen_at or now) > settings.CANCEL_GRACE
+                control.cancel_observed
+                and now - (control.cancel_seen_at or now) > settings.CANCEL_GRACE
             ):
-                self._abandon(slot, context, "cancel")
+                self._abandon(slot, control, "cancel")
         self._unpaid = [
-            (context, why) for context, why in self._unpaid if not self._charge(context, why)
+            (control, why) for control, why in self._unpaid if not self._charge(control, why)
         ]
 
-    def _abandon(self, slot: SlotState, context: Slice, why: str) -> None:
+    def _abandon(self, slot: SlotState, control: SliceControl, why: str) -> None:
         """Give up on a slot's thread: charge its slice, hand its claims back, start a new thread."""
-        if not context.abandon():
+        if not control.abandon():
             return  # the handler returned just now: its outcome is being recorded
         slot.abandoned = True
-        self._heartbeater.untrack(context)
+        self._heartbeater.untrack(control)
         self.abandoned_threads += 1
         limit = conf.get().MAX_ABANDONED_THREADS
         log.error(
             "[%s %s] %s: abandoning thread %s (%d of %d abandoned threads allowed)",
-            context.kind,
-            context.id,
+            control.kind,
+            control.id,
             "slice ran past its time limit"
             if why == "time_limit"
             else "handler ignored the cancel request past CANCEL_GRACE",
@@ -72,8 +72,8 @@ class Supervision:
             self.abandoned_threads,
             limit,
         )
-        if not self._charge(context, why):
-            self._unpaid.append((context, why))
+        if not self._charge(control, why):
+            self._unpaid.append((control, why))
         self._hand_back(slot)
         if self.abandoned_threads > limit:
             log.error(
@@ -86,18 +86,18 @@ class Supervision:
         elif not self.stopping.is_set():
             self._start_slot(slot.number, generation=slot.generation + 1)
 
-    def _charge(self, context: Slice, why: str) -> bool:
+    def _charge(self, control: SliceControl, why: str) -> bool:
         """Write what an abandoned slice owes; False when its row is busy (try next tick)."""
-        lock_ms = max(50, conf.ms(context.heartbeat_interval) // 4)
+        lock_ms = max(50, conf.ms(control.heartbeat_interval) // 4)
         if why == "time_limit":
-            failure = time_limit_failure(context)
-            handler = context.handler
+            failure = time_limit_failure(control)
+            handler = control.handler
 
             def write():
                 # A verdict is left for the next claim to record (with the kind's mirror):
                 # user code never runs on the supervisor.
                 return store.fail_slice(
-                    context.lease,
+                    control.lease,
                     error_class=failure.error_class,
                     code=failure.code,
                     message=failure.message,
@@ -111,15 +111,15 @@ class Supervision:
             def write():
                 # Released with the cancel request standing: the reconciler ends it (with
                 # its mirror) on its next pass.
-                return store.release_lease(context.lease, delay_ms=0, using=self.using)
+                return store.release_lease(control.lease, delay_ms=0, using=self.using)
 
         try:
             db.with_lock_timeout(lock_ms, write, using=self.using)
         except (DatabaseError, InterfaceError) as error:
             log.info(
                 "[%s %s] charge for %s deferred: %s",
-                context.kind,
-                context.id,
+                control.kind,
+                control.id,
                 why,
                 type(error).__name__,
             )
@@ -183,7 +183,7 @@ class Supervision:
         # Taken once, before the kills: a slot that sees its child die untracks its slice.
         holders = self._heartbeater.held()
         for holder in holders:
-            if isinstance(holder, Slice):
+            if isinstance(holder, SliceControl):
                 if holder.lease_lost:
                     lost_before.add(id(holder))
                 holder.abandon()  # which marks it lost: lost_before says whether it was
@@ -198,9 +198,9 @@ class Supervision:
             holder for holder in self._heartbeater.held() if id(holder) not in seen
         ]:
             self._heartbeater.untrack(holder)
-            if id(holder) in lost_before if isinstance(holder, Slice) else holder.lease_lost:
+            if id(holder) in lost_before if isinstance(holder, SliceControl) else holder.lease_lost:
                 continue
-            if isinstance(holder, Slice):
+            if isinstance(holder, SliceControl):
                 holder.abandon()
 
                 def write(h=holder):

@@ -39,7 +39,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connectio
 
 from durable_jobs import conf, db, faults, registry, store, validation
 from durable_jobs.runtime import pooling, zygote
-from durable_jobs.runtime.context import Slice
+from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import (
     DeferredCompletion,
     run_slice,
@@ -94,7 +94,7 @@ class SlotState:
     generation: int
     owner: str
     thread: threading.Thread | None = None
-    current: Slice | None = None  # the slice running now
+    current: SliceControl | None = None  # the slice running now
     waiting: list[HeldLease] = dataclasses.field(default_factory=list)  # claims not started yet
     finished: list[HeldLease] = dataclasses.field(
         default_factory=list
@@ -147,7 +147,7 @@ class Worker(Supervision, WakeUps):
         self._due_lock = threading.Lock()
         self._slots: list[SlotState] = []
         self._unpaid: list[
-            tuple[Slice, str]
+            tuple[SliceControl, str]
         ] = []  # abandoned slices whose charge has not landed yet
         self.abandoned_threads = 0
         self._previous_handlers: dict[int, object] = {}
@@ -471,10 +471,10 @@ class Worker(Supervision, WakeUps):
         return pace
 
     @staticmethod
-    def _on_start(slot: SlotState, lost: bool, context: Slice) -> None:
-        slot.current = context
+    def _on_start(slot: SlotState, lost: bool, control: SliceControl) -> None:
+        slot.current = control
         if lost:
-            context.mark_lease_lost()
+            control.mark_lease_lost()
 
     def _runner_for(self, slot: SlotState, runner: ChildRunner):
         """Run a slice in the slot's child; once it proves slow, hand the rest of the batch back.

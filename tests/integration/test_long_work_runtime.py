@@ -291,10 +291,10 @@ def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_a
 
 
 def _slice_of(job):
-    from durable_jobs.runtime.context import Slice
+    from durable_jobs.runtime.control import SliceControl
     from durable_jobs.states import Lease
 
-    return Slice(
+    return SliceControl(
         job,
         registry.get(job.kind),
         Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=60_000),
@@ -471,20 +471,27 @@ def test_process_execution__every_way_a_slice_ends_crosses_the_pipe_unchanged():
     transient ``child_error``, never a transition nobody wrote."""
     import json
 
-    from durable_jobs.runtime.executor import Ran
+    from durable_jobs.runtime.invoke import Ran
     from durable_jobs.runtime.runner import _ran_of
+    from durable_jobs.states import SliceEnd
 
     ends = [
-        Ran(end="done", result_json='{"rows": 3}'),
-        Ran(end="yield"),
-        Ran(end="yield", interrupted=True),
-        Ran(end="failed", error_class="permanent", code="bad_input", message="row 7: no id"),
-        Ran(end="interrupted", message="interrupted: database connection lost"),
-        Ran(end="cancel"),
-        Ran(end="lease_lost"),
+        Ran(end=SliceEnd.DONE, result_json='{"rows": 3}'),
+        Ran(end=SliceEnd.YIELD),
+        Ran(end=SliceEnd.YIELD, interrupted=True),
+        Ran(
+            end=SliceEnd.FAILED,
+            error_class="permanent",
+            code="bad_input",
+            message="row 7: no id",
+        ),
+        Ran(end=SliceEnd.INTERRUPTED, message="interrupted: database connection lost"),
+        Ran(end=SliceEnd.CANCEL),
+        Ran(end=SliceEnd.LEASE_LOST),
     ]
     for ran in ends:
-        assert _ran_of(json.loads(json.dumps(ran.as_dict()))) == ran
-    assert Ran(end="yield").as_dict() == {"end": "yield"}, "unset fields stay off the pipe"
+        back = _ran_of(json.loads(json.dumps(ran.as_dict())))
+        assert back == ran and back.end is ran.end
+    assert Ran(end=SliceEnd.YIELD).as_dict() == {"end": "yield"}, "unset fields stay off the pipe"
     odd = _ran_of({"end": "exploded"})
     assert (odd.end, odd.error_class, odd.code) == ("failed", "transient", "child_error")

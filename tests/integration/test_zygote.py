@@ -45,7 +45,7 @@ def _gone(pid: int, within: float = 10.0) -> bool:
 
 
 def _run_one(runner: ChildRunner, kind: str, **start):
-    from durable_jobs.runtime.context import Slice
+    from durable_jobs.runtime.control import SliceControl
     from durable_jobs.states import Lease
 
     job = durable.start(kind, **start)
@@ -54,7 +54,7 @@ def _run_one(runner: ChildRunner, kind: str, **start):
     lease = Lease(
         job_id=claimed.id, owner=claimed.lease_owner, epoch=claimed.lease_epoch, ttl_ms=60_000
     )
-    return runner.run(Slice(claimed, registry.get(kind), lease))
+    return runner.run(SliceControl(claimed, registry.get(kind), lease))
 
 
 def test_every_slots_handler_process_is_forked_from_one_zygote_and_runs_handlers():
