@@ -302,7 +302,7 @@ EPOCH_FENCED_WRITES = {
         error_class=st.sampled_from(["terminal", "unrecoverable", "transient"]),
         message=st.sampled_from([None, "final words"]),
     ),
-    "cancel": dict(),
+    "finish_cancelled": dict(),
     "complete_many": dict(result=st.sampled_from([None, {"ok": True}]), with_others=st.booleans()),
     "bump_mirror_attempts": dict(
         max_attempts=st.sampled_from([1, 1, 2, 3]),
@@ -853,7 +853,7 @@ class StoreMachine(RuleBasedStateMachine):
         if message is not None:
             m.error_message = message
 
-    def cancel(self, lease):
+    def finish_cancelled(self, lease):
         m = self.model[lease.job_id]
         if self._terminal(lease, store.finish_cancelled) is None:
             return
@@ -1227,8 +1227,8 @@ MUST_REACH = (
     "complete_many:refused-only-by:running",
     "fail_terminal:applied",
     "fail_terminal:refused-only-by:running",
-    "cancel:applied",
-    "cancel:refused-only-by:running",
+    "finish_cancelled:applied",
+    "finish_cancelled:refused-only-by:running",
     "bump_mirror_attempts:applied",
     "bump_mirror_attempts:refused-only-by:running",
     "request_cancel:applied",
@@ -1305,7 +1305,7 @@ WALK_DEFAULTS = {
     "complete": dict(result=None, processed=None, total=None),
     "complete_many": dict(result=None, with_others=False),
     "fail_terminal": dict(code="terminal", error_class="terminal", message=None),
-    "cancel": dict(),
+    "finish_cancelled": dict(),
     "bump_mirror_attempts": dict(max_attempts=3, delay_ms=0, message=None),
     "request_cancel": dict(scope="own", by=None),
     "take_orphan": dict(grace_ms=0, backoff_ms=0, max_redrives=None),
@@ -1394,7 +1394,7 @@ def test_walk__operator_redrive_refuses_final_jobs_and_unrecoverable_without_for
     completed, cancelled, unrecoverable = (walk.start() for _ in range(3))
     walk.complete(walk.claim_job(completed))
     walk.operator_redrive(completed, force=True)
-    walk.cancel(walk.claim_job(cancelled))
+    walk.finish_cancelled(walk.claim_job(cancelled))
     walk.operator_redrive(cancelled, force=True)
     # Unrecoverable as the class that a later park kept, the code being the park reason.
     walk.fail_slice(walk.claim_job(unrecoverable), error_class="unrecoverable")
@@ -1444,7 +1444,7 @@ def test_walk__terminal_cas_is_fenced_on_the_epoch_alone(walk):
     old = walk.claim_job(taken, ttl_ms=0)
     walk.take_orphan(taken)
     walk.claim_job(taken, owner="w2")
-    for terminal in ("complete", "fail_terminal", "cancel", "bump_mirror_attempts"):
+    for terminal in ("complete", "fail_terminal", "finish_cancelled", "bump_mirror_attempts"):
         getattr(walk, terminal)(old)
         assert OUTCOMES[f"{terminal}:refused-only-by:epoch"] == 1, terminal
 
