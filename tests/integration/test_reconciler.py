@@ -115,7 +115,8 @@ class TestOrphanStep:
         # the lease (1 ms) now expires; the job is an orphan again, but with a fresh budget
         with connections["default"].cursor() as cursor:
             cursor.execute(
-                "UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 minute' "
+                "UPDATE durable_jobs_job"
+                " SET lease_expires_at = clock_timestamp() - interval '1 minute' "
                 "WHERE id = %s",
                 [job.id],
             )

@@ -49,7 +49,8 @@ def idle_worker(settings, monkeypatch):
     calls.clear()
     yield worker, calls
     worker.stopping.set()
-    worker._wake_all()  # no public way to stop a worker run in a thread (SIGTERM needs the main one)
+    # No public way to stop a worker run in a thread (its SIGTERM handler needs the main one).
+    worker._wake_all()
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert exit_code == [0], "the worker stopped cleanly"
