@@ -40,7 +40,8 @@ def other_connection(transactional_db):
 
 @pytest.fixture
 def kinds():
-    """Register handlers for a test and forget them afterwards: ``kinds.add(kind, func, **policy)``."""
+    """Register handlers for a test and forget them afterwards:
+    ``kinds.add(kind, func, **policy)``."""
 
     class Kinds:
         def __init__(self) -> None:

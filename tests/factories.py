@@ -95,7 +95,8 @@ def shift(job_id, column: str, seconds: float) -> None:
     assert column in _TIME_COLUMNS
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE durable_jobs_job SET {column} = {column} + %s * interval '1 second' WHERE id = %s",
+            f"UPDATE durable_jobs_job SET {column} = {column} + %s * interval '1 second'"
+            " WHERE id = %s",
             [seconds, job_id],
         )
 

@@ -32,7 +32,8 @@ def free_port() -> int:
 
 
 class PgBouncer:
-    """``PgBouncer(server_url, directory).start()``; ``url`` reaches the same database through it."""
+    """``PgBouncer(server_url, directory).start()``; ``url`` reaches the same database
+    through it."""
 
     def __init__(self, server_url: str, directory: Path, *, pool_size: int = 20) -> None:
         self.server = conninfo_to_dict(server_url)
@@ -82,13 +83,13 @@ class PgBouncer:
             try:
                 psycopg.connect(self.url, connect_timeout=2).close()
                 return self
-            except psycopg.OperationalError:
+            except psycopg.OperationalError as error:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     log = self.log_path.read_text() if self.log_path.exists() else ""
                     self.stop()
                     raise RuntimeError(
                         f"pgbouncer did not start (exit {self.process.poll()}): {log[-2000:]}"
-                    )
+                    ) from error
                 time.sleep(0.1)
 
     def log(self) -> str:

@@ -167,19 +167,24 @@ def backends_of(app_name: str) -> list[int]:
     """Backends of a process (``app_name``) or of one of its threads (``app_name/role``)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s OR application_name LIKE %s",
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE application_name = %s OR application_name LIKE %s",
             [app_name, app_name + "/%"],
         )
         return [row[0] for row in cursor.fetchall()]
 
 
 def terminate_backends(app_name: str, *, query_like: str | None = None, like: bool = False) -> int:
-    """``pg_terminate_backend`` every connection of ``app_name`` and its threads (``app_name/role``).
+    """``pg_terminate_backend`` every connection of ``app_name`` and of its threads
+    (``app_name/role``).
 
     ``like=True`` reads ``app_name`` as a LIKE pattern instead.
     """
     if like:
-        sql = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s"
+        sql = (
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE application_name LIKE %s"
+        )
         params: list = [app_name]
     else:
         sql = (

@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 @pytest.fixture
 def project(tmp_path, db_url):
-    """``project.settings(body)`` writes a settings module; ``project.run(...)`` runs manage.py with it."""
+    """``project.settings(body)`` writes a settings module; ``project.run(...)`` runs
+    manage.py with it."""
 
     class Project:
         def settings(self, body: str) -> None:

@@ -33,7 +33,8 @@ def test_a_stopped_process_leaves_no_log_file_and_keeps_its_output(db_url):
 
 
 def test_a_run_that_never_stops_its_processes_still_leaves_no_log_file(db_url, tmp_path):
-    """The run's log directory goes when the interpreter exits (a killed soak worker, a crashed test)."""
+    """The run's log directory goes when the interpreter exits (a killed soak worker, a
+    crashed test)."""
     script = (
         "import sys\n"
         "from tests.acceptance import harness\n"

@@ -169,7 +169,8 @@ def test_log_in_filter_open_a_job_and_watch_its_progress_move(page, live_server)
     first = count.inner_text()
     # No reload: the page's script polls the live view and rewrites the count and the bar.
     page.wait_for_function(
-        "([sel, before]) => { const el = document.querySelector(sel); return el && el.textContent !== before; }",
+        "([sel, before]) => { const el = document.querySelector(sel);"
+        " return el && el.textContent !== before; }",
         arg=[f"[data-dj-count='{job.id}']", first],
     )
     assert count.inner_text() != first

@@ -25,11 +25,12 @@ def recorded(transactional_db):
     history.uninstall()
 
 
-def assert_invariants(recorded, processes, **kwargs) -> None:
-    """Stop every process, then run the checker; fail listing every violated invariant."""
-    for process in processes.started:
+def assert_invariants(recorded, fleet, **kwargs) -> None:
+    """Stop every process of ``fleet`` (the ``processes`` fixture), then run the checker;
+    fail listing every violated invariant."""
+    for process in fleet.started:
         process.stop()
-    assert not [p for p in processes.started if p.popen.poll() is None]
+    assert not [p for p in fleet.started if p.popen.poll() is None]
     children = subprocess.run(
         ["pgrep", "-P", str(os.getpid())], capture_output=True, text=True
     ).stdout.split()

@@ -30,19 +30,22 @@ CREATE TABLE durable_jobs_history (
 CREATE OR REPLACE FUNCTION durable_jobs_record() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        INSERT INTO durable_jobs_history (op, job_id, old_status) VALUES ('DELETE', OLD.id, OLD.status);
+        INSERT INTO durable_jobs_history (op, job_id, old_status)
+        VALUES ('DELETE', OLD.id, OLD.status);
         RETURN OLD;
     END IF;
     INSERT INTO durable_jobs_history (
         op, job_id, status, old_status, lease_owner, lease_epoch, lease_expires_at,
-        continuation_seq, old_continuation_seq, redrives, consecutive_failures, redrives_since_commit,
-        mirror_attempts, interruptions, error_code, parked_at, domain_mirrored_at, processed_count)
+        continuation_seq, old_continuation_seq, redrives, consecutive_failures,
+        redrives_since_commit, mirror_attempts, interruptions, error_code, parked_at,
+        domain_mirrored_at, processed_count)
     VALUES (
         TG_OP, NEW.id, NEW.status, CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
         NEW.lease_owner, NEW.lease_epoch, NEW.lease_expires_at,
-        NEW.continuation_seq, CASE WHEN TG_OP = 'UPDATE' THEN OLD.continuation_seq END, NEW.redrives,
-        NEW.consecutive_failures, NEW.redrives_since_commit, NEW.mirror_attempts, NEW.interruptions,
-        NEW.error_code, NEW.parked_at, NEW.domain_mirrored_at, NEW.processed_count);
+        NEW.continuation_seq, CASE WHEN TG_OP = 'UPDATE' THEN OLD.continuation_seq END,
+        NEW.redrives, NEW.consecutive_failures, NEW.redrives_since_commit, NEW.mirror_attempts,
+        NEW.interruptions, NEW.error_code, NEW.parked_at, NEW.domain_mirrored_at,
+        NEW.processed_count);
     RETURN NEW;
 END $$;
 CREATE TRIGGER durable_jobs_record AFTER INSERT OR UPDATE OR DELETE ON durable_jobs_job
@@ -69,7 +72,8 @@ CHECKS = {
          WHERE h.lease_epoch <> e.epoch OR h.status <> 'running' OR h.lease_owner IS NULL""",
     "every effect's transaction re-asserted the lease on the job row": """
         SELECT e.job_id, e.item FROM demo_effect e
-         WHERE NOT EXISTS (SELECT 1 FROM durable_jobs_history h WHERE h.job_id = e.job_id AND h.txid = e.txid)""",
+         WHERE NOT EXISTS (SELECT 1 FROM durable_jobs_history h
+                            WHERE h.job_id = e.job_id AND h.txid = e.txid)""",
     # A later transaction touching a completed or cancelled row is a violation (the
     # transaction that made it so may still touch it before committing).
     "no transition out of completed or cancelled": """
@@ -84,17 +88,21 @@ CHECKS = {
          WHERE op = 'UPDATE' AND old_status = 'failed' AND status NOT IN ('failed', 'pending')""",
     "the lease epoch only rises": """
         SELECT job_id, seq, lease_epoch, previous FROM (
-            SELECT job_id, seq, lease_epoch, lag(lease_epoch) OVER (PARTITION BY job_id ORDER BY seq) AS previous
+            SELECT job_id, seq, lease_epoch,
+                   lag(lease_epoch) OVER (PARTITION BY job_id ORDER BY seq) AS previous
               FROM durable_jobs_history WHERE op <> 'DELETE') steps
          WHERE lease_epoch < previous""",
     "continuation_seq rises by one per yield, never otherwise": """
-        SELECT job_id, seq, old_continuation_seq, continuation_seq, old_status, status FROM durable_jobs_history
+        SELECT job_id, seq, old_continuation_seq, continuation_seq, old_status, status
+          FROM durable_jobs_history
          WHERE op = 'UPDATE' AND continuation_seq <> old_continuation_seq
-           AND NOT (continuation_seq = old_continuation_seq + 1 AND old_status = 'running' AND status = 'pending')""",
+           AND NOT (continuation_seq = old_continuation_seq + 1
+                    AND old_status = 'running' AND status = 'pending')""",
     "completed if and only if mirrored": """
         SELECT id, status, domain_mirrored_at FROM durable_jobs_job
          WHERE (status = 'completed') <> (domain_mirrored_at IS NOT NULL AND status = 'completed')
-            OR (domain_mirrored_at IS NOT NULL AND status NOT IN ('completed', 'failed', 'cancelled'))""",
+            OR (domain_mirrored_at IS NOT NULL
+                AND status NOT IN ('completed', 'failed', 'cancelled'))""",
     "every parked job has a reason and met its threshold": """
         SELECT id, error_code, redrives_since_commit, mirror_attempts FROM durable_jobs_job
          WHERE parked_at IS NOT NULL
@@ -104,7 +112,8 @@ CHECKS = {
         SELECT pid, objid FROM pg_locks WHERE locktype = 'advisory'""",
     "no session idle in a transaction": """
         SELECT pid, application_name, state FROM pg_stat_activity
-         WHERE datname = current_database() AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()""",
+         WHERE datname = current_database() AND state LIKE 'idle in transaction%%'
+           AND pid <> pg_backend_pid()""",
     "no worker connection left behind": """
         SELECT pid, application_name FROM pg_stat_activity
          WHERE datname = current_database() AND application_name LIKE 'durable-%%'""",
@@ -151,8 +160,8 @@ def settle(conn=connection, timeout: float = 10) -> None:
 def events(job_id) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT seq, op, old_status, status, lease_owner, lease_epoch, continuation_seq, redrives, "
-            "error_code, app FROM durable_jobs_history WHERE job_id = %s ORDER BY seq",
+            "SELECT seq, op, old_status, status, lease_owner, lease_epoch, continuation_seq,"
+            " redrives, error_code, app FROM durable_jobs_history WHERE job_id = %s ORDER BY seq",
             [job_id],
         )
         return cursor.fetchall()

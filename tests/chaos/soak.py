@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     log(
-        f"seed {args.seed}, {args.seconds:.0f}s of faults, {WORKERS} workers, {RECONCILERS} reconcilers"
+        f"seed {args.seed}, {args.seconds:.0f}s of faults, {WORKERS} workers,"
+        f" {RECONCILERS} reconcilers"
     )
 
     server, url = start_server()
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                 started.append(job.id)
             except durable.LockKeyHeld:
                 pass
-            except Exception as error:  # the database may be restarting right now
+            except Exception as error:  # noqa: BLE001 - the database may be restarting right now
                 faults.append(f"start refused: {type(error).__name__}")
                 connection.close()
 
@@ -165,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, process in list(fleet.items()):
             if name not in stopped and process.popen.poll() is not None:
                 faults.append(
-                    f"{time.monotonic() - began:5.1f}s {name} exited ({process.popen.returncode}); restarted"
+                    f"{time.monotonic() - began:5.1f}s {name} exited"
+                    f" ({process.popen.returncode}); restarted"
                 )
                 log(faults[-1])
                 fleet[name] = spawn(name.split("-")[0], int(name.split("-")[1]) + 10 * len(faults))
@@ -197,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             elif action == "cut":
                 try:
                     terminate_backends(fleet[name].app_name + "%", like=True)
-                except Exception:
+                except Exception:  # noqa: BLE001 - a cut may race the fault it injects
                     connection.close()
             faults.append(f"{elapsed:5.1f}s {action} {name}")
             log(faults[-1])
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         try:
             live = Job.objects.filter(status__in=["pending", "running"]).count()
-        except Exception:
+        except Exception:  # noqa: BLE001 - the database may still be coming back
             connection.close()
             live = -1
         if live == 0 or time.monotonic() > deadline:
@@ -223,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     for process in fleet.values():
         try:
             process.wait(timeout=20)
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever went wrong, it is stopped below
             process.stop()
     for process in fleet.values():
         process.stop()

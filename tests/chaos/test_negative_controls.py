@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {
     "fence predicate removed (lease holder writes check only the status)": (
         "durable_jobs/store.py",
-        '''LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"''',
-        '''LEASE_HELD = "status = 'running' AND %(owner)s::text IS NOT NULL AND %(epoch)s::bigint IS NOT NULL"''',
+        "LEASE_HELD = \"status = 'running'"
+        ' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"',
+        "LEASE_HELD = \"status = 'running'"
+        ' AND %(owner)s::text IS NOT NULL AND %(epoch)s::bigint IS NOT NULL"',
         ["tests/integration/test_store_fences.py", "tests/integration/test_executor.py"],
     ),
     "lease computed from the worker's clock": (
@@ -27,7 +29,8 @@ VARIANTS = {
               "worker_now": __import__("django.utils.timezone", fromlist=["now"]).now(),""",
         ["tests/integration/test_database_clock.py"],
         (
-            'SET lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},\n       heartbeat_at = clock_timestamp(),\n'
+            'SET lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},\n'
+            "       heartbeat_at = clock_timestamp(),\n"
             "       processed_count",
             'SET lease_expires_at = %(worker_now)s::timestamptz + {_ms("ttl_ms")},\n'
             "       heartbeat_at = clock_timestamp(),\n       processed_count",
@@ -35,7 +38,8 @@ VARIANTS = {
     ),
     "mirror in its own transaction": (
         "durable_jobs/executor.py",
-        """        with transaction.atomic(using=using) if handler.mirror is not None else contextlib.nullcontext():""",
+        "        with transaction.atomic(using=using)"
+        " if handler.mirror is not None else contextlib.nullcontext():",
         """        with contextlib.nullcontext():""",
         [
             "tests/integration/test_executor.py::test_a_failing_mirror_rolls_back_the_completion_and_its_own_writes"

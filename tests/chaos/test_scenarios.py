@@ -153,7 +153,8 @@ def test_a_domain_transaction_held_open_past_the_lease(recorded, processes):
     assert job.redrives == 0, "nobody took the job while its fence held the row"
     with __import__("django").db.connection.cursor() as cursor:
         cursor.execute(
-            "SELECT lease_expires_at > at FROM durable_jobs_history WHERE job_id = %s AND op = 'UPDATE' "
+            "SELECT lease_expires_at > at FROM durable_jobs_history"
+            " WHERE job_id = %s AND op = 'UPDATE' "
             "AND status = 'running' AND lease_owner IS NOT NULL ORDER BY seq",
             [job.id],
         )
@@ -335,7 +336,8 @@ def test_a_claim_storm_over_few_lock_keys_never_runs_two_jobs_of_one_key(recorde
         cursor.execute("""
             WITH spans AS (
                 SELECT j.lock_key, h.job_id, min(h.at) AS began,
-                       min(h.at) FILTER (WHERE h.status IN ('completed', 'failed', 'cancelled')) AS ended
+                       min(h.at) FILTER (
+                           WHERE h.status IN ('completed', 'failed', 'cancelled')) AS ended
                   FROM durable_jobs_history h JOIN durable_jobs_job j ON j.id = h.job_id
                  GROUP BY j.lock_key, h.job_id)
             SELECT a.lock_key, a.job_id, b.job_id FROM spans a JOIN spans b

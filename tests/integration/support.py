@@ -109,7 +109,8 @@ def job_count(conn) -> int:
 
 
 def in_thread(target) -> threading.Thread:
-    """Run ``target`` on a thread with its own Django connection (its own transaction), closed at the end."""
+    """Run ``target`` on a thread with its own Django connection (its own transaction),
+    closed at the end."""
 
     def run() -> None:
         try:

@@ -18,8 +18,9 @@ pytestmark = pytest.mark.django_db
 def fill_finished(kind: str, status: str, n: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at, updated_at,"
-            " finished_at) SELECT gen_random_uuid(), 'default', %s, %s, 'default', now(), now(), now()"
+            "INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at,"
+            " updated_at, finished_at)"
+            " SELECT gen_random_uuid(), 'default', %s, %s, 'default', now(), now(), now()"
             " FROM generate_series(1, %s)",
             [kind, status, n],
         )
@@ -118,9 +119,11 @@ def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypat
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at, updated_at,"
-            " finished_at) SELECT gen_random_uuid(), 'default', 'tests.a', 'completed', 'default', now(), now(),"
-            " statement_timestamp() - i * interval '200 milliseconds' FROM generate_series(1, 600) AS i"
+            "INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at,"
+            " updated_at, finished_at)"
+            " SELECT gen_random_uuid(), 'default', 'tests.a', 'completed', 'default', now(), now(),"
+            " statement_timestamp() - i * interval '200 milliseconds'"
+            " FROM generate_series(1, 600) AS i"
         )
     monkeypatch.setattr(queries, "FINISHED_SAMPLE", 200)
 

@@ -68,6 +68,19 @@ def test_terminal_and_unrecoverable_errors_fail_at_once(kinds, raised, code, err
     assert after.consecutive_failures == 1
 
 
+def test_a_handler_calling_sys_exit_fails_its_slice_and_the_slot_lives(kinds):
+    """Invariant 14a: ``SystemExit`` from a handler is charged to the slice like any
+    failure (a retry, with the exception's name as the code); it does not end the slot."""
+
+    def handler(job):
+        raise SystemExit(3)
+
+    kinds.add("tests.exits", handler)
+    job = durable.start("tests.exits")
+    assert [r.outcome for r in testing.run_jobs()] == ["retrying"]
+    assert reload(job).error_code == "SystemExit"
+
+
 def test_an_invalid_return_value_is_a_terminal_error(kinds):
     kinds.add("tests.returns_junk", lambda job: 42)
     job = durable.start("tests.returns_junk")
@@ -184,6 +197,23 @@ def test_a_failing_mirror_rolls_back_the_completion_and_its_own_writes(kinds):
         2,
     )
     assert parked.domain_mirrored_at is None
+
+
+def test_a_mirror_s_statement_timeout_counts_against_the_mirror_not_the_work(kinds):
+    """Invariant 11: a mirror cancelled by its statement timeout is a mirror failure (one
+    mirror attempt, the lease released), not a slice failure."""
+    from django.db import connection
+
+    def mirror(job, outcome):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = '1ms'")
+            cursor.execute("SELECT pg_sleep(0.2)")
+
+    kinds.add("tests.slow_mirror", lambda job: durable.DONE, mirror=mirror, max_mirror_attempts=3)
+    job = durable.start("tests.slow_mirror")
+    assert [r.outcome for r in testing.run_jobs()] == ["mirror_retry"]
+    after = reload(job)
+    assert (after.mirror_attempts, after.lease_owner, after.consecutive_failures) == (1, None, 0)
 
 
 def test_a_fenced_block_that_rolls_back_forgets_the_checkpoint_it_saved(kinds):

@@ -312,7 +312,7 @@ def _claim(count):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_is_handed_back_unstarted(
+def test_process_execution__a_run_queued_behind_a_slice_past_its_time_limit_goes_back_unstarted(
     settings,
 ):
     """The queued claim goes back to the queue while the slow slice runs; the time limit
@@ -367,7 +367,9 @@ def test_process_execution__a_shutdown_takes_back_the_runs_queued_in_the_child()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_process_execution__a_child_killed_with_a_run_queued_charges_the_running_one_and_the_queued_one_runs_once():
+def test_process_execution__a_child_killed_with_a_run_queued_charges_the_running_one_only():
+    """The killed child's running slice is charged; the run queued behind it never started
+    there, and runs exactly once in the next child."""
     from durable_jobs.runtime.runner import ChildRunner
 
     durable.start("demo.sleep", input={"seconds": 30, "stubborn": True}, priority=10)

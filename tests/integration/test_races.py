@@ -146,7 +146,7 @@ def test_cancel_racing_a_yield_or_a_failure_still_ends_the_job_cancelled(kinds, 
         if step == "yield":
             holder = lambda: store.yield_slice(lease)  # noqa: E731
         else:
-            holder = lambda: store.fail_slice(
+            holder = lambda: store.fail_slice(  # noqa: E731
                 lease,
                 error_class="transient",
                 code="x",

@@ -115,7 +115,8 @@ class TestOrphanStep:
         # the lease (1 ms) now expires; the job is an orphan again, but with a fresh budget
         with connections["default"].cursor() as cursor:
             cursor.execute(
-                "UPDATE durable_jobs_job SET lease_expires_at = clock_timestamp() - interval '1 minute' "
+                "UPDATE durable_jobs_job"
+                " SET lease_expires_at = clock_timestamp() - interval '1 minute' "
                 "WHERE id = %s",
                 [job.id],
             )
@@ -384,6 +385,33 @@ def test_a_mirror_failure_count_survives_a_pass_that_dies(kinds, other_connectio
     ).fetchall()
     assert len(stranded) == 2, "nothing is left locked"
     assert reload(cut).status == "pending" and reload(cut).mirror_attempts == 0
+
+
+def test_a_mirror_raising_a_database_error_never_blocks_the_reconciler(kinds):
+    """Invariant 11: a mirror's own database error (an IntegrityError in the domain table)
+    is counted against that job's mirror budget; the pass goes on to its neighbours and
+    its later steps, and the job is parked ``mirror_failed`` once the budget is spent."""
+    from django.db import IntegrityError
+
+    def mirror(job, outcome):
+        raise IntegrityError("duplicate key in the domain table")
+
+    kinds.add("tests.bad_mirror", mirror=mirror, max_mirror_attempts=2)
+    kinds.add("tests.good")
+    bad = JobFactory(kind="tests.bad_mirror", cancel_requested_at=-10)
+    good = JobFactory(kind="tests.good", cancel_requested_at=-5)
+    orphan = running(kind="tests.good", lease_expires_at=-60)
+    Reconciler().run_pass()
+    assert reload(good).status == "cancelled", "the neighbour was not blocked"
+    assert reload(orphan).status == "pending", "the later steps still ran"
+    assert reload(bad).mirror_attempts == 1 and reload(bad).status == "pending"
+    Reconciler().run_pass()
+    parked = reload(bad)
+    assert (parked.status, parked.error_code, parked.mirror_attempts) == (
+        "failed",
+        "mirror_failed",
+        2,
+    )
 
 
 # ---------------------------------------------------------------------------------------

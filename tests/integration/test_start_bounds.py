@@ -41,6 +41,7 @@ REFUSED_RUN_AFTER = {
     "datetime-min-in-a-zone": lambda now: datetime.min.replace(tzinfo=timezone(timedelta(hours=2))),
     "two-days-ago": lambda now: now - timedelta(days=2),
     "eleven-years-ahead": lambda now: now + timedelta(days=11 * 365),
+    "year-9999": lambda now: datetime(9999, 1, 1, tzinfo=timezone.utc),
     "367-days-ahead": lambda now: now + timedelta(days=367),
     "367-days-as-a-timedelta": lambda now: timedelta(days=367),
     "367-days-as-seconds": lambda now: 367 * 86400,

@@ -88,5 +88,17 @@ def test_an_idempotency_key_of_another_kind_is_a_conflict():
         durable.start_many([{"kind": "demo.import", "idempotency_key": "k"}])
 
 
+def test_a_key_repeated_within_the_batch_with_another_kind_is_a_conflict():
+    """Invariant 9: the key check covers the batch itself, not only rows already stored."""
+    with pytest.raises(durable.IdempotencyConflict):
+        durable.start_many(
+            [
+                {"kind": "demo.flaky", "idempotency_key": "k"},
+                {"kind": "demo.noop", "idempotency_key": "k"},
+            ]
+        )
+    assert Job.objects.count() == 0
+
+
 def test_an_empty_batch_does_nothing():
     assert durable.start_many([]) == []

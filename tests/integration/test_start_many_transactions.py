@@ -119,7 +119,7 @@ def test_start_many__refused_without_an_outer_transaction_writes_nothing_and_wak
 
 
 @pytest.mark.parametrize(("error", "batch"), REFUSED_BATCHES.values(), ids=REFUSED_BATCHES.keys())
-def test_start_many__refused_inside_an_outer_transaction_writes_nothing_and_the_transaction_carries_on(
+def test_start_many__refused_inside_an_outer_transaction_writes_nothing_and_it_carries_on(
     other_connection, error, batch
 ):
     """Invariant 9: the refusal rolls back only the batch (a savepoint); the caller's own

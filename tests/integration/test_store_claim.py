@@ -197,10 +197,10 @@ def test_dequeue__does_not_read_the_rows_scheduled_later_at_a_higher_priority():
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {store.TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name,"
-            " priority, next_run_at, pending_since)"
-            " SELECT gen_random_uuid(), 'default', 'test.later', 'pending', now(), now(), 'default', 7,"
-            "        now() + interval '1 day', now() FROM generate_series(1, 20000)"
+            f"INSERT INTO {store.TABLE} (id, tenant_id, kind, status, created_at, updated_at,"
+            " queue_name, priority, next_run_at, pending_since)"
+            " SELECT gen_random_uuid(), 'default', 'test.later', 'pending', now(), now(),"
+            "        'default', 7, now() + interval '1 day', now() FROM generate_series(1, 20000)"
         )
         cursor.execute(f"ANALYZE {store.TABLE}")
     due = JobFactory(priority=0, next_run_at=-1)

@@ -719,7 +719,8 @@ def _expire_leader(name=LEADER):
 def _leader_row(name=LEADER):
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT owner, epoch, expires_at - clock_timestamp() FROM durable_jobs_leader WHERE name = %s",
+            "SELECT owner, epoch, expires_at - clock_timestamp()"
+            " FROM durable_jobs_leader WHERE name = %s",
             [name],
         )
         return cursor.fetchone()

@@ -479,7 +479,8 @@ def shift_satisfied(job_id, seconds: float) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE durable_jobs_job SET wait_satisfied_at = wait_satisfied_at + %s * interval '1 second'"
+            "UPDATE durable_jobs_job"
+            " SET wait_satisfied_at = wait_satisfied_at + %s * interval '1 second'"
             " WHERE id = %s",
             [seconds, job_id],
         )
@@ -592,7 +593,8 @@ def test_coalesce__two_concurrent_starts_for_one_target_make_one_job(handled, wa
     def second() -> None:
         try:
             inserted.wait(10)
-            # Neither start's lookup can see the other's uncommitted row: only the index can stop this one.
+            # Neither start's lookup can see the other's uncommitted row: only the index
+            # can stop this one.
             results["second"] = durable.start(
                 KIND, wait_for=[{"profile": "later"}], wait_key="pr:5"
             )

@@ -120,42 +120,46 @@ def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
 
 
 @pytest.mark.parametrize(
-    ("kind", "job_input", "pace"),
+    ("kind", "job_input", "next_claim"),
     [
-        ("demo.brief", {"seconds": 0.0}, Pace.QUICK),
-        ("demo.brief", {"seconds": 0.08}, Pace.SLOW),
-        ("demo.slow_mirror", {"mirror_seconds": 0.08}, Pace.SLOW),
+        ("demo.brief", {"seconds": 0.0}, 2),
+        ("demo.brief", {"seconds": 0.08}, 1),
+        ("demo.slow_mirror", {"mirror_seconds": 0.08}, 1),
     ],
+    ids=["quick-run", "slow-handler", "slow-mirror"],
 )
 def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(
-    monkeypatch, kind, job_input, pace
+    monkeypatch, kind, job_input, next_claim
 ):
     """On a saturated machine a slot thread hears of a no-op run tens of milliseconds late.
     Judged by that delay, every slice looked slow and every slot fell back to one claim
-    per job. Judged by its own work, a quick run stays quick, while a slow handler (by the
-    handler process's clock) or a slow mirror (on the slot) is still slow."""
+    per job. Judged by its own work, a quick run stays quick (the slot's next claim asks
+    for two), while a slow handler (by the handler process's clock) or a slow mirror (on
+    the slot) is still slow (the next claim asks for one)."""
     from durable_jobs.runtime.runner import ChildRunner
 
     late = 0.08  # past QUICK_SLICE, as a starved slot thread sees a no-op
-    pump = ChildRunner._pump
+    run = ChildRunner.run
+    heard_late: list[str] = []
 
-    def heard_late(self, *, timeout):
-        heard = pump(self, timeout=timeout)
-        if heard:
-            time.sleep(late)
-        return heard
+    def run_heard_late(self, context, **kwargs):
+        ran = run(self, context, **kwargs)
+        time.sleep(late)  # the answer is in; the slot thread gets to it late
+        heard_late.append(str(context.id))
+        return ran
 
-    job = durable.start(kind, input=job_input)
-    worker = Worker(concurrency=1, execution="process")
-    slot = SlotState(number=0, generation=0, owner="slot")
-    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
-    try:
-        runner.ensure_started()
-        monkeypatch.setattr(ChildRunner, "_pump", heard_late)
-        claimed = store.dequeue(["default"], "slot", 60_000, limit=1)
-        began = time.monotonic()
-        assert worker._run_claimed(slot, claimed, 60_000, runner) is pace
-        assert time.monotonic() - began >= late, "the slot heard of the run late"
-    finally:
-        runner.close()
-    assert reload(job).status == "completed"
+    limits: list[int] = []
+    dequeue = store.dequeue
+
+    def counted(*args, limit, **kwargs):
+        limits.append(limit)
+        return dequeue(*args, limit=limit, **kwargs)
+
+    monkeypatch.setattr(ChildRunner, "run", run_heard_late)
+    monkeypatch.setattr(store, "dequeue", counted)
+    jobs = [durable.start(kind, input=job_input) for _ in range(2)]
+    worker = Worker(concurrency=1, execution="process", burst=True, reconcile=False)
+    assert worker.run() == 0
+    assert [reload(job).status for job in jobs] == ["completed", "completed"]
+    assert heard_late, "the slot heard of the run late"
+    assert limits[:2] == [1, next_claim], f"claims asked for {limits}"

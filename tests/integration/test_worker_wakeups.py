@@ -22,7 +22,10 @@ POLL = 60.0  # far longer than any wait below: only a notification can explain a
 
 @pytest.fixture
 def idle_worker(settings, monkeypatch):
-    """A 4-slot worker (thread execution) asleep on a long poll, counting its dequeues."""
+    """A 4-slot worker (thread execution) asleep on a long poll, counting its dequeues.
+
+    Asleep is what the database sees: the LISTEN is in place and no slot has claimed
+    (dequeued) for a while, after every slot looked at least once."""
     settings.DURABLE_JOBS = {
         **settings.DURABLE_JOBS,
         "POLL_INTERVAL": POLL,
@@ -38,21 +41,23 @@ def idle_worker(settings, monkeypatch):
 
     monkeypatch.setattr(store, "dequeue", counted)
     worker = Worker(concurrency=4, execution="thread", reconcile=False)
-    thread = threading.Thread(target=worker.run, daemon=True)
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
     thread.start()
-    _wait(lambda: len(worker._sleepers) == 4 and _listening(), "four sleeping slots and a LISTEN")
-    time.sleep(0.3)  # the wake-up pass after LISTEN is over
-    _wait(lambda: len(worker._sleepers) == 4, "four sleeping slots again")
+    _wait(lambda: len(calls) >= 4 and _listening(), "every slot to look once and a LISTEN")
+    _wait_quiet(calls, "the wake-up pass after LISTEN to end")
     calls.clear()
     yield worker, calls
     worker.stopping.set()
+    # No public way to stop a worker run in a thread (its SIGTERM handler needs the main one).
     worker._wake_all()
     thread.join(timeout=30)
     assert not thread.is_alive()
+    assert exit_code == [0], "the worker stopped cleanly"
 
 
 def test_one_start_wakes_one_slot(idle_worker):
-    worker, calls = idle_worker
+    _worker, calls = idle_worker
     job = durable.start("demo.noop")
     _wait(lambda: Job.objects.get(id=job.id).status == "completed", "the job to run")
     time.sleep(0.3)  # any other slot woken by the same notification would have dequeued by now
@@ -61,7 +66,10 @@ def test_one_start_wakes_one_slot(idle_worker):
     # would make five dequeues.
     assert sum(1 for n in calls if n) == 1
     assert len(calls) <= 3, f"{len(calls)} dequeues for one start: every slot woke"
-    assert len(worker._sleepers) == 4
+    # And the woken slots went back to sleep instead of polling on: no more dequeues.
+    looked = len(calls)
+    _wait_quiet(calls, "the woken slots to go back to sleep")
+    assert len(calls) == looked, "a woken slot kept looking for work"
 
 
 def test_one_transaction_of_many_starts_runs_them_all_without_the_poll(idle_worker):
@@ -82,6 +90,19 @@ def _listening() -> bool:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN %%'")
         return cursor.fetchone()[0] > 0
+
+
+def _wait_quiet(calls: list[int], message: str, quiet: float = 0.3) -> None:
+    """Wait until no slot has dequeued for ``quiet`` seconds: every slot is asleep."""
+    last = {"count": -1, "since": 0.0}
+
+    def settled() -> bool:
+        now = time.monotonic()
+        if len(calls) != last["count"]:
+            last.update(count=len(calls), since=now)
+        return now - last["since"] >= quiet
+
+    _wait(settled, message)
 
 
 def _wait(check, message: str, timeout: float = 10.0) -> None:

@@ -1422,7 +1422,8 @@ def test_walk__operator_redrive_refuses_to_make_a_second_live_job_on_a_lock_key(
 
 
 def test_walk__dequeue_skips_a_cancel_request_a_future_run_time_and_a_claimed_row(walk):
-    cancelling, later, claimed = walk.start(), walk.start(delay_ms=LATER_MS), walk.start()
+    cancelling, claimed = walk.start(), walk.start()
+    walk.start(delay_ms=LATER_MS)  # due later: the dequeue skips it on its run time
     walk.request_cancel(cancelling)
     walk.claim_job(claimed)
     walk.dequeue_jobs(queues=set(QUEUES))

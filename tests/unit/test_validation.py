@@ -216,6 +216,28 @@ def test_handler_kind__refuses_a_trailing_newline():
     assert registry.get("reports.rebuild\n") is None
 
 
+def test_handler_policy__is_validated_and_accepts_timedeltas(kinds):
+    """A kind's policy is checked when it is registered: durations may be timedeltas
+    (read back in seconds); a negative, non-numeric or NaN duration, a non-callable
+    mirror or classifier and a malformed queue name are refused at registration."""
+    from durable_jobs.exceptions import ConfigurationError
+
+    handler = kinds.add(
+        "tests.policy", slice_budget=timedelta(minutes=5), lease_ttl=timedelta(seconds=90)
+    )
+    assert (handler.setting("SLICE_BUDGET"), handler.setting("LEASE_TTL")) == (300.0, 90.0)
+    for bad in (
+        {"slice_budget": -1},
+        {"max_consecutive_failures": "5"},
+        {"lease_ttl": float("nan")},
+        {"mirror": "not callable"},
+        {"classify": 3},
+        {"queue": "bad queue"},
+    ):
+        with pytest.raises(ConfigurationError):
+            kinds.add("tests.policy_bad", **bad)
+
+
 # ---------------------------------------------------------------------------------------
 # counts (processed, total, total_count)
 # ---------------------------------------------------------------------------------------

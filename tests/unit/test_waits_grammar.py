@@ -83,7 +83,8 @@ def test_instant__every_accepted_instant_is_the_calendar_day_written(
         "Z"
         if offset_minutes is None
         else (
-            f"{'+' if offset_minutes >= 0 else '-'}{abs(offset_minutes) // 60:02d}:{abs(offset_minutes) % 60:02d}"
+            f"{'+' if offset_minutes >= 0 else '-'}"
+            f"{abs(offset_minutes) // 60:02d}:{abs(offset_minutes) % 60:02d}"
         )
     )
     text = f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}{zone}"
