@@ -20,8 +20,9 @@ loudly (not silently slower) when a library upgrade removes or changes what it r
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, connections, transaction
@@ -43,6 +44,8 @@ from durable_jobs.models import Job
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
+
+T = TypeVar("T")
 
 __all__ = [
     "C_TIMESTAMPTZ_LOADER",
@@ -154,11 +157,12 @@ def dump_json(value: Any) -> str | None:
 
 JOB_FIELDS = tuple(Job._meta.concrete_fields)
 _FIELD_NAMES = tuple(f.attname for f in JOB_FIELDS)
-_JSON_POSITIONS = tuple(
-    i for i, f in enumerate(JOB_FIELDS) if f.get_internal_type() == "JSONField"
-)
+_JSON_POSITIONS = tuple(i for i, f in enumerate(JOB_FIELDS) if f.get_internal_type() == "JSONField")
 #: Selected by every statement that returns a job row, so the mapper always sees every column.
-JOB_COLUMNS = ", ".join(f.column for f in JOB_FIELDS)
+#: The column of each of JOB_FIELDS, in order. (A concrete field's column is set once its
+#: model class is built; the stubs declare ``Field.column`` as ``str | None``.)
+JOB_COLUMN_NAMES = tuple(cast(str, f.column) for f in JOB_FIELDS)
+JOB_COLUMNS = ", ".join(JOB_COLUMN_NAMES)
 
 
 def job_from_row(row: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> Job:
@@ -259,11 +263,14 @@ def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
     connection.ensure_connection()
     connection.validate_thread_sharing()
     with connection.wrap_database_errors:
-        cursor = ServerBindingCursor(connection.connection)
+        # django-stubs declare ServerBindingCursor without psycopg.Cursor, its other base
+        # (which takes the connection), and make_cursor()/make_debug_cursor() as taking a
+        # CursorWrapper, where Django passes them the DB-API cursor they wrap.
+        cursor = ServerBindingCursor(connection.connection)  # type: ignore[call-arg]
     return (
-        connection.make_debug_cursor(cursor)
+        connection.make_debug_cursor(cursor)  # type: ignore[arg-type]
         if connection.queries_logged
-        else connection.make_cursor(cursor)
+        else connection.make_cursor(cursor)  # type: ignore[arg-type]
     )
 
 
@@ -273,7 +280,10 @@ def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
 
 SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
 
-def with_lock_timeout(lock_timeout_ms: int, write, *, using: str = DEFAULT_DB_ALIAS):
+
+def with_lock_timeout(
+    lock_timeout_ms: int, write: Callable[[], T], *, using: str = DEFAULT_DB_ALIAS
+) -> T:
     """Run ``write()`` in a transaction whose row-lock waits give up after ``lock_timeout_ms``.
 
     For writers that must never queue behind a slice's own fenced transaction or a slow
@@ -282,6 +292,7 @@ def with_lock_timeout(lock_timeout_ms: int, write, *, using: str = DEFAULT_DB_AL
     with transaction.atomic(using=using):
         fetch_value(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": f"{int(lock_timeout_ms)}ms"})
         return write()
+
 
 # A worker stopped (SIGSTOP, a debugger, swap) inside a fenced transaction holds the
 # job's row lock, and SKIP LOCKED reconcilers would skip the job forever. PostgreSQL
@@ -295,17 +306,21 @@ SET_LOCAL_IDLE_TIMEOUT = "SELECT set_config('idle_in_transaction_session_timeout
 # it runs a query and ends the session once the client is gone (PostgreSQL 14+).
 SET_CLIENT_CONNECTION_CHECK = "SELECT set_config('client_connection_check_interval', %(ms)s, false)"
 
+
 def check_client_connection(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
     """Have the server notice within ``ms`` that this session's client died mid-query."""
     fetch_value(using, SET_CLIENT_CONNECTION_CHECK, {"ms": f"{int(ms)}ms"})
+
 
 def limit_idle_in_transaction(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None:
     """Bound how long the current transaction may sit idle before the server ends it."""
     fetch_value(using, SET_LOCAL_IDLE_TIMEOUT, {"ms": f"{int(ms)}ms"})
 
-def database_now(*, using: str = DEFAULT_DB_ALIAS):
+
+def database_now(*, using: str = DEFAULT_DB_ALIAS) -> datetime:
     """Return the database's clock: the only clock a decision may use."""
     return fetch_value(using, "SELECT clock_timestamp()", {})
+
 
 def listen(raw_connection: Any, channel: str) -> None:
     """Subscribe a raw autocommit psycopg connection to the wake-up channel."""
@@ -313,7 +328,9 @@ def listen(raw_connection: Any, channel: str) -> None:
 
     raw_connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
+
 NOTIFY_PROBE = "SELECT pg_notify(%(channel)s, %(payload)s)"
+
 
 def notify_probe(raw_connection: Any, channel: str, payload: str) -> None:
     """Send a probe NOTIFY on a raw autocommit connection: it must come back to the listener."""

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, transaction
 from django.db.models import NOT_PROVIDED
 
 from durable_jobs.db import (
+    JOB_COLUMN_NAMES,
     JOB_COLUMNS,
     JOB_FIELDS,
     SET_LOCAL_LOCK_TIMEOUT,
@@ -58,6 +59,8 @@ from durable_jobs.models import (
     Job,
 )
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
+
+T = TypeVar("T")
 
 _FIELDS = JOB_FIELDS
 _FIELD_NAMES = tuple(f.attname for f in _FIELDS)
@@ -158,15 +161,20 @@ def _unset_default(field: Any) -> Any:
 
 # Worked out once: a start fills a copy of the defaults from its parameters and the
 # returned row (a column-by-column walk cost a start more than dumping its parameters).
-_NEW_DEFAULTS = [START_LITERALS.get(f.column, _unset_default(f)) for f in _FIELDS]
+_NEW_DEFAULTS = [
+    START_LITERALS.get(column, _unset_default(f))
+    for f, column in zip(_FIELDS, JOB_COLUMN_NAMES, strict=True)
+]
 _NEW_FROM_PARAMS = tuple(
-    (i, START_FROM_PARAMS[f.column]) for i, f in enumerate(_FIELDS) if f.column in START_FROM_PARAMS
+    (i, START_FROM_PARAMS[column])
+    for i, column in enumerate(JOB_COLUMN_NAMES)
+    if column in START_FROM_PARAMS
 )
 #: (field position, position in the returned row, jsonb text to parse)
 _NEW_FROM_ROW = tuple(
-    (i, START_RETURNING.index(START_SAME_AS.get(f.column, f.column)), f.column in _JSON_COLUMNS)
-    for i, f in enumerate(_FIELDS)
-    if START_SAME_AS.get(f.column, f.column) in START_RETURNING
+    (i, START_RETURNING.index(START_SAME_AS.get(column, column)), column in _JSON_COLUMNS)
+    for i, column in enumerate(JOB_COLUMN_NAMES)
+    if START_SAME_AS.get(column, column) in START_RETURNING
 )
 
 
@@ -416,7 +424,8 @@ def _plan_bulk_insert(
     if lock_keys:
         holders = fetch_jobs(using, FIND_LIVE_BY_LOCK_KEYS, {**scope_params(scope), "lock_keys": lock_keys})
         if holders:
-            raise LockKeyHeld(holders[0].lock_key, holders[0].id)
+            # A holder was found by its lock key, so it has one ("?" only for the checker).
+            raise LockKeyHeld(holders[0].lock_key or "?", holders[0].id)
     return existing, to_insert
 
 
@@ -1171,8 +1180,13 @@ _LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _waiting_at_most(
-    lock_timeout_ms: int | None, job_id: object, operation: str, run, *, using: str
-):
+    lock_timeout_ms: int | None,
+    job_id: object,
+    operation: str,
+    run: Callable[[], T],
+    *,
+    using: str,
+) -> T:
     """Run an operator's statement in a savepoint, waiting at most ``lock_timeout_ms`` for row locks.
 
     Invariant 5 lets a worker's ``fenced()`` hold the job row for as long as its domain
@@ -1506,7 +1520,7 @@ def operator_redrive(
                 else None
             )
             raise WaitKeyHeld(
-                job.wait_key if job else "?", holder.id if holder else None
+                job.wait_key if job and job.wait_key else "?", holder.id if holder else None
             ) from error
         if constraint != LOCK_KEY_INDEX:
             raise
@@ -1516,7 +1530,9 @@ def operator_redrive(
             if job and job.lock_key
             else None
         )
-        raise LockKeyHeld(job.lock_key if job else "?", holder.id if holder else None) from error
+        raise LockKeyHeld(
+            job.lock_key if job and job.lock_key else "?", holder.id if holder else None
+        ) from error
 
 
 RECORD_ENQUEUE = f"""

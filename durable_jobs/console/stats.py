@@ -92,7 +92,9 @@ FINISHED = ("completed", "failed", "cancelled")
 
 
 def _add_finished_estimates(
-    by_kind: dict[str, dict[str, int]], jobs, table_rows: int, *, whole_table: bool, using: str
+    by_kind: dict[str, dict[str, int]],
+    jobs: QuerySet[Job],
+    table_rows: int, *, whole_table: bool, using: str
 ) -> None:
     """Add estimated counts of finished jobs: by kind from the joint statistics when they
     cover the whole table, else per status under the kind ``"*"`` (the planner's estimate)."""
