@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from durable_jobs.console import live as console
 from durable_jobs.console import queries
