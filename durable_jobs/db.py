@@ -166,7 +166,7 @@ JOB_COLUMNS = ", ".join(JOB_COLUMN_NAMES)
 
 
 def job_from_row(row: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> Job:
-    """Build the ``Job`` a row of ``JOB_COLUMNS`` stands for (jsonb arrives as text on raw cursors)."""
+    """Build the ``Job`` a row of ``JOB_COLUMNS`` stands for (raw cursors give jsonb as text)."""
     values = list(row)
     for position in _JSON_POSITIONS:
         if isinstance(values[position], str):
@@ -235,7 +235,7 @@ def read_timestamps_in_c(cursor: CursorWrapper, using: str = DEFAULT_DB_ALIAS) -
 
 
 def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
-    """Return Django's cursor, or, where the connection prepares statements, one binding server-side.
+    """Return Django's cursor, or where the connection prepares statements one binding server-side.
 
     psycopg prepares a statement it has run ``prepare_threshold`` times on a connection,
     but only one bound server-side, and Django's default cursor binds on the client. The

@@ -129,7 +129,7 @@ def _prepare(
     wait_for: list[dict[str, str]] | None = None,
     wait_key: str | None = None,
 ) -> dict[str, Any]:
-    """Validate one start's arguments into the insert's fields; raise InvalidInput naming the field."""
+    """Validate one start's arguments into the insert's fields; InvalidInput names the field."""
     settings = conf.get()
     validation.name("kind", kind)
     handler = registry.get(kind)

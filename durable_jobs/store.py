@@ -156,7 +156,11 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 
 def _unset_default(field: Any) -> Any:
     """A column the insert does not name: NULL, or its ``db_default`` (a literal or a Value)."""
-    return None if field.db_default is NOT_PROVIDED else getattr(field.db_default, "value", field.db_default)
+    return (
+        None
+        if field.db_default is NOT_PROVIDED
+        else getattr(field.db_default, "value", field.db_default)
+    )
 
 
 # Worked out once: a start fills a copy of the defaults from its parameters and the
@@ -422,7 +426,9 @@ def _plan_bulk_insert(
         twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
         raise LockKeyHeld(twice)
     if lock_keys:
-        holders = fetch_jobs(using, FIND_LIVE_BY_LOCK_KEYS, {**scope_params(scope), "lock_keys": lock_keys})
+        holders = fetch_jobs(
+            using, FIND_LIVE_BY_LOCK_KEYS, {**scope_params(scope), "lock_keys": lock_keys}
+        )
         if holders:
             # A holder was found by its lock key, so it has one ("?" only for the checker).
             raise LockKeyHeld(holders[0].lock_key or "?", holders[0].id)
@@ -1238,7 +1244,11 @@ def request_cancel(
     """
     params = {"id": job_id, **scope_params(scope), "by": by}
     return _waiting_at_most(
-        lock_timeout_ms, job_id, "cancel", lambda: fetch_job(using, REQUEST_CANCEL, params), using=using
+        lock_timeout_ms,
+        job_id,
+        "cancel",
+        lambda: fetch_job(using, REQUEST_CANCEL, params),
+        using=using,
     )
 
 
@@ -1449,10 +1459,13 @@ def park(
     job_id: object, epoch: int, reason: str, message: str | None, *, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
     """Fail a job with a reason only an operator re-drives; fenced on the epoch the caller saw."""
-    return fetch_job(using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message})
+    return fetch_job(
+        using, PARK, {"id": job_id, "epoch": epoch, "reason": reason, "message": message}
+    )
 
 
 GET_JOB = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s AND {SCOPE}"
+
 
 def get_job(job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Return the job with ``job_id`` in ``scope``; another scope's job is simply absent."""
@@ -1551,7 +1564,9 @@ def record_enqueue(
     claim keeps the queue it was claimed from.
     """
     return (
-        fetch_value(using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue})
+        fetch_value(
+            using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue}
+        )
         is not None
     )
 
@@ -1759,7 +1774,9 @@ def count_stale_pending(
 ) -> int:
     """Count pending jobs due for longer than the pending TTL (a warning, never a re-drive)."""
     return int(
-        fetch_value(using, COUNT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "tenant": tenant})
+        fetch_value(
+            using, COUNT_STALE_PENDING, {"pending_ttl_ms": pending_ttl_ms, "tenant": tenant}
+        )
         or 0
     )
 
@@ -1834,7 +1851,9 @@ def find_wait_holder(
 ) -> Job | None:
     """Return the job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
     return fetch_job(
-        using, FIND_WAIT_HOLDER, {**scope_params(scope), "wait_key": wait_key, "window_ms": window_ms}
+        using,
+        FIND_WAIT_HOLDER,
+        {**scope_params(scope), "wait_key": wait_key, "window_ms": window_ms},
     )
 
 

@@ -195,7 +195,8 @@ _BADGE_COLOURS = {
 def status_badge(job: Job) -> SafeString:
     colour = _BADGE_COLOURS.get(job.status, "#6b7280")
     return format_html(
-        "<span class='dj-status' data-dj-status='{}' style='background:{};color:#fff;border-radius:3px;"
+        "<span class='dj-status' data-dj-status='{}' "
+        "style='background:{};color:#fff;border-radius:3px;"
         "padding:1px 6px;font-size:11px'>{}</span>",
         job.id,
         colour,
@@ -246,7 +247,8 @@ def pretty_json(value: Any) -> str:
             text = pretty
     if len(text) > PAYLOAD_DISPLAY_LIMIT:
         return format_html(
-            "<pre style='margin:0;white-space:pre-wrap'>{}</pre><p><strong class='dj-truncated'>truncated</strong>:"
+            "<pre style='margin:0;white-space:pre-wrap'>{}</pre>"
+            "<p><strong class='dj-truncated'>truncated</strong>:"
             " showing {} of {} characters</p>",
             text[:PAYLOAD_DISPLAY_LIMIT],
             f"{PAYLOAD_DISPLAY_LIMIT:,}",
@@ -748,8 +750,8 @@ class JobAdmin(admin.ModelAdmin):
         self.message_user(
             request,
             format_html(
-                "Started a background job to {} all {} matching jobs: <a href='{}'>{}</a> (progress, counts "
-                "and refusals appear there; cancel it to stop).",
+                "Started a background job to {} all {} matching jobs: <a href='{}'>{}</a> "
+                "(progress, counts and refusals appear there; cancel it to stop).",
                 action.replace("_", " "),
                 f"{count:,}",
                 url,

@@ -159,7 +159,7 @@ class DurableBackend(BaseTaskBackend):
                 raise InvalidTask(f"task {task.module_path}: {error}") from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Start the task as a durable job in the caller's transaction (on ``OPTIONS['DATABASE']``)."""
+        """Start the task as a durable job in the caller's transaction (``OPTIONS['DATABASE']``)."""
         from durable_jobs import service
 
         self.validate_task(task)

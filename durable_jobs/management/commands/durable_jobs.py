@@ -1,4 +1,4 @@
-"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats``: see and steer jobs without SQL.
+"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats``: see and steer jobs, no SQL.
 
 Human output by default, ``--json`` (before or after the action) for scripts. Every
 action goes through the same service functions as code and the admin. Exit status: 0
@@ -53,7 +53,10 @@ def progress_bar(job: Job) -> str:
         return f"{job.processed_count} processed (total unknown)"
     fraction = job.progress or 0.0
     filled = round(BAR * fraction)
-    return f"[{'#' * filled}{'.' * (BAR - filled)}] {job.processed_count}/{job.total_count} ({fraction:.0%})"
+    return (
+        f"[{'#' * filled}{'.' * (BAR - filled)}] "
+        f"{job.processed_count}/{job.total_count} ({fraction:.0%})"
+    )
 
 
 def as_dict(job: Job) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def as_dict(job: Job) -> dict[str, Any]:
 
 
 class Refused(CommandError):
-    """A service refusal that keeps a machine-readable code (``job_not_found``, ``wrong_state``...)."""
+    """A service refusal keeping a machine-readable code (``job_not_found``, ``wrong_state``...)."""
 
     def __init__(self, error: DurableJobsError) -> None:
         # A refused argument (not a job id, a page out of range) is a bad argument: exit 2.
@@ -312,7 +315,8 @@ class Command(BaseCommand):
             "",
             f"pending: {data['pending']} (oldest {'-' if oldest is None else f'{oldest:.1f}s'})",
             (
-                f"running: {data['running']} ({data['running_expired_leases']} with expired leases, "
+                f"running: {data['running']} "
+                f"({data['running_expired_leases']} with expired leases, "
                 f"{data['retrying']} waiting for a retry)"
             ),
             f"held by a wait condition: {data['held']} (of the pending)",
@@ -323,7 +327,8 @@ class Command(BaseCommand):
             ),
             "finished: "
             + "; ".join(
-                f"last {window}: {c['completed']} completed, {c['failed']} failed, {c['cancelled']} cancelled"
+                f"last {window}: {c['completed']} completed, {c['failed']} failed, "
+                f"{c['cancelled']} cancelled"
                 + (
                     " (estimated from the newest rows' rate)"
                     if window in data["finished_last_estimated"]

@@ -25,8 +25,10 @@ def tenant_id(text: str) -> str:
 
 class Command(SettingsFirst, BaseCommand):
     help = (
-        "Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, with no leader election "
-        "(safe to run many). Every durable_worker already reconciles unless started with --no-reconcile."
+        "Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, "
+        "with no leader election "
+        "(safe to run many). Every durable_worker already reconciles "
+        "unless started with --no-reconcile."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -29,7 +29,10 @@ def positive_int(text: str) -> int:
 
 
 class Command(SettingsFirst, BaseCommand):
-    help = "Claim and run durable job slices. SIGTERM/SIGINT: finish slices (yield), then exit; twice: exit now."
+    help = (
+        "Claim and run durable job slices. "
+        "SIGTERM/SIGINT: finish slices (yield), then exit; twice: exit now."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
