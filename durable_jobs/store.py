@@ -1173,7 +1173,7 @@ RETURNING park_mirror_attempts
 def bump_park_mirror_attempts(
     job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS
 ) -> int | None:
-    """Count a failed attempt to tell a parked job's subject; return the new count (None: moved on)."""
+    """Count a failed attempt to tell a parked job's subject; the new count (None: moved on)."""
     return fetch_value(using, BUMP_PARK_MIRROR_ATTEMPTS, {"id": job_id, "epoch": epoch})
 
 
@@ -1193,7 +1193,7 @@ def _waiting_at_most(
     *,
     using: str,
 ) -> T:
-    """Run an operator's statement in a savepoint, waiting at most ``lock_timeout_ms`` for row locks.
+    """Run an operator's statement in a savepoint; wait at most ``lock_timeout_ms`` for row locks.
 
     Invariant 5 lets a worker's ``fenced()`` hold the job row for as long as its domain
     transaction lasts; an operator must not hang behind it. The timeout is set for this
@@ -1473,8 +1473,8 @@ def get_job(job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS) -> J
 
 
 # Resets the budgets (a wait's fault streak too; its hold clock is kept: written once),
-# because an operator asking for a re-drive is asking for more attempts; keeps `redrives` (identity, not budget: a retained broker message may carry
-# the old pair). Clears the cancellation too: an explicit re-drive supersedes a request
+# because an operator asking for a re-drive is asking for more attempts; keeps `redrives`
+# (identity, not budget: a retained broker message may carry the old pair). Clears the cancellation too: an explicit re-drive supersedes a request
 # the failed slice never honoured. `completed` and `cancelled` are never re-drivable
 # (invariant 13); `unrecoverable` only with force.
 OPERATOR_REDRIVE = f"""
@@ -1598,7 +1598,7 @@ RETURNING epoch
 def acquire_leadership(
     name: str, owner: str, *, ttl_ms: int, using: str = DEFAULT_DB_ALIAS
 ) -> int | None:
-    """Take or renew leadership ``name`` for ``ttl_ms``; return its epoch, or None when another owner holds it.
+    """Take or renew leadership ``name`` for ``ttl_ms``; its epoch, or None if another owner holds it.
 
     A takeover (from an expired or resigned holder) bumps the epoch; a renewal keeps it.
     """
@@ -1849,7 +1849,7 @@ SELECT {COLUMNS} FROM {TABLE}
 def find_wait_holder(
     scope: Scope, wait_key: str, *, window_ms: int, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
-    """Return the job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
+    """The job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
     return fetch_job(
         using,
         FIND_WAIT_HOLDER,
@@ -1890,7 +1890,7 @@ def hold_job(
     denied: bool = False,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
-    """Hold a claimed job until ``until`` (an aware datetime) or for ``delay_ms``; None if the lease is gone.
+    """Hold a claimed job until ``until`` (aware datetime) or for ``delay_ms``; None: lease gone.
 
     ``checks`` counts the check runs of this pickup; ``denied`` counts a pickup refused a
     check turn (consecutive: any other hold resets it).
@@ -1925,7 +1925,7 @@ RETURNING wait_faults, wait_faults >= %(max_faults)s
 def count_wait_fault(
     lease: Lease, *, checks: int, max_faults: int, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[int, bool] | None:
-    """Count a "cannot tell"; return ``(consecutive faults, exhausted)``, or None if the lease is gone."""
+    """Count a "cannot tell"; ``(consecutive faults, exhausted)``, or None if the lease is gone."""
     with execute(
         using, COUNT_WAIT_FAULT, {**_lease(lease), "checks": checks, "max_faults": max_faults}
     ) as cursor:
@@ -1963,7 +1963,7 @@ RETURNING {COLUMNS}
 
 
 def satisfy_wait(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
-    """Record that the job's wait cleared (``checks`` ran this pickup); None if the lease is gone."""
+    """Record that the job's wait cleared (``checks`` ran this pickup); None: the lease is gone."""
     return fetch_job(using, SATISFY_WAIT, {**_lease(lease), "checks": checks})
 
 
@@ -1991,7 +1991,7 @@ RETURNING started_at
 
 
 def begin_task_attempt(lease: Lease, worker_id: str, *, using: str = DEFAULT_DB_ALIAS) -> Any:
-    """Record that this claim starts running the task; return its start, or None if the lease is gone."""
+    """Record that this claim starts running the task; its start, or None if the lease is gone."""
     return fetch_value(using, BEGIN_TASK_ATTEMPT, {**_lease(lease), "worker_id": worker_id[:200]})
 
 
