@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
 from django.conf import settings
 from django.core import checks
 
@@ -10,8 +14,10 @@ from durable_jobs.exceptions import ConfigurationError
 
 
 @checks.register("durable_jobs")
-def check_settings(app_configs=None, **kwargs):
-    errors = []
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    errors: list[checks.CheckMessage] = []
     raw = getattr(settings, "DURABLE_JOBS", None)
     # Each unknown key on its own line, each with its "did you mean".
     unknown = conf.unknown_keys(raw) if isinstance(raw, dict) else []

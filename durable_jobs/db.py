@@ -20,8 +20,9 @@ loudly (not silently slower) when a library upgrade removes or changes what it r
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, InterfaceError, connections, transaction
@@ -43,6 +44,8 @@ from durable_jobs.models import Job
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
+
+T = TypeVar("T")
 
 __all__ = [
     "C_TIMESTAMPTZ_LOADER",
@@ -156,11 +159,14 @@ JOB_FIELDS = tuple(Job._meta.concrete_fields)
 _FIELD_NAMES = tuple(f.attname for f in JOB_FIELDS)
 _JSON_POSITIONS = tuple(i for i, f in enumerate(JOB_FIELDS) if f.get_internal_type() == "JSONField")
 #: Selected by every statement that returns a job row, so the mapper always sees every column.
-JOB_COLUMNS = ", ".join(f.column for f in JOB_FIELDS)
+#: The column of each of JOB_FIELDS, in order. (A concrete field's column is set once its
+#: model class is built; the stubs declare ``Field.column`` as ``str | None``.)
+JOB_COLUMN_NAMES = tuple(cast(str, f.column) for f in JOB_FIELDS)
+JOB_COLUMNS = ", ".join(JOB_COLUMN_NAMES)
 
 
 def job_from_row(row: Sequence[Any], using: str = DEFAULT_DB_ALIAS) -> Job:
-    """Build the ``Job`` a row of ``JOB_COLUMNS`` stands for (jsonb arrives as text on raw cursors)."""
+    """Build the ``Job`` a row of ``JOB_COLUMNS`` stands for (raw cursors give jsonb as text)."""
     values = list(row)
     for position in _JSON_POSITIONS:
         if isinstance(values[position], str):
@@ -229,7 +235,7 @@ def read_timestamps_in_c(cursor: CursorWrapper, using: str = DEFAULT_DB_ALIAS) -
 
 
 def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
-    """Return Django's cursor, or, where the connection prepares statements, one binding server-side.
+    """Return Django's cursor, or where the connection prepares statements one binding server-side.
 
     psycopg prepares a statement it has run ``prepare_threshold`` times on a connection,
     but only one bound server-side, and Django's default cursor binds on the client. The
@@ -257,11 +263,14 @@ def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
     connection.ensure_connection()
     connection.validate_thread_sharing()
     with connection.wrap_database_errors:
-        cursor = ServerBindingCursor(connection.connection)
+        # django-stubs declare ServerBindingCursor without psycopg.Cursor, its other base
+        # (which takes the connection), and make_cursor()/make_debug_cursor() as taking a
+        # CursorWrapper, where Django passes them the DB-API cursor they wrap.
+        cursor = ServerBindingCursor(connection.connection)  # type: ignore[call-arg]
     return (
-        connection.make_debug_cursor(cursor)
+        connection.make_debug_cursor(cursor)  # type: ignore[arg-type]
         if connection.queries_logged
-        else connection.make_cursor(cursor)
+        else connection.make_cursor(cursor)  # type: ignore[arg-type]
     )
 
 
@@ -272,7 +281,9 @@ def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
 SET_LOCAL_LOCK_TIMEOUT = "SELECT set_config('lock_timeout', %(ms)s, true)"
 
 
-def with_lock_timeout(lock_timeout_ms: int, write, *, using: str = DEFAULT_DB_ALIAS):
+def with_lock_timeout(
+    lock_timeout_ms: int, write: Callable[[], T], *, using: str = DEFAULT_DB_ALIAS
+) -> T:
     """Run ``write()`` in a transaction whose row-lock waits give up after ``lock_timeout_ms``.
 
     For writers that must never queue behind a slice's own fenced transaction or a slow
@@ -306,7 +317,7 @@ def limit_idle_in_transaction(ms: int, *, using: str = DEFAULT_DB_ALIAS) -> None
     fetch_value(using, SET_LOCAL_IDLE_TIMEOUT, {"ms": f"{int(ms)}ms"})
 
 
-def database_now(*, using: str = DEFAULT_DB_ALIAS):
+def database_now(*, using: str = DEFAULT_DB_ALIAS) -> datetime:
     """Return the database's clock: the only clock a decision may use."""
     return fetch_value(using, "SELECT clock_timestamp()", {})
 

@@ -75,7 +75,7 @@ class JobNotFound(DurableJobsError, LookupError):
 class LockKeyHeld(DurableJobsError):
     """A live job already holds the lock key; ``holder_id`` is its id when known."""
 
-    def __init__(self, lock_key: str, holder_id: object | None = None) -> None:
+    def __init__(self, lock_key: str | None, holder_id: object | None = None) -> None:
         self.lock_key = lock_key
         self.holder_id = holder_id
         held_by = f" by job {holder_id}" if holder_id else ""
@@ -86,7 +86,7 @@ class WaitKeyHeld(DurableJobsError):
     """Re-driving this job would make a second live job on its wait key (invariant 22):
     another job of the scope holds the key now; ``holder_id`` is its id when known."""
 
-    def __init__(self, wait_key: str, holder_id: object | None = None) -> None:
+    def __init__(self, wait_key: str | None, holder_id: object | None = None) -> None:
         self.wait_key = wait_key
         self.holder_id = holder_id
         held_by = f" by job {holder_id}" if holder_id else ""

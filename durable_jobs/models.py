@@ -8,6 +8,7 @@ without ever becoming a second, unfenced way to change a job.
 from __future__ import annotations
 
 import uuid
+from typing import Any, NoReturn
 
 from django.db import models
 from django.db.models import F, Q, Value
@@ -39,28 +40,28 @@ class ReadOnlyJobRow(TypeError):
 
 
 class JobQuerySet(models.QuerySet):
-    def update(self, **kwargs):
+    def update(self, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def delete(self):
+    def delete(self) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def bulk_create(self, *args, **kwargs):
+    def bulk_create(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def bulk_update(self, *args, **kwargs):
+    def bulk_update(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def create(self, **kwargs):
+    def create(self, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def get_or_create(self, *args, **kwargs):
+    def get_or_create(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def update_or_create(self, *args, **kwargs):
+    def update_or_create(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def held(self):
+    def held(self) -> JobQuerySet:
         """Jobs held by a wait condition: pending, hold started, condition not cleared.
 
         Their next check is ``next_run_at``; they hold no lease while they wait. Read by
@@ -297,10 +298,10 @@ class Job(models.Model):
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
     #: True on the job ``start()`` returned when the start coalesced onto this job, the
@@ -390,8 +391,8 @@ class TaskAttempt(models.Model):
     def __str__(self) -> str:
         return f"attempt of {self.job_id} at epoch {self.epoch} by {self.worker_id}"
 
-    def save(self, *args, **kwargs):
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
 
-    def delete(self, *args, **kwargs):
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)

@@ -55,6 +55,11 @@ def scope_of(scope: Scope | str | tuple[str, str | None] | None) -> Scope:
 def _subject(subject: Any) -> tuple[str | None, str | None]:
     if subject is None:
         return None, None
+    return _subject_pair(subject)
+
+
+def _subject_pair(subject: Any) -> tuple[str, str]:
+    """The (type, id) pair of a subject that is not None."""
     if isinstance(subject, models.Model):
         if subject.pk is None:
             raise InvalidInput("subject", "is an unsaved model instance")
@@ -124,7 +129,7 @@ def _prepare(
     wait_for: list[dict[str, str]] | None = None,
     wait_key: str | None = None,
 ) -> dict[str, Any]:
-    """Validate one start's arguments into the insert's fields; raise InvalidInput naming the field."""
+    """Validate one start's arguments into the insert's fields; InvalidInput names the field."""
     settings = conf.get()
     validation.name("kind", kind)
     handler = registry.get(kind)
@@ -408,8 +413,7 @@ def list_jobs(
         validation.name("kind", kind)
     subject_pair = None
     if subject is not None:
-        subject_type, subject_id = _subject(subject)
-        subject_pair = (subject_type, subject_id)
+        subject_pair = _subject_pair(subject)
     validation.integer("page", page, low=1, high=10**9)
     validation.integer("page_size", page_size, low=1, high=10**9)
     return reads.list_jobs(

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, transaction
 from django.db.models import NOT_PROVIDED
 
 from durable_jobs.db import (
+    JOB_COLUMN_NAMES,
     JOB_COLUMNS,
     JOB_FIELDS,
     SET_LOCAL_LOCK_TIMEOUT,
@@ -58,6 +59,8 @@ from durable_jobs.models import (
     Job,
 )
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
+
+T = TypeVar("T")
 
 _FIELDS = JOB_FIELDS
 _FIELD_NAMES = tuple(f.attname for f in _FIELDS)
@@ -162,15 +165,20 @@ def _unset_default(field: Any) -> Any:
 
 # Worked out once: a start fills a copy of the defaults from its parameters and the
 # returned row (a column-by-column walk cost a start more than dumping its parameters).
-_NEW_DEFAULTS = [START_LITERALS.get(f.column, _unset_default(f)) for f in _FIELDS]
+_NEW_DEFAULTS = [
+    START_LITERALS.get(column, _unset_default(f))
+    for f, column in zip(_FIELDS, JOB_COLUMN_NAMES, strict=True)
+]
 _NEW_FROM_PARAMS = tuple(
-    (i, START_FROM_PARAMS[f.column]) for i, f in enumerate(_FIELDS) if f.column in START_FROM_PARAMS
+    (i, START_FROM_PARAMS[column])
+    for i, column in enumerate(JOB_COLUMN_NAMES)
+    if column in START_FROM_PARAMS
 )
 #: (field position, position in the returned row, jsonb text to parse)
 _NEW_FROM_ROW = tuple(
-    (i, START_RETURNING.index(START_SAME_AS.get(f.column, f.column)), f.column in _JSON_COLUMNS)
-    for i, f in enumerate(_FIELDS)
-    if START_SAME_AS.get(f.column, f.column) in START_RETURNING
+    (i, START_RETURNING.index(START_SAME_AS.get(column, column)), column in _JSON_COLUMNS)
+    for i, column in enumerate(JOB_COLUMN_NAMES)
+    if START_SAME_AS.get(column, column) in START_RETURNING
 )
 
 
@@ -1164,7 +1172,7 @@ RETURNING park_mirror_attempts
 def bump_park_mirror_attempts(
     job_id: object, *, epoch: int, using: str = DEFAULT_DB_ALIAS
 ) -> int | None:
-    """Count a failed attempt to tell a parked job's subject; return the new count (None: moved on)."""
+    """Count a failed attempt to tell a parked job's subject; the new count (None: moved on)."""
     return fetch_value(using, BUMP_PARK_MIRROR_ATTEMPTS, {"id": job_id, "epoch": epoch})
 
 
@@ -1177,9 +1185,14 @@ _LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _waiting_at_most(
-    lock_timeout_ms: int | None, job_id: object, operation: str, run, *, using: str
-):
-    """Run an operator's statement in a savepoint, waiting at most ``lock_timeout_ms`` for row locks.
+    lock_timeout_ms: int | None,
+    job_id: object,
+    operation: str,
+    run: Callable[[], T],
+    *,
+    using: str,
+) -> T:
+    """Run an operator's statement in a savepoint; wait at most ``lock_timeout_ms`` for row locks.
 
     Invariant 5 lets a worker's ``fenced()`` hold the job row for as long as its domain
     transaction lasts; an operator must not hang behind it. The timeout is set for this
@@ -1462,8 +1475,8 @@ def get_job(job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS) -> J
 # because an operator asking for a re-drive is asking for more attempts; keeps `redrives`
 # (identity, not budget: a retained broker message may carry the old pair). Clears the
 # cancellation too: an explicit re-drive supersedes a request the failed slice never
-# honoured. `completed` and `cancelled` are never re-drivable
-# (invariant 13); `unrecoverable` only with force.
+# honoured. `completed` and `cancelled` are never re-drivable (invariant 13);
+# `unrecoverable` only with force.
 OPERATOR_REDRIVE = f"""
 UPDATE {TABLE}
    SET {_REDRIVE_CORE},
@@ -1520,7 +1533,7 @@ def operator_redrive(
                 else None
             )
             raise WaitKeyHeld(
-                job.wait_key if job else "?", holder.id if holder else None
+                job.wait_key if job else None, holder.id if holder else None
             ) from error
         if constraint != LOCK_KEY_INDEX:
             raise
@@ -1530,7 +1543,7 @@ def operator_redrive(
             if job and job.lock_key
             else None
         )
-        raise LockKeyHeld(job.lock_key if job else "?", holder.id if holder else None) from error
+        raise LockKeyHeld(job.lock_key if job else None, holder.id if holder else None) from error
 
 
 RECORD_ENQUEUE = f"""
@@ -1583,7 +1596,7 @@ RETURNING epoch
 def acquire_leadership(
     name: str, owner: str, *, ttl_ms: int, using: str = DEFAULT_DB_ALIAS
 ) -> int | None:
-    """Take or renew leadership ``name`` for ``ttl_ms``; return its epoch, or None when another owner holds it.
+    """Take or renew leadership ``name`` for ``ttl_ms``; its epoch, or None if another owner holds it.
 
     A takeover (from an expired or resigned holder) bumps the epoch; a renewal keeps it.
     """
@@ -1834,7 +1847,7 @@ SELECT {COLUMNS} FROM {TABLE}
 def find_wait_holder(
     scope: Scope, wait_key: str, *, window_ms: int, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
-    """Return the job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
+    """The job a start with ``wait_key`` in ``scope`` coalesces onto, or None (invariant 22)."""
     return fetch_job(
         using,
         FIND_WAIT_HOLDER,
@@ -1875,7 +1888,7 @@ def hold_job(
     denied: bool = False,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
-    """Hold a claimed job until ``until`` (an aware datetime) or for ``delay_ms``; None if the lease is gone.
+    """Hold a claimed job until ``until`` (aware datetime) or for ``delay_ms``; None: lease gone.
 
     ``checks`` counts the check runs of this pickup; ``denied`` counts a pickup refused a
     check turn (consecutive: any other hold resets it).
@@ -1910,7 +1923,7 @@ RETURNING wait_faults, wait_faults >= %(max_faults)s
 def count_wait_fault(
     lease: Lease, *, checks: int, max_faults: int, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[int, bool] | None:
-    """Count a "cannot tell"; return ``(consecutive faults, exhausted)``, or None if the lease is gone."""
+    """Count a "cannot tell"; ``(consecutive faults, exhausted)``, or None if the lease is gone."""
     with execute(
         using, COUNT_WAIT_FAULT, {**_lease(lease), "checks": checks, "max_faults": max_faults}
     ) as cursor:
@@ -1948,7 +1961,7 @@ RETURNING {COLUMNS}
 
 
 def satisfy_wait(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) -> Job | None:
-    """Record that the job's wait cleared (``checks`` ran this pickup); None if the lease is gone."""
+    """Record that the job's wait cleared (``checks`` ran this pickup); None: the lease is gone."""
     return fetch_job(using, SATISFY_WAIT, {**_lease(lease), "checks": checks})
 
 
@@ -1976,7 +1989,7 @@ RETURNING started_at
 
 
 def begin_task_attempt(lease: Lease, worker_id: str, *, using: str = DEFAULT_DB_ALIAS) -> Any:
-    """Record that this claim starts running the task; return its start, or None if the lease is gone."""
+    """Record that this claim starts running the task; its start, or None if the lease is gone."""
     return fetch_value(using, BEGIN_TASK_ATTEMPT, {**_lease(lease), "worker_id": worker_id[:200]})
 
 

@@ -13,12 +13,15 @@ import json
 import math
 import uuid
 from collections import Counter
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.core.paginator import EmptyPage, Paginator
+from django.db.models import QuerySet
 from django.db.models.functions import Now
-from django.http import JsonResponse
+from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.functional import cached_property
@@ -31,6 +34,12 @@ from durable_jobs.exceptions import DurableJobsError, JobBusy, LockKeyHeld, Wron
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
 from durable_jobs.waits import grammar as wait_grammar
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldOpts, _FieldsetSpec
+    from django.urls import URLPattern
+    from django.utils.functional import _StrOrPromise
+    from django.utils.safestring import SafeString
 
 #: Largest JSON payload shown on the detail page, in characters; beyond it a prefix is
 #: shown with a "truncated" marker (a 1 MB input nested 60 deep once made 63 MB of HTML).
@@ -66,7 +75,9 @@ class ConsolePaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        n, exact = console.estimate_count(self.object_list, exact_below=EXACT_COUNT_BELOW)
+        # The admin pages a queryset (the stubs type object_list as any sequence).
+        queryset = cast(QuerySet[Job], self.object_list)
+        n, exact = console.estimate_count(queryset, exact_below=EXACT_COUNT_BELOW)
         return n if exact else Estimate(n)
 
     @cached_property
@@ -75,7 +86,7 @@ class ConsolePaginator(Paginator):
             return 0
         return max(1, min(MAX_PAGES, math.ceil(max(1, self.count - self.orphans) / self.per_page)))
 
-    def validate_number(self, number):
+    def validate_number(self, number: int | float | str) -> int:
         try:
             return super().validate_number(number)
         except EmptyPage:
@@ -87,35 +98,46 @@ class ConsolePaginator(Paginator):
 
 
 class _ConsoleFilter(admin.SimpleListFilter):
-    def queryset(self, request, queryset):
+    #: Every console filter names its parameter (Django allows None until the check runs).
+    parameter_name: str
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return console.apply(queryset, self.parameter_name, self.value())
 
 
 class StatusFilter(_ConsoleFilter):
     title, parameter_name = "status", "status"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [(s.value, s.value) for s in Status]
 
 
 class KindFilter(_ConsoleFilter):
     title, parameter_name = "kind", "kind"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [(k, k) for k in console.kind_choices()]
 
 
 class QueueFilter(_ConsoleFilter):
     title, parameter_name = "queue", "queue"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [(q, q) for q in console.queue_choices()]
 
 
 class ParkedFilter(_ConsoleFilter):
     title, parameter_name = "parked", "parked"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [
             ("yes", "parked (needs an operator)"),
             *[(r, f"parked: {r}") for r in console.PARK_REASONS],
@@ -126,28 +148,36 @@ class ParkedFilter(_ConsoleFilter):
 class LeaseExpiredFilter(_ConsoleFilter):
     title, parameter_name = "lease", "lease_expired"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [("yes", "running, lease expired")]
 
 
 class HeldFilter(_ConsoleFilter):
     title, parameter_name = "held by a wait", "held"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [("yes", "held"), ("no", "not held")]
 
 
 class TenantFilter(_ConsoleFilter):
     title, parameter_name = "tenant", "tenant"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [(t, t) for t in console.tenant_choices()]
 
 
 class OrganizationFilter(_ConsoleFilter):
     title, parameter_name = "organization", "organization"
 
-    def lookups(self, request, model_admin):
+    def lookups(
+        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
+    ) -> list[tuple[str, str]]:
         return [(o, o) for o in console.organization_choices()]
 
 
@@ -162,10 +192,11 @@ _BADGE_COLOURS = {
 }
 
 
-def status_badge(job: Job):
+def status_badge(job: Job) -> SafeString:
     colour = _BADGE_COLOURS.get(job.status, "#6b7280")
     return format_html(
-        "<span class='dj-status' data-dj-status='{}' style='background:{};color:#fff;border-radius:3px;"
+        "<span class='dj-status' data-dj-status='{}' "
+        "style='background:{};color:#fff;border-radius:3px;"
         "padding:1px 6px;font-size:11px'>{}</span>",
         job.id,
         colour,
@@ -173,7 +204,7 @@ def status_badge(job: Job):
     )
 
 
-def progress_html(job: Job):
+def progress_html(job: Job) -> SafeString:
     if job.total_count:
         percent = round(100 * (job.progress or 0))
         return format_html(
@@ -204,7 +235,7 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
-def pretty_json(value) -> str:
+def pretty_json(value: Any) -> str:
     """Indented JSON of a payload, capped at PAYLOAD_DISPLAY_LIMIT characters with a marker."""
     if value is None:
         return "-"
@@ -216,13 +247,20 @@ def pretty_json(value) -> str:
             text = pretty
     if len(text) > PAYLOAD_DISPLAY_LIMIT:
         return format_html(
-            "<pre style='margin:0;white-space:pre-wrap'>{}</pre><p><strong class='dj-truncated'>truncated</strong>:"
+            "<pre style='margin:0;white-space:pre-wrap'>{}</pre>"
+            "<p><strong class='dj-truncated'>truncated</strong>:"
             " showing {} of {} characters</p>",
             text[:PAYLOAD_DISPLAY_LIMIT],
             f"{PAYLOAD_DISPLAY_LIMIT:,}",
             f"{len(text):,}",
         )
     return format_html("<pre style='margin:0;white-space:pre-wrap'>{}</pre>", text)
+
+
+def _db_now(job: Job) -> datetime:
+    """The database's clock, which ``JobAdmin.get_queryset`` annotates on every row."""
+    now: datetime = job.db_now  # type: ignore[attr-defined]  # annotate(db_now=Now())
+    return now
 
 
 def _first_few(reasons: list[str]) -> str:
@@ -246,7 +284,7 @@ _ACTIONS = {
 BUSY = "busy (a worker held the row); try again"
 
 
-def apply_action(action: str, job_id, scope: Scope, by: str) -> tuple[str, str] | None:
+def apply_action(action: str, job_id: object, scope: Scope, by: str) -> tuple[str, str] | None:
     """Apply one console action to one job; None when it changed, else ``(reason, message)``.
 
     The reason leaves out the job's id, so equal refusals count together; the message is
@@ -330,32 +368,30 @@ class JobAdmin(admin.ModelAdmin):
     class Media:
         js = ("durable_jobs/console.js",)
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if hasattr(admin, "ShowFacets"):
-            self.show_facets = admin.ShowFacets.NEVER
+    # Facet counts would count the whole table once per filter choice (Django 5.0+).
+    show_facets = admin.ShowFacets.NEVER
 
     # --- read-only: the ORM never writes a job row ---
-    def has_add_permission(self, request):
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    def has_change_permission(self, request, obj=None):
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None):
+    def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
         return False
 
-    def has_cancel_permission(self, request):
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durable_jobs.cancel_job")
 
-    def has_redrive_permission(self, request):
+    def has_redrive_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durable_jobs.redrive_job")
 
-    def has_force_redrive_permission(self, request):
+    def has_force_redrive_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("durable_jobs.force_redrive_job")
 
     # --- queries ---
-    def get_queryset(self, request):
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         # The database's clock rides along with every row: ages are measured on it.
         queryset = super().get_queryset(request).annotate(db_now=Now())
         match = getattr(request, "resolver_match", None)
@@ -364,11 +400,13 @@ class JobAdmin(admin.ModelAdmin):
             queryset = queryset.defer(*_LIST_DEFERRED)
         return queryset
 
-    def get_search_results(self, request, queryset, search_term):
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
         return console.search(queryset, search_term), False
 
-    def get_fieldsets(self, request, obj=None):
-        groups = []
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> _FieldsetSpec:
+        groups: list[tuple[_StrOrPromise | None, _FieldOpts]] = []
         if obj is not None and obj.status in (Status.PENDING.value, Status.RUNNING.value):
             groups.append(("Why isn't it running?", {"fields": ("why_not_running",)}))
         groups.append(
@@ -471,7 +509,7 @@ class JobAdmin(admin.ModelAdmin):
         return groups
 
     # --- columns ---
-    def action_checkbox(self, obj):
+    def action_checkbox(self, obj: Job) -> SafeString:
         # Django renders a form widget through a template per row, a third of the page's
         # time at 50 rows; the same markup, written out.
         return format_html(
@@ -483,37 +521,38 @@ class JobAdmin(admin.ModelAdmin):
         )
 
     @admin.display(description="status")
-    def status_col(self, job: Job):
+    def status_col(self, job: Job) -> SafeString:
         return status_badge(job)
 
     @admin.display(description="progress")
-    def progress_col(self, job: Job):
+    def progress_col(self, job: Job) -> SafeString:
         return progress_html(job)
 
     @admin.display(description="subject")
-    def subject_col(self, job: Job):
+    def subject_col(self, job: Job) -> str:
         return f"{job.subject_type}:{job.subject_id}" if job.subject_type else "-"
 
     @admin.display(description="scope")
-    def scope_col(self, job: Job):
+    def scope_col(self, job: Job) -> str:
         return job.tenant_id + (
             f"/{job.organization_id}" if job.organization_id is not None else ""
         )
 
     @admin.display(description="age")
-    def age_col(self, job: Job):
-        return _age((job.db_now - job.created_at).total_seconds())
+    def age_col(self, job: Job) -> str:
+        return _age((_db_now(job) - job.created_at).total_seconds())
 
     @admin.display(description="heartbeat")
-    def heartbeat_col(self, job: Job):
+    def heartbeat_col(self, job: Job) -> str:
         if job.heartbeat_at is None:
             return "-"
-        age = _age((job.db_now - job.heartbeat_at).total_seconds())
+        now = _db_now(job)
+        age = _age((now - job.heartbeat_at).total_seconds())
         expired = (
             job.status == Status.RUNNING.value
             and job.lease_owner is not None
             and job.lease_expires_at is not None
-            and job.lease_expires_at < job.db_now
+            and job.lease_expires_at < now
         )
         if expired:
             return format_html(
@@ -524,11 +563,11 @@ class JobAdmin(admin.ModelAdmin):
         return age
 
     @admin.display(description="seq / redrives / fails")
-    def attempts_col(self, job: Job):
+    def attempts_col(self, job: Job) -> str:
         return f"{job.continuation_seq} / {job.redrives} / {job.consecutive_failures}"
 
     @admin.display(description="held by")
-    def held_col(self, job: Job):
+    def held_col(self, job: Job) -> str:
         if not console.is_held(job):
             return "-"
         return format_html(
@@ -540,7 +579,7 @@ class JobAdmin(admin.ModelAdmin):
 
     # --- detail ---
     @admin.display(description="why isn't it running?")
-    def why_not_running(self, job: Job):
+    def why_not_running(self, job: Job) -> str:
         reasons = explain.explain(job, now=getattr(job, "db_now", None))
         if not reasons:
             return "It is running."
@@ -550,7 +589,7 @@ class JobAdmin(admin.ModelAdmin):
         )
 
     @admin.display(description="timeline")
-    def timeline(self, job: Job):
+    def timeline(self, job: Job) -> SafeString:
         points = [
             (getattr(job, name), label)
             for name, label in (
@@ -579,7 +618,7 @@ class JobAdmin(admin.ModelAdmin):
         )
 
     @admin.display(description="error message")
-    def error_message_capped(self, job: Job):
+    def error_message_capped(self, job: Job) -> str:
         if not job.error_message:
             return "-"
         if len(job.error_message) > PAYLOAD_DISPLAY_LIMIT:
@@ -591,33 +630,33 @@ class JobAdmin(admin.ModelAdmin):
         return format_html("<pre style='white-space:pre-wrap;margin:0'>{}</pre>", job.error_message)
 
     @admin.display(description="input")
-    def input_pretty(self, job: Job):
+    def input_pretty(self, job: Job) -> str:
         return pretty_json(job.input)
 
     @admin.display(description="checkpoint")
-    def checkpoint_pretty(self, job: Job):
+    def checkpoint_pretty(self, job: Job) -> str:
         return pretty_json(job.checkpoint)
 
     @admin.display(description="meta")
-    def meta_pretty(self, job: Job):
+    def meta_pretty(self, job: Job) -> str:
         return pretty_json(job.meta)
 
     @admin.display(description="result")
-    def result_pretty(self, job: Job):
+    def result_pretty(self, job: Job) -> str:
         return pretty_json(job.result)
 
     @admin.display(description="wait for")
-    def wait_for_pretty(self, job: Job):
+    def wait_for_pretty(self, job: Job) -> str:
         return pretty_json(job.wait_for)
 
     # --- live progress: a JSON view under the admin's own permission checks ---
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         return [
             path("live/", self.admin_site.admin_view(self.live_view), name="durable_jobs_job_live"),
             *super().get_urls(),
         ]
 
-    def live_view(self, request):
+    def live_view(self, request: HttpRequest) -> JsonResponse:
         if not self.has_view_permission(request):
             return JsonResponse({"error": "permission denied"}, status=403)
         ids = []
@@ -638,7 +677,9 @@ class JobAdmin(admin.ModelAdmin):
         return JsonResponse({"jobs": jobs})
 
     # --- actions: a confirmation page, then service functions and a count ---
-    def _confirm_or_apply(self, request, queryset, action: str, title: str):
+    def _confirm_or_apply(
+        self, request: HttpRequest, queryset: QuerySet[Job], action: str, title: str
+    ) -> TemplateResponse | None:
         by = f"admin:{request.user.get_username()}"[:200]
         select_across = request.POST.get("select_across") == "1"
         if request.POST.get("confirm") != "yes":
@@ -660,8 +701,11 @@ class JobAdmin(admin.ModelAdmin):
             }
             return TemplateResponse(request, "admin/durable_jobs/job/confirm_action.html", context)
         if select_across:
-            return self._start_bulk(request, queryset, action, by)
-        done, refused, busy = 0, Counter(), []
+            self._start_bulk(request, queryset, action, by)
+            return None
+        done = 0
+        refused: Counter[str] = Counter()
+        busy: list[str] = []
         for job_id, tenant, organization in queryset.values_list(
             "id", "tenant_id", "organization_id"
         ):
@@ -691,7 +735,9 @@ class JobAdmin(admin.ModelAdmin):
             )
         return None
 
-    def _start_bulk(self, request, queryset, action: str, by: str):
+    def _start_bulk(
+        self, request: HttpRequest, queryset: QuerySet[Job], action: str, by: str
+    ) -> None:
         params = {name: request.GET[name] for name in console.PARAMETERS if request.GET.get(name)}
         count, _ = console.estimate_count(queryset, exact_below=EXACT_COUNT_BELOW)
         job = service.start(
@@ -704,8 +750,8 @@ class JobAdmin(admin.ModelAdmin):
         self.message_user(
             request,
             format_html(
-                "Started a background job to {} all {} matching jobs: <a href='{}'>{}</a> (progress, counts "
-                "and refusals appear there; cancel it to stop).",
+                "Started a background job to {} all {} matching jobs: <a href='{}'>{}</a> "
+                "(progress, counts and refusals appear there; cancel it to stop).",
                 action.replace("_", " "),
                 f"{count:,}",
                 url,
@@ -715,15 +761,19 @@ class JobAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Request cancellation", permissions=["cancel"])
-    def cancel_jobs(self, request, queryset):
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse | None:
         return self._confirm_or_apply(request, queryset, "cancel", "Request cancellation")
 
     @admin.action(description="Re-drive failed jobs", permissions=["redrive"])
-    def redrive_jobs(self, request, queryset):
+    def redrive_jobs(
+        self, request: HttpRequest, queryset: QuerySet[Job]
+    ) -> TemplateResponse | None:
         return self._confirm_or_apply(request, queryset, "redrive", "Re-drive failed jobs")
 
     @admin.action(description="Force re-drive (also unrecoverable)", permissions=["force_redrive"])
-    def force_redrive_jobs(self, request, queryset):
+    def force_redrive_jobs(
+        self, request: HttpRequest, queryset: QuerySet[Job]
+    ) -> TemplateResponse | None:
         return self._confirm_or_apply(
             request, queryset, "force_redrive", "Force re-drive (also unrecoverable)"
         )

@@ -129,7 +129,7 @@ def apply(queryset: QuerySet, name: str, value: str | None) -> QuerySet:
 
 def matching(params: Mapping[str, Any]) -> QuerySet:
     """All jobs the console shows for ``params`` (filter name -> value), unordered."""
-    queryset = Job.objects.all()
+    queryset: QuerySet[Job] = Job.objects.all()
     for name in PARAMETERS:
         queryset = apply(queryset, name, params.get(name))
     return queryset

@@ -23,13 +23,18 @@ from __future__ import annotations
 
 import hmac
 import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from durable_jobs import conf, metrics
 from durable_jobs.console import stats
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
 
 _LABELS = {
     "jobs_started": ("kind",),
@@ -83,7 +88,7 @@ class PrometheusSink:
 class DatabaseCollector:
     """Gauges computed from the job table when scraped (database clock)."""
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         data = stats.collect()
         jobs = GaugeMetricFamily(
             "durable_jobs_jobs", "Jobs by kind and status", labels=["kind", "status"]
@@ -126,7 +131,7 @@ def install(registry: CollectorRegistry | None = None) -> CollectorRegistry:
         return _installed[0]
 
 
-def allowed(request) -> bool:
+def allowed(request: HttpRequest) -> bool:
     """True for the configured bearer token or a user allowed to view jobs."""
     token = conf.get().METRICS_TOKEN
     header = request.headers.get("Authorization", "")
@@ -138,7 +143,7 @@ def allowed(request) -> bool:
     )
 
 
-def metrics_view(request):
+def metrics_view(request: HttpRequest) -> HttpResponse:
     """Serve the database gauges plus this process's counters in the Prometheus text format."""
     from django.http import HttpResponse
 

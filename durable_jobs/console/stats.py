@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
 from durable_jobs.console import live as console
 from durable_jobs.console import queries
@@ -27,7 +27,7 @@ EXACT_BELOW = 10_000
 def collect(
     *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
 ) -> dict[str, Any]:
-    """Counts by kind and status, the pending backlog's age, expired leases, parked jobs, throughput.
+    """Counts by kind and status, the pending backlog's age, expired leases, parked jobs, rates.
 
     ``scope`` counts that scope's jobs only (a None organization is tenant-wide, as
     everywhere); ``tenant`` counts a whole tenant; neither counts every job. Every age is
@@ -92,7 +92,12 @@ FINISHED = ("completed", "failed", "cancelled")
 
 
 def _add_finished_estimates(
-    by_kind: dict[str, dict[str, int]], jobs, table_rows: int, *, whole_table: bool, using: str
+    by_kind: dict[str, dict[str, int]],
+    jobs: QuerySet[Job],
+    table_rows: int,
+    *,
+    whole_table: bool,
+    using: str,
 ) -> None:
     """Add estimated counts of finished jobs: by kind from the joint statistics when they
     cover the whole table, else per status under the kind ``"*"`` (the planner's estimate)."""

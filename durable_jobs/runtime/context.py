@@ -111,7 +111,9 @@ class Slice:
     def job(self) -> Job:
         """Deprecated alias of ``row`` (``job.job`` read as the job's job); removed in 0.3."""
         warnings.warn(
-            "Slice.job is deprecated; use Slice.row (the job's row)", DeprecationWarning, stacklevel=2
+            "Slice.job is deprecated; use Slice.row (the job's row)",
+            DeprecationWarning,
+            stacklevel=2,
         )
         return self.row
 

@@ -284,7 +284,11 @@ class ChildRunner:
 
     # --- one slice ---
     def run(
-        self, control: SliceControl, *, on_slow: Callable[[], None] | None = None, slow_after: float = 0.0
+        self,
+        control: SliceControl,
+        *,
+        on_slow: Callable[[], None] | None = None,
+        slow_after: float = 0.0,
     ) -> Ran:
         """Run ``control``'s slice in the child; return how it ended. Never raises for the handler.
 
@@ -317,7 +321,11 @@ class ChildRunner:
                 self._inflight.popleft()
 
     def _supervise(
-        self, control: SliceControl, sent: _Sent, on_slow: Callable[[], None] | None, slow_after: float
+        self,
+        control: SliceControl,
+        sent: _Sent,
+        on_slow: Callable[[], None] | None,
+        slow_after: float,
     ) -> Ran:
         if sent.dead:
             return self._died()

@@ -15,32 +15,42 @@ import dataclasses
 import logging
 import traceback as traceback_module
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS
 from django.utils.module_loading import import_string
 
-try:  # Django 6.x
+# The type checker reads Django 6's django.tasks (typed by django-stubs); the backport
+# mirrors that API, so one set of names is checked and the import below picks the module.
+if TYPE_CHECKING:
     from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import Task, TaskError
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
-except ImportError:  # Django 5.2 with the django-tasks backport
-    try:
-        from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
-        from django_tasks.backends.base import BaseTaskBackend
-        from django_tasks.base import Task, TaskError
-        from django_tasks.exceptions import InvalidTaskError as InvalidTask
-        from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued, task_finished, task_started
-        from django_tasks.utils import normalize_json
-    except ImportError as error:
-        raise ImportError(
-            "durable_jobs.tasks needs Django's Tasks framework: Django 6, or on Django 5.2 the "
-            "django-tasks backport (pip install 'durable-jobs[tasks]')"
-        ) from error
+else:
+    try:  # Django 6.x
+        from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+        from django.tasks.backends.base import BaseTaskBackend
+        from django.tasks.base import Task, TaskError
+        from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+        from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.utils.json import normalize_json
+    except ImportError:  # Django 5.2 with the django-tasks backport
+        try:
+            from django_tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
+            from django_tasks.backends.base import BaseTaskBackend
+            from django_tasks.base import Task, TaskError
+            from django_tasks.exceptions import InvalidTaskError as InvalidTask
+            from django_tasks.exceptions import TaskResultDoesNotExist
+            from django_tasks.signals import task_enqueued, task_finished, task_started
+            from django_tasks.utils import normalize_json
+        except ImportError as error:
+            raise ImportError(
+                "durable_jobs.tasks needs Django's Tasks framework: Django 6, or on Django 5.2 the "
+                "django-tasks backport (pip install 'durable-jobs[tasks]')"
+            ) from error
 
 from durable_jobs import conf, registry
 from durable_jobs.exceptions import (
@@ -149,7 +159,7 @@ class DurableBackend(BaseTaskBackend):
                 raise InvalidTask(f"task {task.module_path}: {error}") from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """Start the task as a durable job in the caller's transaction (on ``OPTIONS['DATABASE']``)."""
+        """Start the task as a durable job in the caller's transaction (``OPTIONS['DATABASE']``)."""
         from durable_jobs import service
 
         self.validate_task(task)
@@ -264,7 +274,7 @@ def task_result(job: Any, attempts: list[Any], *, task: Task | None = None) -> T
     if task is None:
         task = _task_of(job, data)
     status = status_of(job)
-    result = TaskResult(
+    result: TaskResult[..., Any] = TaskResult(
         task=task,
         id=str(job.id),
         status=status,
@@ -442,7 +452,7 @@ def worker_id(owner: str | None, job_id: Any) -> str:
 def job_policy(job: Any) -> dict[str, Any]:
     """The retry policy ``enqueue`` stored on the job, as the registry's policy fields."""
     data = job.input if isinstance(job.input, dict) else {}
-    policy = {}
+    policy: dict[str, float] = {}
     attempts = data.get("max_attempts")
     if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts >= 1:
         policy["max_consecutive_failures"] = attempts
@@ -493,7 +503,8 @@ def _on_job_finished(sender: Any, job: Any, outcome: str, **kwargs: Any) -> None
         return
     data = job.input if isinstance(job.input, dict) else {}
     try:
-        backend = task_backends[data.get("backend")]
+        # A job without its alias fails the lookup either way, and is logged below.
+        backend = task_backends[str(data.get("backend"))]
         result = backend.get_result(str(job.id)) if isinstance(backend, DurableBackend) else None
     except Exception:
         log.warning("task %s: cannot build its result for task_finished", job.id, exc_info=True)

@@ -134,6 +134,8 @@ def run(
         )
     except OSError as error:
         return CheckAnswer(answer=CANNOT_TELL, detail=f"could not be started (errno {error.errno})")
+    stdout = process.stdout
+    assert stdout is not None  # stdout=PIPE: always a pipe
     kept = bytearray()
     total = [0]
 
@@ -142,11 +144,7 @@ def run(
         # otherwise look like a hang and be killed for our reading too slowly.
         try:
             while True:
-                chunk = (
-                    process.stdout.read1(_CHUNK)
-                    if hasattr(process.stdout, "read1")
-                    else process.stdout.read(_CHUNK)
-                )
+                chunk = stdout.read1(_CHUNK) if hasattr(stdout, "read1") else stdout.read(_CHUNK)
                 if not chunk:
                     return
                 total[0] += len(chunk)
@@ -180,7 +178,7 @@ def run(
         # Closing while the reader is blocked in a read would wait for that read (the
         # buffer's lock): a descendant that left the group (its own setsid) and kept the
         # pipe must not hang this slot. The reader then ends when that process does.
-        process.stdout.close()
+        stdout.close()
     output = bytes(kept)
     if outcome == "timeout":
         return CheckAnswer(

@@ -239,7 +239,7 @@ OPERATIONS = {
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("operation", OPERATIONS)
-def test_operator_action__behind_a_held_row_raises_job_busy_and_leaves_the_caller_s_transaction_usable(  # noqa: E501 - docs/invariants.rst cites this name
+def test_operator_action__behind_a_held_row_raises_job_busy_and_leaves_the_caller_s_transaction_usable(
     kind, short_wait, held, operation
 ):
     """Issue 9 item 7: a bounded wait and a clear answer; nothing changed, the caller's transaction

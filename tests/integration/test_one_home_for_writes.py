@@ -37,7 +37,9 @@ READ_HOMES = {"db.py", "reads.py", "console/queries.py"}
 
 
 def _modules_running_no_sql() -> list[Path]:
-    return [p for p in _modules_outside_the_store() if str(p.relative_to(PACKAGE)) not in READ_HOMES]
+    return [
+        p for p in _modules_outside_the_store() if str(p.relative_to(PACKAGE)) not in READ_HOMES
+    ]
 
 
 def _modules_outside_the_store() -> list[Path]:

@@ -1,4 +1,4 @@
-"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats``: see and steer jobs without SQL.
+"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats``: see and steer jobs, no SQL.
 
 Human output by default, ``--json`` (before or after the action) for scripts. Every
 action goes through the same service functions as code and the admin. Exit status: 0
@@ -13,7 +13,7 @@ import dataclasses
 import json
 import re
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 
@@ -53,7 +53,10 @@ def progress_bar(job: Job) -> str:
         return f"{job.processed_count} processed (total unknown)"
     fraction = job.progress or 0.0
     filled = round(BAR * fraction)
-    return f"[{'#' * filled}{'.' * (BAR - filled)}] {job.processed_count}/{job.total_count} ({fraction:.0%})"
+    return (
+        f"[{'#' * filled}{'.' * (BAR - filled)}] "
+        f"{job.processed_count}/{job.total_count} ({fraction:.0%})"
+    )
 
 
 def as_dict(job: Job) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def as_dict(job: Job) -> dict[str, Any]:
 
 
 class Refused(CommandError):
-    """A service refusal that keeps a machine-readable code (``job_not_found``, ``wrong_state``...)."""
+    """A service refusal keeping a machine-readable code (``job_not_found``, ``wrong_state``...)."""
 
     def __init__(self, error: DurableJobsError) -> None:
         # A refused argument (not a job id, a page out of range) is a bad argument: exit 2.
@@ -92,7 +95,7 @@ class Command(BaseCommand):
         self._json_errors = "--json" in argv[2:]
         super().run_from_argv(argv)
 
-    def execute(self, *args, **options):
+    def execute(self, *args: Any, **options: Any) -> str | None:
         try:
             return super().execute(*args, **options)
         except CommandError as error:
@@ -103,7 +106,7 @@ class Command(BaseCommand):
             )
             self._exit_json(str(error), code, error.returncode)
 
-    def _exit_json(self, message: str, code: str, status: int) -> None:
+    def _exit_json(self, message: str, code: str, status: int) -> NoReturn:
         error = {"error": message, "code": code, "exit_status": status}
         self.stderr.write(json.dumps(error), style_func=lambda text: text)
         sys.exit(status)
@@ -180,20 +183,20 @@ class Command(BaseCommand):
             help="count every tenant's jobs (no --tenant/--organization)",
         )
 
-    def handle(self, *args, action: str, **options) -> None:
+    def handle(self, *args: Any, action: str, **options: Any) -> None:
         try:
             getattr(self, f"do_{action}")(**options)
         except DurableJobsError as error:
             raise Refused(error) from None
 
-    def _scope(self, options) -> Scope:
+    def _scope(self, options: dict[str, Any]) -> Scope:
         tenant = options["tenant"] or conf.get().DEFAULT_TENANT
         return service.scope_of((tenant, options["organization"]))
 
-    def _emit(self, options, data: Any, human: str) -> None:
+    def _emit(self, options: dict[str, Any], data: Any, human: str) -> None:
         self.stdout.write(json.dumps(data, indent=2, default=str) if options["json"] else human)
 
-    def do_list(self, **options) -> None:
+    def do_list(self, **options: Any) -> None:
         jobs, total = service.list_jobs(
             scope=self._scope(options),
             kind=options["kind"],
@@ -219,7 +222,7 @@ class Command(BaseCommand):
         lines.append(f"{len(jobs)} of {total} job(s)")
         self.stdout.write("\n".join(lines))
 
-    def do_show(self, **options) -> None:
+    def do_show(self, **options: Any) -> None:
         job = service.get(options["job_id"], scope=self._scope(options))
         if options["json"]:
             self._emit(options, as_dict(job), "")
@@ -233,7 +236,7 @@ class Command(BaseCommand):
             lines.append(f"{key:<{width}}  {value if value is not None else '-'}")
         self.stdout.write("\n".join(lines))
 
-    def do_explain(self, **options) -> None:
+    def do_explain(self, **options: Any) -> None:
         job = service.get(options["job_id"], scope=self._scope(options))
         explanation = explain_hold(job)
         if options["json"]:
@@ -263,7 +266,7 @@ class Command(BaseCommand):
             return
         self.stdout.write(f"{job.kind} {job.id}: held\n{explanation.summary}")
 
-    def do_cancel(self, **options) -> None:
+    def do_cancel(self, **options: Any) -> None:
         job = service.cancel(options["job_id"], scope=self._scope(options), by=options["by"])
         self._emit(
             options,
@@ -272,13 +275,13 @@ class Command(BaseCommand):
             "a running slice stops at its next heartbeat",
         )
 
-    def do_redrive(self, **options) -> None:
+    def do_redrive(self, **options: Any) -> None:
         job = service.redrive(options["job_id"], scope=self._scope(options), force=options["force"])
         self._emit(
             options, as_dict(job), f"re-driven {job.id}: pending again (redrive #{job.redrives})"
         )
 
-    def do_stats(self, **options) -> None:
+    def do_stats(self, **options: Any) -> None:
         if options["all_tenants"]:
             if options["tenant"] or options["organization"]:
                 raise BadArguments(
@@ -312,7 +315,8 @@ class Command(BaseCommand):
             "",
             f"pending: {data['pending']} (oldest {'-' if oldest is None else f'{oldest:.1f}s'})",
             (
-                f"running: {data['running']} ({data['running_expired_leases']} with expired leases, "
+                f"running: {data['running']} "
+                f"({data['running_expired_leases']} with expired leases, "
                 f"{data['retrying']} waiting for a retry)"
             ),
             f"held by a wait condition: {data['held']} (of the pending)",
@@ -323,7 +327,8 @@ class Command(BaseCommand):
             ),
             "finished: "
             + "; ".join(
-                f"last {window}: {c['completed']} completed, {c['failed']} failed, {c['cancelled']} cancelled"
+                f"last {window}: {c['completed']} completed, {c['failed']} failed, "
+                f"{c['cancelled']} cancelled"
                 + (
                     " (estimated from the newest rows' rate)"
                     if window in data["finished_last_estimated"]

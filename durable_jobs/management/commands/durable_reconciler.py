@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from durable_jobs import conf, logsetup
 from durable_jobs.management.settings_first import SettingsFirst
@@ -24,17 +25,21 @@ def tenant_id(text: str) -> str:
 
 class Command(SettingsFirst, BaseCommand):
     help = (
-        "Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, with no leader election "
-        "(safe to run many). Every durable_worker already reconciles unless started with --no-reconcile."
+        "Run reconciler passes every DURABLE_JOBS['RECONCILE_INTERVAL'] seconds, "
+        "with no leader election "
+        "(safe to run many). Every durable_worker already reconciles "
+        "unless started with --no-reconcile."
     )
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="run one pass and exit")
         parser.add_argument(
             "--tenant", type=tenant_id, default=None, help="only this tenant's jobs (shard a fleet)"
         )
 
-    def handle(self, *args, once, tenant, verbosity, **options) -> None:
+    def handle(
+        self, *args: Any, once: bool, tenant: str | None, verbosity: int, **options: Any
+    ) -> None:
         logsetup.configure(verbosity)
         interval = conf.get().RECONCILE_INTERVAL  # validated by SettingsFirst
         reconciler = Reconciler(tenant=tenant)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_jobs import logsetup
 from durable_jobs.management.settings_first import SettingsFirst
@@ -28,9 +29,12 @@ def positive_int(text: str) -> int:
 
 
 class Command(SettingsFirst, BaseCommand):
-    help = "Claim and run durable job slices. SIGTERM/SIGINT: finish slices (yield), then exit; twice: exit now."
+    help = (
+        "Claim and run durable job slices. "
+        "SIGTERM/SIGINT: finish slices (yield), then exit; twice: exit now."
+    )
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--queues",
             type=queue_list,
@@ -82,15 +86,15 @@ class Command(SettingsFirst, BaseCommand):
 
     def handle(
         self,
-        *args,
-        queues,
-        concurrency,
-        burst,
-        reconcile,
-        execution,
-        metrics_port,
-        verbosity,
-        **options,
+        *args: Any,
+        queues: list[str] | None,
+        concurrency: int,
+        burst: bool,
+        reconcile: bool,
+        execution: str | None,
+        metrics_port: int | None,
+        verbosity: int,
+        **options: Any,
     ) -> None:
         logsetup.configure(verbosity)  # a console handler when the project configured no LOGGING
         if metrics_port is not None:
