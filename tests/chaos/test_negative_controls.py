@@ -24,9 +24,13 @@ VARIANTS = {
     ),
     "lease computed from the worker's clock": (
         "durable_jobs/store.py",
-        """    params = {**_lease(lease), "processed": processed, "set_total": set_total,""",
-        """    params = {**_lease(lease), "processed": processed, "set_total": set_total,
-              "worker_now": __import__("django.utils.timezone", fromlist=["now"]).now(),""",
+        """    params = {
+        **_lease(lease),
+        "processed": processed,""",
+        """    params = {
+        **_lease(lease),
+        "worker_now": __import__("django.utils.timezone", fromlist=["now"]).now(),
+        "processed": processed,""",
         ["tests/integration/test_database_clock.py"],
         (
             'SET lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},\n'
@@ -37,9 +41,12 @@ VARIANTS = {
         ),
     ),
     "mirror in its own transaction": (
-        "durable_jobs/executor.py",
-        "        with transaction.atomic(using=using)"
-        " if handler.mirror is not None else contextlib.nullcontext():",
+        "durable_jobs/runtime/executor.py",
+        """        with (
+            transaction.atomic(using=using)
+            if handler.mirror is not None
+            else contextlib.nullcontext()
+        ):""",
         """        with contextlib.nullcontext():""",
         [
             "tests/integration/test_executor.py::test_a_failing_mirror_rolls_back_the_completion_and_its_own_writes"
