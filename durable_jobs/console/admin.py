@@ -9,28 +9,44 @@ that works through the matches in fenced chunks, so the request returns at once.
 
 from __future__ import annotations
 
-import json
-import math
 import uuid
 from collections import Counter
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.core.paginator import EmptyPage, Paginator
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
-from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from durable_jobs import service
-from durable_jobs.console import explain
+from durable_jobs.console import changelist, explain
 from durable_jobs.console import live as console
-from durable_jobs.exceptions import DurableJobsError, JobBusy, LockKeyHeld, WrongState
+from durable_jobs.console.actions import ACTIONS, BUSY, apply_action
+from durable_jobs.console.changelist import (
+    ConsolePaginator,
+    Estimate,
+    HeldFilter,
+    KindFilter,
+    LeaseExpiredFilter,
+    OrganizationFilter,
+    ParkedFilter,
+    QueueFilter,
+    StatusFilter,
+    TenantFilter,
+)
+from durable_jobs.console.display import (
+    PAYLOAD_DISPLAY_LIMIT,
+    db_now,
+    first_few,
+    format_age,
+    pretty_json,
+    progress_html,
+    status_badge,
+)
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
 from durable_jobs.waits import grammar as wait_grammar
@@ -41,273 +57,10 @@ if TYPE_CHECKING:
     from django.utils.functional import _StrOrPromise
     from django.utils.safestring import SafeString
 
-#: Largest JSON payload shown on the detail page, in characters; beyond it a prefix is
-#: shown with a "truncated" marker (a 1 MB input nested 60 deep once made 63 MB of HTML).
-PAYLOAD_DISPLAY_LIMIT = 20_000
-#: Pretty-printing indents each level: past this multiple of the compact size, compact it is.
-_PRETTY_GROWTH_LIMIT = 3
-#: Count exactly when the planner expects fewer rows than this; estimate beyond it.
-EXACT_COUNT_BELOW = 10_000
-#: Deepest page the change list serves (a filter narrows further than paging can).
-MAX_PAGES = 200
 #: Most jobs the live-progress view answers for in one poll.
 LIVE_MAX_IDS = 200
 BULK_KIND = "durable_jobs.bulk_action"
 _LIST_DEFERRED = ("input", "checkpoint", "meta", "result", "wait_for", "error_message")
-
-
-# --- the change list's count and paging -------------------------------------------------
-
-
-class Estimate(int):
-    """A row count that is the planner's estimate; prints as one."""
-
-    def __str__(self) -> str:
-        return f"about {int(self):,}"
-
-
-class ConsolePaginator(Paginator):
-    """Counts from the planner unless the answer is small; serves at most MAX_PAGES pages.
-
-    A page past the last servable one shows the last one, so a deep link is answered in
-    the time of a shallow one (OFFSET reads every row it skips).
-    """
-
-    @cached_property
-    def count(self) -> int:
-        # The admin pages a queryset (the stubs type object_list as any sequence).
-        queryset = cast(QuerySet[Job], self.object_list)
-        n, exact = console.estimate_count(queryset, exact_below=EXACT_COUNT_BELOW)
-        return n if exact else Estimate(n)
-
-    @cached_property
-    def num_pages(self) -> int:
-        if self.count == 0 and not self.allow_empty_first_page:
-            return 0
-        return max(1, min(MAX_PAGES, math.ceil(max(1, self.count - self.orphans) / self.per_page)))
-
-    def validate_number(self, number: int | float | str) -> int:
-        try:
-            return super().validate_number(number)
-        except EmptyPage:
-            # Past the bound (or the estimate): serve the last page instead of an error.
-            return self.num_pages
-
-
-# --- filters: each delegates to console.apply, which the bulk action reuses ----------------
-
-
-class _ConsoleFilter(admin.SimpleListFilter):
-    #: Every console filter names its parameter (Django allows None until the check runs).
-    parameter_name: str
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return console.apply(queryset, self.parameter_name, self.value())
-
-
-class StatusFilter(_ConsoleFilter):
-    title, parameter_name = "status", "status"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [(s.value, s.value) for s in Status]
-
-
-class KindFilter(_ConsoleFilter):
-    title, parameter_name = "kind", "kind"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [(k, k) for k in console.kind_choices()]
-
-
-class QueueFilter(_ConsoleFilter):
-    title, parameter_name = "queue", "queue"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [(q, q) for q in console.queue_choices()]
-
-
-class ParkedFilter(_ConsoleFilter):
-    title, parameter_name = "parked", "parked"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [
-            ("yes", "parked (needs an operator)"),
-            *[(r, f"parked: {r}") for r in console.PARK_REASONS],
-            ("no", "not parked"),
-        ]
-
-
-class LeaseExpiredFilter(_ConsoleFilter):
-    title, parameter_name = "lease", "lease_expired"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [("yes", "running, lease expired")]
-
-
-class HeldFilter(_ConsoleFilter):
-    title, parameter_name = "held by a wait", "held"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [("yes", "held"), ("no", "not held")]
-
-
-class TenantFilter(_ConsoleFilter):
-    title, parameter_name = "tenant", "tenant"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [(t, t) for t in console.tenant_choices()]
-
-
-class OrganizationFilter(_ConsoleFilter):
-    title, parameter_name = "organization", "organization"
-
-    def lookups(
-        self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
-    ) -> list[tuple[str, str]]:
-        return [(o, o) for o in console.organization_choices()]
-
-
-# --- display helpers ---------------------------------------------------------------------
-
-_BADGE_COLOURS = {
-    "pending": "#6b7280",
-    "running": "#2563eb",
-    "completed": "#15803d",
-    "failed": "#b91c1c",
-    "cancelled": "#92400e",
-}
-
-
-def status_badge(job: Job) -> SafeString:
-    colour = _BADGE_COLOURS.get(job.status, "#6b7280")
-    return format_html(
-        "<span class='dj-status' data-dj-status='{}' "
-        "style='background:{};color:#fff;border-radius:3px;"
-        "padding:1px 6px;font-size:11px'>{}</span>",
-        job.id,
-        colour,
-        job.status,
-    )
-
-
-def progress_html(job: Job) -> SafeString:
-    if job.total_count:
-        percent = round(100 * (job.progress or 0))
-        return format_html(
-            "<progress data-dj-progress='{}' value='{}' max='100' style='width:8em'></progress> "
-            "<span data-dj-count='{}'>{}/{}</span>",
-            job.id,
-            percent,
-            job.id,
-            job.processed_count,
-            job.total_count,
-        )
-    count = format_html("<span data-dj-count='{}'>{} processed</span>", job.id, job.processed_count)
-    if not job.is_live:
-        return count
-    # Unknown total while live: an indeterminate bar (a progress element without a value).
-    return format_html(
-        "<progress data-dj-progress='{}' style='width:8em'></progress> {}", job.id, count
-    )
-
-
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = max(0.0, seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f}{unit}"
-    return f"{seconds:.0f}s"
-
-
-def pretty_json(value: Any) -> str:
-    """Indented JSON of a payload, capped at PAYLOAD_DISPLAY_LIMIT characters with a marker."""
-    if value is None:
-        return "-"
-    compact = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    text = compact
-    if len(compact) <= PAYLOAD_DISPLAY_LIMIT:
-        pretty = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-        if len(pretty) <= max(PAYLOAD_DISPLAY_LIMIT, _PRETTY_GROWTH_LIMIT * len(compact)):
-            text = pretty
-    if len(text) > PAYLOAD_DISPLAY_LIMIT:
-        return format_html(
-            "<pre style='margin:0;white-space:pre-wrap'>{}</pre>"
-            "<p><strong class='dj-truncated'>truncated</strong>:"
-            " showing {} of {} characters</p>",
-            text[:PAYLOAD_DISPLAY_LIMIT],
-            f"{PAYLOAD_DISPLAY_LIMIT:,}",
-            f"{len(text):,}",
-        )
-    return format_html("<pre style='margin:0;white-space:pre-wrap'>{}</pre>", text)
-
-
-def _db_now(job: Job) -> datetime:
-    """The database's clock, which ``JobAdmin.get_queryset`` annotates on every row."""
-    now: datetime = job.db_now  # type: ignore[attr-defined]  # annotate(db_now=Now())
-    return now
-
-
-def _first_few(reasons: list[str]) -> str:
-    return "; ".join(reasons[:5]) + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else "")
-
-
-_ACTIONS = {
-    # action name -> (verb for messages, service call)
-    "cancel": (
-        "Cancellation requested for",
-        lambda job_id, scope, by: service.cancel(job_id, scope=scope, by=by),
-    ),
-    "redrive": ("Re-drove", lambda job_id, scope, by: service.redrive(job_id, scope=scope)),
-    "force_redrive": (
-        "Force re-drove",
-        lambda job_id, scope, by: service.redrive(job_id, scope=scope, force=True),
-    ),
-}
-
-
-BUSY = "busy (a worker held the row); try again"
-
-
-def apply_action(action: str, job_id: object, scope: Scope, by: str) -> tuple[str, str] | None:
-    """Apply one console action to one job; None when it changed, else ``(reason, message)``.
-
-    The reason leaves out the job's id, so equal refusals count together; the message is
-    the error's own. Shared by the admin (selected rows) and the bulk-action job.
-    """
-    try:
-        _ACTIONS[action][1](job_id, scope, by)
-    except JobBusy as error:
-        # A worker's transaction holds the row: the action waited a bounded time and gave up.
-        return BUSY, str(error)
-    except DurableJobsError as error:
-        return _reason(error), str(error)
-    return None
-
-
-def _reason(error: DurableJobsError) -> str:
-    """A refusal's reason without the job's id, so equal reasons count together."""
-    if isinstance(error, WrongState):
-        detail = str(error).partition(f"{error.status!r}: ")[2]
-        return f"{error.status}" + (f" ({detail})" if detail else "")
-    if isinstance(error, LockKeyHeld):
-        return "its lock key is held by another live job"
-    return str(error)
 
 
 @admin.register(Job)
@@ -540,14 +293,14 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="age")
     def age_col(self, job: Job) -> str:
-        return _age((_db_now(job) - job.created_at).total_seconds())
+        return format_age((db_now(job) - job.created_at).total_seconds())
 
     @admin.display(description="heartbeat")
     def heartbeat_col(self, job: Job) -> str:
         if job.heartbeat_at is None:
             return "-"
-        now = _db_now(job)
-        age = _age((now - job.heartbeat_at).total_seconds())
+        now = db_now(job)
+        age = format_age((now - job.heartbeat_at).total_seconds())
         expired = (
             job.status == Status.RUNNING.value
             and job.lease_owner is not None
@@ -684,7 +437,9 @@ class JobAdmin(admin.ModelAdmin):
         select_across = request.POST.get("select_across") == "1"
         if request.POST.get("confirm") != "yes":
             if select_across:
-                count, exact = console.estimate_count(queryset, exact_below=EXACT_COUNT_BELOW)
+                count, exact = console.estimate_count(
+                    queryset, exact_below=changelist.EXACT_COUNT_BELOW
+                )
             else:
                 count, exact = queryset.count(), True
             context = {
@@ -718,19 +473,19 @@ class JobAdmin(admin.ModelAdmin):
                 busy.append(refusal[1])
             else:
                 refused[refusal[0]] += 1
-        verb = _ACTIONS[action][0]
+        verb = ACTIONS[action][0]
         self.message_user(
             request, f"{verb} {done} job(s).", messages.SUCCESS if done else messages.INFO
         )
         if refused:
             reasons = [f"{n} × {reason}" for reason, n in refused.most_common()]
             self.message_user(
-                request, f"Refused {sum(refused.values())}: {_first_few(reasons)}", messages.WARNING
+                request, f"Refused {sum(refused.values())}: {first_few(reasons)}", messages.WARNING
             )
         if busy:
             self.message_user(
                 request,
-                f"Busy, not changed, try again: {len(busy)}: {_first_few(busy)}",
+                f"Busy, not changed, try again: {len(busy)}: {first_few(busy)}",
                 messages.WARNING,
             )
         return None
@@ -739,7 +494,7 @@ class JobAdmin(admin.ModelAdmin):
         self, request: HttpRequest, queryset: QuerySet[Job], action: str, by: str
     ) -> None:
         params = {name: request.GET[name] for name in console.PARAMETERS if request.GET.get(name)}
-        count, _ = console.estimate_count(queryset, exact_below=EXACT_COUNT_BELOW)
+        count, _ = console.estimate_count(queryset, exact_below=changelist.EXACT_COUNT_BELOW)
         job = service.start(
             BULK_KIND,
             input={"action": action, "filters": params, "by": by},

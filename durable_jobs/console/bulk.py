@@ -17,6 +17,7 @@ from django.db.models import Q
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.console import live as console
+from durable_jobs.console.actions import BUSY, apply_action
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES, Scope
 
@@ -27,9 +28,6 @@ ACTIONS = ("cancel", "redrive", "force_redrive")
 
 @durable.handler("durable_jobs.bulk_action")
 def bulk_action(job):
-    from durable_jobs.console.admin import (
-        apply_action,
-    )  # the admin's per-row rule (admin loads later)
 
     spec = job.input or {}
     action, filters, by = spec.get("action"), spec.get("filters") or {}, spec.get("by") or "admin"
@@ -82,7 +80,6 @@ def _count(state: dict, reason: str | None) -> None:
 
 def _cancel_chunk(chunk: list, by: str, state: dict) -> None:
     """One statement for the chunk; the rows it did not change are counted by why."""
-    from durable_jobs.console.admin import BUSY
 
     changed = store.request_cancel_many([(i, t, o) for i, t, o, _ in chunk], by=by)
     rest = [row[0] for row in chunk if row[0] not in changed]

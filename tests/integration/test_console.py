@@ -11,7 +11,7 @@ from django.contrib.auth.models import Permission, User
 import durable_jobs as durable
 from durable_jobs import testing
 from durable_jobs.console import admin as console_admin
-from durable_jobs.console import explain
+from durable_jobs.console import changelist, explain
 from durable_jobs.runtime.reconciler import Reconciler
 from tests.factories import JobFactory, reload, running
 
@@ -114,11 +114,11 @@ def test_search_is_exact_on_keys_and_a_prefix_on_kinds(client, operator):
 def test_a_large_result_shows_an_estimate_and_deep_pages_are_bounded(client, operator, monkeypatch):
     operator()
     jobs = [JobFactory() for _ in range(12)]
-    monkeypatch.setattr(console_admin, "EXACT_COUNT_BELOW", 0)
+    monkeypatch.setattr(changelist, "EXACT_COUNT_BELOW", 0)
     monkeypatch.setattr(console_admin.JobAdmin, "list_per_page", 5)
     page = listed(client)
     assert "about " in page, "the planner's estimate is labelled as one"
-    monkeypatch.setattr(console_admin, "MAX_PAGES", 2)
+    monkeypatch.setattr(changelist, "MAX_PAGES", 2)
     deep = listed(client, "?p=9999")
     newest_first = sorted(jobs, key=lambda j: (j.created_at, j.id), reverse=True)
     assert str(newest_first[5].id) in deep, "a page past the bound serves the last servable page"
