@@ -34,9 +34,16 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from durable_jobs.states import SliceEnd
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    from durable_jobs.models import Job
+    from durable_jobs.runtime.control import SliceControl
 
 log = logging.getLogger("durable_jobs.child")
 
@@ -52,12 +59,13 @@ class Mailbox:
     the worker never hands back a claim this process is running, nor runs one twice.
     """
 
-    def __init__(self, stream, results_fd: int | None = None) -> None:
+    def __init__(self, stream: Iterable[str], results_fd: int) -> None:
         self.runs: collections.deque[dict[str, Any]] = collections.deque()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
-        self._current = None  # (delivery, SliceControl) of the slice running now
+        # (delivery, SliceControl) of the slice running now
+        self._current: tuple[tuple[str, int], SliceControl] | None = None
         self._early: dict[tuple[str, int], set[str]] = {}  # flags for a slice not started yet
         self._stream = stream
         self._results_fd = results_fd
@@ -117,7 +125,7 @@ class Mailbox:
             else:
                 self._early.setdefault(delivery, set()).add(op)
 
-    def begin(self, delivery: tuple[str, int], control) -> None:
+    def begin(self, delivery: tuple[str, int], control: SliceControl) -> None:
         with self._lock:
             self._current = (delivery, control)
             for op in self._early.pop(delivery, ()):
@@ -128,17 +136,17 @@ class Mailbox:
             self._current = None
 
 
-def _apply(control, op: str) -> None:
+def _apply(control: SliceControl, op: str) -> None:
     if op == "cancel":
         control.observe_cancel()
     elif op == "lease_lost":
         control.mark_lease_lost()
 
 
-def encode_row(job) -> dict[str, Any]:
+def encode_row(job: Job) -> dict[str, Any]:
     """The claimed row as JSON-ready values, so the child need not read it again."""
     columns = _row_typers()[0]
-    values = {}
+    values: dict[str, Any] = {}
     # The instance's own attributes rather than one getattr per column: the row crosses
     # the pipe once per slice (issue #14). Absent means NULL (most columns of a claim are).
     for name, value in job.__dict__.items():
@@ -152,12 +160,12 @@ def encode_row(job) -> dict[str, Any]:
     return values
 
 
-def decode_row(values: dict[str, Any], using: str):
+def decode_row(values: dict[str, Any], using: str) -> Job:
     """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back)."""
     from durable_jobs.models import Job
 
     columns, names = _row_typers()
-    typed = [None] * len(names)
+    typed: list[Any] = [None] * len(names)
     for name, value in values.items():
         index, typer = columns[name]
         typed[index] = value if typer is None else typer(value)
@@ -233,7 +241,9 @@ def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, 
 CLIENT_CHECK_MS = 1000
 
 
-def _watch_for_a_dead_client(sender, connection, **kwargs) -> None:
+def _watch_for_a_dead_client(
+    sender: object, connection: BaseDatabaseWrapper, **kwargs: object
+) -> None:
     """Every connection of a handler process: the server ends its query once the process is killed."""
     from durable_jobs import db
 

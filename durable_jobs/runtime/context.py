@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
@@ -27,8 +27,12 @@ _UNSET: Any = store.UNSET
 class JobLogger(logging.LoggerAdapter):
     """Prefixes every line with the job's kind and id (both validated, never raw input)."""
 
-    def process(self, msg, kwargs):
-        return f"[{self.extra['kind']} {self.extra['job_id']}] {msg}", kwargs
+    def process(
+        self, msg: Any, kwargs: MutableMapping[str, Any]
+    ) -> tuple[str, MutableMapping[str, Any]]:
+        extra = self.extra
+        assert extra is not None  # Slice always gives the job's kind and id
+        return f"[{extra['kind']} {extra['job_id']}] {msg}", kwargs
 
 
 @dataclasses.dataclass(eq=False)

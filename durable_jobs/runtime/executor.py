@@ -125,9 +125,11 @@ def run_slice(
     """
     began = time.monotonic()
     faults.point("after_claim")
+    owner = job.lease_owner
+    assert owner is not None, "run_slice is given claimed rows only"  # store.dequeue sets it
     lease = Lease(
         job_id=job.id,
-        owner=job.lease_owner,
+        owner=owner,
         epoch=job.lease_epoch,
         ttl_ms=conf.ms(conf.get().LEASE_TTL),
     )
@@ -137,7 +139,7 @@ def run_slice(
         handler = registry.get(job.kind) or unregistered(job.kind)
         lease = Lease(
             job_id=job.id,
-            owner=job.lease_owner,
+            owner=owner,
             epoch=job.lease_epoch,
             ttl_ms=conf.ms(handler.setting("LEASE_TTL")),
         )
@@ -176,6 +178,7 @@ def run_slice(
                         ),
                     )
                 return _report(job, began, outcome, verdict.message, recheck_in=verdict.recheck_in)
+            assert verdict.job is not None, "the gate's run verdict carries the row"
             job = verdict.job
         control = SliceControl(job, handler, lease, stopping=stopping, using=using)
         if on_start is not None:
@@ -293,7 +296,7 @@ def record(
         )
         if delivery is None:
             return SliceOutcome.LEASE_LOST, None
-        return (SliceOutcome.INTERRUPTED if ran.interrupted else "yielded"), None
+        return (SliceOutcome.INTERRUPTED if ran.interrupted else SliceOutcome.YIELDED), None
     if ran.end is SliceEnd.INTERRUPTED:
         return _charge_interruption(job, handler, lease, ran.message, using), ran.message
     if ran.end is SliceEnd.TIME_LIMIT:

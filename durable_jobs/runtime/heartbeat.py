@@ -20,12 +20,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from durable_jobs import faults, store
 from durable_jobs.states import Lease
+
+if TYPE_CHECKING:
+    from durable_jobs.models import Job
 
 log = logging.getLogger("durable_jobs.heartbeat")
 
@@ -33,12 +36,26 @@ log = logging.getLogger("durable_jobs.heartbeat")
 class Beatable(Protocol):
     """What the heartbeat needs of a lease holder: a running slice's ``SliceControl`` (in
     process execution, the worker's own record of the slice its child runs) or a
-    ``HeldLease``."""
+    ``HeldLease``.
 
-    id: object
-    kind: str
-    lease: Lease
-    heartbeat_interval: float
+    Read-only members (properties): ``SliceControl`` computes ``heartbeat_interval`` and
+    ``lease_lost``, and its ``id`` is the job's ``UUID``, where ``HeldLease`` keeps plain
+    attributes; the heartbeat and the worker's shutdown only read them."""
+
+    @property
+    def id(self) -> object: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def lease(self) -> Lease: ...
+
+    @property
+    def heartbeat_interval(self) -> float: ...
+
+    @property
+    def lease_lost(self) -> bool: ...
 
     def mark_lease_lost(self) -> None: ...
 
@@ -51,7 +68,7 @@ class HeldLease:
 
     lease_lost = False
 
-    def __init__(self, job, lease: Lease, heartbeat_interval: float) -> None:
+    def __init__(self, job: Job, lease: Lease, heartbeat_interval: float) -> None:
         self.id = job.id
         self.kind = job.kind
         self.lease = lease

@@ -26,8 +26,12 @@ import os
 import secrets
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("durable_jobs.worker")
 
@@ -63,16 +67,17 @@ def name_connection(using: str, role: str | None = None) -> None:
         return
     base = type(connection).get_connection_params
 
-    def get_connection_params():
+    def get_connection_params() -> dict[str, Any]:
         params = base(connection)
         params["application_name"] = name
         return params
 
-    connection.get_connection_params = get_connection_params
-    connection.durable_jobs_name = name
+    # Instance attributes of this one connection object: the method is shadowed here
+    # only, and the name is a mark of ours that Django's class does not declare.
+    vars(connection).update(get_connection_params=get_connection_params, durable_jobs_name=name)
 
 
-def new_raw_connection(using: str, role: str):
+def new_raw_connection(using: str, role: str) -> psycopg.Connection[Any]:
     """A new autocommit psycopg connection to ``using``, outside Django's per-thread one."""
     connection = connections[using]
     params = connection.get_connection_params()
@@ -96,7 +101,7 @@ class Probe:
         self.using = using
         self.channel = channel
         self.identity = identity
-        self._raw = None
+        self._raw: psycopg.Connection[Any] | None = None
         self._payload: str | None = None
         self._sent_at = 0.0
         self._next_at = 0.0

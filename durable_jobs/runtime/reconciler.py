@@ -370,7 +370,7 @@ def bounds_of(handler: registry.Handler | None) -> int:
     return handler.setting("MAX_MIRROR_ATTEMPTS") if handler else conf.get().MAX_MIRROR_ATTEMPTS
 
 
-def _lease_of(job) -> Lease:
+def _lease_of(job: Job) -> Lease:
     return Lease(job_id=job.id, owner=job.lease_owner or "", epoch=job.lease_epoch, ttl_ms=0)
 
 

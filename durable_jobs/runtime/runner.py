@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
@@ -69,7 +69,7 @@ class ChildRunner:
         self.stopping = stopping
         self.using = using
         self._proc: subprocess.Popen | zygote.ForkedChild | None = None
-        self._commands = None
+        self._commands: TextIO | None = None
         self._results_fd: int | None = None
         self._buffer = b""
         self._inflight: collections.deque[_Sent] = collections.deque()  # sent, not yet collected
@@ -125,7 +125,9 @@ class ChildRunner:
             )
         log.debug("%s: child process %d ready", self.role, self._proc.pid)
 
-    def _start_child(self, own_env: dict[str, str], command_r: int, result_w: int):
+    def _start_child(
+        self, own_env: dict[str, str], command_r: int, result_w: int
+    ) -> subprocess.Popen[bytes] | zygote.ForkedChild:
         """Fork the child from the zygote; start it from scratch if there is none to be had."""
         if conf.get().START_METHOD == "forkserver":
             try:
@@ -384,7 +386,7 @@ class ChildRunner:
                     told.add("lease_lost")
                     lost_seen = now
                     self._send({"op": "lease_lost", "job_id": job_id, "epoch": lease.epoch})
-                elif now - lost_seen > settings.CANCEL_GRACE:
+                elif lost_seen is not None and now - lost_seen > settings.CANCEL_GRACE:
                     self.kill()
                     return Ran(end=SliceEnd.LEASE_LOST)
             if self.stopping.is_set():
@@ -393,7 +395,7 @@ class ChildRunner:
                     stop_seen = now
                     self._send({"op": "stop"})  # the child also withdraws what it has queued
                     self._withdrawals += 1
-                elif now - stop_seen > settings.SHUTDOWN_GRACE:
+                elif stop_seen is not None and now - stop_seen > settings.SHUTDOWN_GRACE:
                     log.warning(
                         "[%s %s] handler did not yield within the shutdown grace: killed",
                         control.kind,
@@ -427,11 +429,16 @@ class ChildRunner:
         return self._write(json.dumps(message, separators=(",", ":")) + "\n")
 
     def _write(self, text: str) -> bool:
+        # Read once: the main thread's kill at shutdown may close the pipes meanwhile
+        # (a write to the closed file then raises ValueError).
+        commands = self._commands
+        if commands is None:  # closed: the child is gone
+            return False
         try:
-            self._commands.write(text)
-            self._commands.flush()
+            commands.write(text)
+            commands.flush()
             return True
-        except (BrokenPipeError, ValueError, OSError, AttributeError):
+        except (BrokenPipeError, ValueError, OSError):
             return False
 
     def _pump(self, *, timeout: float) -> bool:
@@ -513,15 +520,13 @@ class _Sent:
 
 
 def _ran_of(answer: dict[str, Any]) -> Ran:
-    fields = {
-        key: answer.get(key) for key in ("end", "result_json", "error_class", "code", "message")
-    }
-    if fields["end"] not in ENDS:
+    end = answer.get("end")
+    if end not in ENDS:
         return Ran(
             end=SliceEnd.FAILED,
             error_class="transient",
             code="child_error",
-            message=f"the handler process answered {str(fields['end'])[:100]!r}",
+            message=f"the handler process answered {str(end)[:100]!r}",
         )
     began, ended = answer.get("began"), answer.get("at")
     seconds = (
@@ -529,5 +534,12 @@ def _ran_of(answer: dict[str, Any]) -> Ran:
         if isinstance(began, (int, float)) and isinstance(ended, (int, float))
         else None
     )
-    fields["end"] = SliceEnd(fields["end"])
-    return Ran(interrupted=bool(answer.get("interrupted")), seconds=seconds, **fields)
+    return Ran(
+        end=SliceEnd(end),
+        result_json=answer.get("result_json"),
+        error_class=answer.get("error_class"),
+        code=answer.get("code"),
+        message=answer.get("message"),
+        interrupted=bool(answer.get("interrupted")),
+        seconds=seconds,
+    )

@@ -13,7 +13,9 @@ concern reads on its own; it uses the worker's slots, settings and stopping even
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -23,8 +25,10 @@ from durable_jobs import conf, db, store
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import complete_deferred
 from durable_jobs.runtime.invoke import time_limit_failure
+from durable_jobs.states import ErrorClass
 
 if TYPE_CHECKING:
+    from durable_jobs.runtime.heartbeat import Beatable, Heartbeater
     from durable_jobs.runtime.worker import SlotState
 
 log = logging.getLogger("durable_jobs.worker")
@@ -32,6 +36,23 @@ log = logging.getLogger("durable_jobs.worker")
 
 class Supervision:
     """The main thread's side of the slots (mixed into ``Worker``)."""
+
+    # What this mixin uses of ``Worker``, which sets these in its ``__init__``.
+    using: str
+    identity: str
+    stopping: threading.Event
+    abandoned_threads: int
+    _heartbeater: Heartbeater
+    _slots: list[SlotState]
+    _unpaid: list[tuple[SliceControl, str]]  # abandoned slices whose charge has not landed yet
+
+    if TYPE_CHECKING:
+        # ``Worker``'s own methods, declared for the type checker only.
+        def _live_slots(self) -> list[SlotState]: ...
+
+        def _fail(self) -> None: ...
+
+        def _start_slot(self, number: int, *, generation: int) -> SlotState: ...
 
     # --- thread execution: the supervisor ---
     def _supervise(self) -> None:
@@ -68,7 +89,7 @@ class Supervision:
             "slice ran past its time limit"
             if why == "time_limit"
             else "handler ignored the cancel request past CANCEL_GRACE",
-            slot.thread.name,
+            slot.started_thread.name,
             self.abandoned_threads,
             limit,
         )
@@ -93,12 +114,13 @@ class Supervision:
             failure = time_limit_failure(control)
             handler = control.handler
 
-            def write():
+            def write() -> object:
                 # A verdict is left for the next claim to record (with the kind's mirror):
                 # user code never runs on the supervisor.
                 return store.fail_slice(
                     control.lease,
-                    error_class=failure.error_class,
+                    # Always set by time_limit_failure; the same fallback as executor._fail.
+                    error_class=failure.error_class or ErrorClass.TRANSIENT.value,
                     code=failure.code,
                     message=failure.message,
                     max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
@@ -108,7 +130,7 @@ class Supervision:
                 )
         else:
 
-            def write():
+            def write() -> object:
                 # Released with the cancel request standing: the reconciler ends it (with
                 # its mirror) on its next pass.
                 return store.release_lease(control.lease, delay_ms=0, using=self.using)
@@ -153,7 +175,9 @@ class Supervision:
                 if not entry.lease_lost:
                     db.with_lock_timeout(
                         200,
-                        lambda e=entry: store.release_lease(e.lease, delay_ms=0, using=self.using),
+                        functools.partial(
+                            store.release_lease, entry.lease, delay_ms=0, using=self.using
+                        ),
                         using=self.using,
                     )
         except (DatabaseError, InterfaceError) as error:
@@ -179,7 +203,7 @@ class Supervision:
         marked abandoned so that no slot records the kill as a death: nothing a child
         had queued may start once its claim is released.
         """
-        lost_before = set()
+        lost_before: set[int] = set()
         # Taken once, before the kills: a slot that sees its child die untracks its slice.
         holders = self._heartbeater.held()
         for holder in holders:
@@ -203,11 +227,11 @@ class Supervision:
             if isinstance(holder, SliceControl):
                 holder.abandon()
 
-                def write(h=holder):
+                def write(h: Beatable = holder) -> object:
                     return store.yield_slice(h.lease, interrupted=True, using=self.using)
             else:
 
-                def write(h=holder):
+                def write(h: Beatable = holder) -> object:
                     return store.release_lease(h.lease, delay_ms=0, using=self.using)
 
             try:

@@ -32,6 +32,19 @@ LISTENER_HEALTHY = 30.0
 class WakeUps:
     """Sleeping, waking and listening (mixed into ``Worker``)."""
 
+    # What this mixin uses of ``Worker``, which sets these in its ``__init__``.
+    using: str
+    identity: str
+    concurrency: int
+    stopping: threading.Event
+    _wakes: list[threading.Event]  # one per slot
+    _idle: list[bool]  # per slot: its last dequeue found nothing (guarded by _idle_lock)
+    _idle_lock: threading.Lock
+    _sleepers: dict[int, None]  # slots asleep waiting for work, oldest first
+    _missed_wakes: int  # wake-ups that found no slot asleep (guarded by _idle_lock)
+    _due_soon: list[float]  # a heap of monotonic moments held jobs become due
+    _due_lock: threading.Lock
+
     def _note_due(self, seconds: float) -> None:
         """Remember that a job this worker held is due in ``seconds`` (database clock difference)."""
         with self._due_lock:
@@ -112,7 +125,11 @@ class WakeUps:
             probe.close()
 
     def _judge_probe(
-        self, probe: pooling.Probe, hearing: bool | None, listen_using: str, settings
+        self,
+        probe: pooling.Probe,
+        hearing: bool | None,
+        listen_using: str,
+        settings: conf.Settings,
     ) -> bool | None:
         """Log what the probe found when it changes; return whether wake-ups arrive (None: not known yet)."""
         answer = probe.check()

@@ -33,7 +33,8 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
@@ -59,10 +60,19 @@ from durable_jobs.runtime.wakeups import WakeUps
 from durable_jobs.states import VERDICT_CODES, Lease
 from durable_jobs.waits import gate as waits_gate
 
+if TYPE_CHECKING:
+    from types import FrameType
+
+    from durable_jobs.models import Job
+    from durable_jobs.runtime.invoke import Ran
+
+    #: What ``signal.signal`` takes and returns (typeshed's private ``signal._HANDLER``).
+    _SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+
 log = logging.getLogger("durable_jobs.worker")
 
 
-def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:
+def _goes_straight_to_its_handler(job: Job, ttl_ms: int) -> bool:
     """True when ``run_slice`` would hand ``job`` to its handler with nothing written first,
     and its outcome is recorded without user code (no mirror): such a job may be queued
     in the slot's child behind the one running there."""
@@ -76,7 +86,8 @@ def _goes_straight_to_its_handler(job, ttl_ms: int) -> bool:
     )
 
 
-def _lease_of(job, ttl_ms: int) -> Lease:
+def _lease_of(job: Job, ttl_ms: int) -> Lease:
+    assert job.lease_owner is not None, "a claimed row has its owner"  # store.dequeue sets it
     return Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=ttl_ms)
 
 
@@ -105,6 +116,12 @@ class SlotState:
     batch: int = (
         1  # how many jobs it claims at once: grows while its batches are quick (next_batch)
     )
+
+    @property
+    def started_thread(self) -> threading.Thread:
+        """``thread``, which ``Worker._start_slot`` sets before the slot joins ``_slots``."""
+        assert self.thread is not None, f"slot {self.owner} has no thread"
+        return self.thread
 
 
 class Worker(Supervision, WakeUps):
@@ -150,11 +167,11 @@ class Worker(Supervision, WakeUps):
             tuple[SliceControl, str]
         ] = []  # abandoned slices whose charge has not landed yet
         self.abandoned_threads = 0
-        self._previous_handlers: dict[int, object] = {}
+        self._previous_handlers: dict[int, _SignalHandler] = {}
         self._failed = False
 
     # --- signals: handlers only set flags ---
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.stopping.is_set():
             self.hard_stop.set()
         else:
@@ -203,7 +220,7 @@ class Worker(Supervision, WakeUps):
         grace = settings.SHUTDOWN_GRACE + (5.0 if self.execution == "process" else 0.0)
         deadline = None
         try:
-            while any(slot.thread.is_alive() for slot in self._live_slots()):
+            while any(slot.started_thread.is_alive() for slot in self._live_slots()):
                 if not self.stopping.is_set():
                     self._check_health()
                 if self.execution == "thread":
@@ -220,10 +237,10 @@ class Worker(Supervision, WakeUps):
                         settings.SHUTDOWN_GRACE,
                     )
                     return 1
-                alive = [slot for slot in self._live_slots() if slot.thread.is_alive()]
+                alive = [slot for slot in self._live_slots() if slot.started_thread.is_alive()]
                 if not alive:
                     break
-                alive[0].thread.join(timeout=0.1)
+                alive[0].started_thread.join(timeout=0.1)
             if self.execution == "thread":
                 self._supervise()  # charges still owed for abandoned slices
             return 1 if self._failed else 0
@@ -254,7 +271,7 @@ class Worker(Supervision, WakeUps):
         return slot
 
     def _check_health(self) -> None:
-        if not all(slot.thread.is_alive() for slot in self._live_slots()):
+        if not all(slot.started_thread.is_alive() for slot in self._live_slots()):
             # A slot died of something no handler should be able to cause. Exit non-zero
             # so a supervisor restarts the worker rather than trusting a crippled one.
             log.error("worker %s: a slot thread died; stopping", self.identity)
@@ -373,7 +390,7 @@ class Worker(Supervision, WakeUps):
                 connections[self.using].close()
 
     def _run_claimed(
-        self, slot: SlotState, claimed: list, ttl_ms: int, runner: ChildRunner | None
+        self, slot: SlotState, claimed: list[Job], ttl_ms: int, runner: ChildRunner | None
     ) -> Pace:
         """Run a slot's claims in order; return how quickly they went (see ``next_batch``).
 
@@ -397,8 +414,8 @@ class Worker(Supervision, WakeUps):
             [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
         )
         entries = {entry.id: entry for entry in slot.waiting}
-        for entry in slot.waiting:
-            self._heartbeater.track(entry)
+        for held in slot.waiting:
+            self._heartbeater.track(held)
         if runner is not None:
             slot.runner = runner
         if (
@@ -476,7 +493,7 @@ class Worker(Supervision, WakeUps):
         if lost:
             control.mark_lease_lost()
 
-    def _runner_for(self, slot: SlotState, runner: ChildRunner):
+    def _runner_for(self, slot: SlotState, runner: ChildRunner) -> Callable[[SliceControl], Ran]:
         """Run a slice in the slot's child; once it proves slow, hand the rest of the batch back.
 
         The slot thread is free while the child works: the claims waiting their turn

@@ -81,8 +81,10 @@ class ForkedChild:
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
             if not self._ended(timeout):
+                assert timeout is not None  # without a timeout, _ended waits for the end
                 raise subprocess.TimeoutExpired(f"handler process {self.pid}", timeout)
             self._collect()
+        assert self.returncode is not None  # _collect always sets it
         return self.returncode
 
     def _ended(self, timeout: float | None) -> bool:
@@ -176,6 +178,7 @@ class Zygote:
         log.debug("zygote %d ready", self._proc.pid)
 
     def _ask(self, message: dict[str, Any], fds: tuple[int, ...] = ()) -> dict[str, Any]:
+        assert self._sock is not None, "asked before _start"  # set and cleared with _proc
         try:
             socket.send_fds(self._sock, [json.dumps(message).encode()], list(fds))
         except OSError as error:
@@ -184,10 +187,12 @@ class Zygote:
         return self._receive(REQUEST_TIMEOUT)
 
     def _receive(self, timeout: float) -> dict[str, Any]:
-        if not select.select([self._sock], [], [], timeout)[0]:
+        sock = self._sock
+        assert sock is not None, "received before _start"  # set and cleared with _proc
+        if not select.select([sock], [], [], timeout)[0]:
             self._stop()
             raise ZygoteFailed(f"the zygote did not answer within {timeout:.0f}s")
-        data = self._sock.recv(_MESSAGE)
+        data = sock.recv(_MESSAGE)
         if not data:
             self._stop()
             raise ZygoteFailed("the zygote is gone")
