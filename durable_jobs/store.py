@@ -613,6 +613,7 @@ WITH candidates AS MATERIALIZED (
              WHERE queue_name = q.name AND priority = levels.priority AND {_deliverable()}
                AND next_run_at <= (SELECT clock_timestamp())
                AND cancel_requested_at IS NULL
+               AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
              ORDER BY next_run_at
              LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED
@@ -639,15 +640,36 @@ RETURNING {_J_COLUMNS}
 
 
 def dequeue(
-    queues: Sequence[str], owner: str, ttl_ms: int, *, limit: int = 1, using: str = DEFAULT_DB_ALIAS
+    queues: Sequence[str],
+    owner: str,
+    ttl_ms: int,
+    *,
+    kinds: Sequence[str] | None,
+    limit: int = 1,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> list[Job]:
-    """Claim up to ``limit`` due jobs from ``queues``: the database transport (DESIGN §6).
+    """Claim up to ``limit`` due jobs of ``kinds`` from ``queues``: the database transport (DESIGN §6).
 
     Each claimed row gets its own epoch and an owner unique to the claim (the worker's
     identity plus the job id), so a batched claim keeps every per-row fence.
+
+    Invariant 14b: a worker claims only the kinds it can run (``kinds``: its registry), so
+    a worker of an older deploy leaves a new kind's jobs for a worker that knows it and
+    nothing is charged. The filter sits in the locked scan, so a job of another kind is
+    never locked, let alone claimed. ``kinds=None`` claims any kind (operators' tools).
+    Rows of kinds this worker lacks are stepped over in the index scan: their cost grows
+    with how many of them are due ahead of a claimable row in the same queue.
     """
     return fetch_jobs(
-        using, DEQUEUE, {"queues": list(queues), "owner": owner, "ttl_ms": ttl_ms, "limit": limit}
+        using,
+        DEQUEUE,
+        {
+            "queues": list(queues),
+            "owner": owner,
+            "ttl_ms": ttl_ms,
+            "limit": limit,
+            "kinds": None if kinds is None else list(kinds),
+        },
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from durable_jobs import conf, reads, service, store
+from durable_jobs import conf, reads, registry, service, store
 from durable_jobs.models import HELD, Job
 from durable_jobs.runtime.executor import SliceReport, run_slice
 from durable_jobs.states import LIVE_STATUSES
@@ -36,6 +36,7 @@ def run_jobs(
 ) -> list[SliceReport]:
     """Run due slices one after another until none is due (or ``max_slices`` ran).
 
+    Like a worker, it runs only kinds registered in this process (invariant 14b).
     ``fast_forward=True`` also brings scheduled jobs (retries after a backoff, a
     ``run_after`` in the future) forward, so a job runs to its end in one call. A job
     held by a wait condition is left where it is: its next pickup would only ask the
@@ -46,7 +47,9 @@ def run_jobs(
     ttl_ms = conf.ms(conf.get().LEASE_TTL)
     reports: list[SliceReport] = []
     while max_slices is None or len(reports) < max_slices:
-        claimed = store.dequeue(queues, _OWNER, ttl_ms, limit=1, using=using)
+        claimed = store.dequeue(
+            queues, _OWNER, ttl_ms, kinds=registry.kinds(), limit=1, using=using
+        )
         if not claimed and fast_forward and _bring_forward(queues, using):
             continue
         if not claimed:
@@ -99,6 +102,7 @@ def _bring_forward(queues: Sequence[str], using: str) -> bool:
             lease_owner__isnull=True,
             cancel_requested_at__isnull=True,
             queue_name__in=list(queues),
+            kind__in=registry.kinds(),  # what run_jobs can claim (invariant 14b)
             next_run_at__isnull=False,
         )
         .exclude(HELD)

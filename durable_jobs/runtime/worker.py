@@ -328,7 +328,12 @@ class Worker(Supervision, WakeUps):
                     if runner is not None:
                         runner.ensure_started()  # before claiming: a claim should not wait for a boot
                     claimed = store.dequeue(
-                        self.queues, slot.owner, ttl_ms, limit=slot.batch, using=self.using
+                        self.queues,
+                        slot.owner,
+                        ttl_ms,
+                        kinds=registry.kinds(),  # invariant 14b: only what it can run
+                        limit=slot.batch,
+                        using=self.using,
                     )
                     failures = 0
                 except Exception as error:  # noqa: BLE001 - the database or a child that will not start

@@ -45,7 +45,7 @@ def test_cancel__of_a_pending_job_is_a_request_the_reconciler_ends(kind):
 
     assert asked.status == "pending"
     assert asked.cancel_requested_at is not None and asked.cancelled_by == "alice"
-    assert store.dequeue(["default"], "host", 60_000) == []
+    assert store.dequeue(["default"], "host", 60_000, kinds=None) == []
     assert store.cancel_pending(job.id).status == "cancelled"
 
 
@@ -105,7 +105,7 @@ def test_redrive__reissues_a_failed_job_with_fresh_budgets(kind):
     assert (redriven.redrives_since_commit, redriven.consecutive_failures) == (0, 0)
     assert redriven.parked_at is None and redriven.error_code is None
     assert redriven.next_run_at <= db_now()
-    [claimed] = store.dequeue(["default"], "host", 60_000)
+    [claimed] = store.dequeue(["default"], "host", 60_000, kinds=None)
     assert claimed.id == job.id
 
 

@@ -81,7 +81,7 @@ def test_dequeue_and_fail_slice__schedule_on_the_database_clock(skewed_worker_cl
     due = JobFactory(next_run_at=-1)
     JobFactory(next_run_at=3600)  # an hour ahead on the database clock
 
-    [claimed] = store.dequeue(["default"], "host", 30_000, limit=10)
+    [claimed] = store.dequeue(["default"], "host", 30_000, kinds=None, limit=10)
     assert claimed.id == due.id
 
     before = db_now()
@@ -110,4 +110,4 @@ def test_start__schedules_run_after_on_the_database_clock(skewed_worker_clock, k
         <= job.next_run_at
         <= db_now() + timedelta(minutes=10)
     )
-    assert store.dequeue(["default"], "host", 30_000) == []
+    assert store.dequeue(["default"], "host", 30_000, kinds=None) == []

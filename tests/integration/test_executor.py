@@ -11,24 +11,35 @@ from tests.factories import JobFactory, reload, running
 pytestmark = pytest.mark.django_db
 
 
-def test_an_unknown_kind_retries_with_a_clear_code_then_fails_instead_of_crashing(kinds):
-    """A kind this worker does not know (a rolling deploy, a typo that slipped in) backs off
-    like a transient error, so a worker that knows it can take the retry; if none does,
-    the job ends retry_exhausted with the reason in its message."""
+def test_a_kind_this_worker_cannot_run_is_left_unclaimed_and_uncharged_for_one_that_can(kinds):
+    """Invariant 14b: a worker claims only the kinds registered in it. A job of a kind it
+    does not know (a rolling deploy, TASKS unset in this process) is not claimed, so no
+    budget is spent on it; once a handler for the kind is registered, it runs."""
     job = JobFactory(kind="tests.nobody_handles_this")
-    assert [r.outcome for r in testing.run_jobs()] == ["retrying"]
+    assert testing.run_jobs() == []
     waiting = reload(job)
-    assert (waiting.status, waiting.error_code, waiting.lease_owner) == (
-        "running",
-        "unknown_kind",
-        None,
-    )
-    assert waiting.next_run_at > waiting.lease_expires_at, "it backs off instead of spinning"
-    reports = testing.run_jobs(fast_forward=True)
-    assert reports[-1].outcome == "failed"
+    assert (waiting.status, waiting.lease_epoch, waiting.consecutive_failures) == ("pending", 0, 0)
+    assert waiting.error_code is None and waiting.started_at is None
+    kinds.add("tests.nobody_handles_this")
+    assert [r.outcome for r in testing.run_jobs()] == ["completed"]
+    assert reload(job).status == "completed"
+
+
+def test_a_kind_unregistered_between_claim_and_run_retries_with_a_clear_code(kinds):
+    """The fallback for the narrow race the dequeue filter cannot see (a handler removed
+    after the claim): the slice fails as a transient ``unknown_kind`` and backs off."""
+    kinds.add("tests.leaving")
+    job = JobFactory(kind="tests.leaving")
+    [claimed] = store.dequeue(["default"], "host", 60_000, kinds=["tests.leaving"])
+    from durable_jobs import registry
+    from durable_jobs.runtime.executor import run_slice
+
+    registry.unregister("tests.leaving")
+    assert run_slice(claimed).outcome == "retrying"
     after = reload(job)
-    assert after.status == "failed" and after.error_code == "retry_exhausted"
-    assert "no handler is registered for kind 'tests.nobody_handles_this'" in after.error_message
+    assert (after.status, after.error_code, after.lease_owner) == ("running", "unknown_kind", None)
+    assert "no handler is registered for kind 'tests.leaving'" in after.error_message
+    assert after.next_run_at > after.lease_expires_at, "it backs off instead of spinning"
 
 
 def test_a_verdict_decided_but_not_recorded_is_recorded_without_running_the_work(kinds):

@@ -258,7 +258,7 @@ def test_process_execution__claims_waiting_behind_a_slow_slice_are_handed_back_a
     quick = [durable.start("demo.noop") for _ in range(2)]
     worker = Worker(concurrency=1, execution="process")
     slot = SlotState(number=0, generation=0, owner="slot")
-    claimed = store.dequeue(["default"], slot.owner, 60_000, limit=3)
+    claimed = store.dequeue(["default"], slot.owner, 60_000, kinds=None, limit=3)
     assert [job.id for job in claimed][0] == slow.id and len(claimed) == 3
     runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
     released = []
@@ -306,7 +306,7 @@ def _ttl():
 
 
 def _claim(count):
-    claimed = store.dequeue(["default"], "slot", _ttl(), limit=count)
+    claimed = store.dequeue(["default"], "slot", _ttl(), kinds=None, limit=count)
     assert len(claimed) == count
     return claimed
 

@@ -401,7 +401,7 @@ def test_start__a_run_after_duration_is_added_to_the_database_clock(kind, run_af
     after = db_now()
 
     assert before + timedelta(hours=1) <= job.next_run_at <= after + timedelta(hours=1)
-    assert store.dequeue(["default"], "host", 60_000) == []
+    assert store.dequeue(["default"], "host", 60_000, kinds=None) == []
 
 
 @pytest.mark.django_db

@@ -134,7 +134,7 @@ def test_dequeue__claims_a_due_pending_job():
     the delivery consumed."""
     job = JobFactory(next_run_at=-1, lease_epoch=2)
 
-    [claimed] = store.dequeue(["default"], "host-1", 30_000)
+    [claimed] = store.dequeue(["default"], "host-1", 30_000, kinds=None)
 
     assert claimed.id == job.id
     assert claimed.status == "running"
@@ -150,9 +150,32 @@ def test_dequeue__takes_only_the_queues_asked_for():
     JobFactory(queue_name="mail", next_run_at=-1)
     wanted = JobFactory(queue_name="reports", next_run_at=-1)
 
-    claimed = store.dequeue(["reports", "nothing"], "host-1", 30_000, limit=10)
+    claimed = store.dequeue(["reports", "nothing"], "host-1", 30_000, kinds=None, limit=10)
 
     assert [j.id for j in claimed] == [wanted.id]
+
+
+@pytest.mark.django_db
+def test_dequeue__claims_only_the_kinds_it_is_given():
+    """Invariant 14b: a job of a kind the worker cannot run is neither claimed nor locked,
+    and does not stand in the way of one behind it that the worker can run."""
+    unknown = JobFactory(kind="tests.new_in_the_next_deploy", next_run_at=-2, priority=5)
+    known = JobFactory(kind="tests.known", next_run_at=-1)
+
+    claimed = store.dequeue(["default"], "host-1", 30_000, kinds=["tests.known"], limit=10)
+
+    assert [j.id for j in claimed] == [known.id]
+    left = reload(unknown)
+    assert (left.status, left.lease_epoch, left.lease_owner) == (
+        "pending",
+        unknown.lease_epoch,
+        None,
+    )
+    assert store.dequeue(["default"], "host-1", 30_000, kinds=[], limit=10) == []
+    [later] = store.dequeue(
+        ["default"], "host-2", 30_000, kinds=["tests.new_in_the_next_deploy"], limit=10
+    )
+    assert later.id == unknown.id
 
 
 @pytest.mark.django_db
@@ -162,9 +185,9 @@ def test_dequeue__takes_higher_priority_first_then_earlier_run_time():
     high_new = JobFactory(priority=9, next_run_at=-1)
     high_old = JobFactory(priority=9, next_run_at=-30)
 
-    first = store.dequeue(["default"], "host-1", 30_000, limit=1)
-    second = store.dequeue(["default"], "host-1", 30_000, limit=1)
-    third = store.dequeue(["default"], "host-1", 30_000, limit=1)
+    first = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=1)
+    second = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=1)
+    third = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=1)
 
     assert [j.id for j in first + second + third] == [high_old.id, high_new.id, low_old.id]
 
@@ -180,8 +203,8 @@ def test_dequeue__one_batch_spans_priority_levels_and_queues_in_order():
     low = JobFactory(priority=-4, next_run_at=-90)
     JobFactory(priority=-4, next_run_at=-100, queue_name="elsewhere")  # a queue not asked for
 
-    claimed = store.dequeue(["default", "mail"], "host-1", 30_000, limit=3)
-    rest = store.dequeue(["default", "mail"], "host-1", 30_000, limit=3)
+    claimed = store.dequeue(["default", "mail"], "host-1", 30_000, kinds=None, limit=3)
+    rest = store.dequeue(["default", "mail"], "host-1", 30_000, kinds=None, limit=3)
 
     assert [j.id for j in claimed] == [top.id, mid_old.id, mid_new.id]
     assert [j.id for j in rest] == [low.id]
@@ -204,7 +227,7 @@ def test_dequeue__does_not_read_the_rows_scheduled_later_at_a_higher_priority():
         )
         cursor.execute(f"ANALYZE {store.TABLE}")
     due = JobFactory(priority=0, next_run_at=-1)
-    params = {"queues": ["default"], "owner": "host-1", "ttl_ms": 30_000, "limit": 1}
+    params = {"queues": ["default"], "owner": "host-1", "ttl_ms": 30_000, "limit": 1, "kinds": None}
 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.DEQUEUE, params)
@@ -221,7 +244,7 @@ def test_dequeue__skips_a_job_whose_run_time_has_not_come():
     """Invariant 2 / DESIGN §6: due means ``next_run_at <= clock_timestamp()``."""
     future = JobFactory(next_run_at=30)
 
-    assert store.dequeue(["default"], "host-1", 30_000, limit=10) == []
+    assert store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10) == []
     assert reload(future).status == "pending"
 
 
@@ -229,7 +252,7 @@ def test_dequeue__skips_a_job_whose_run_time_has_not_come():
 def test_dequeue__skips_a_job_whose_cancellation_was_requested():
     """Invariant 8: a cancel-requested pending job is for the reconciler to end, not to run."""
     JobFactory(next_run_at=-1, cancel_requested_at=-1)
-    assert store.dequeue(["default"], "host-1", 30_000, limit=10) == []
+    assert store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10) == []
 
 
 @pytest.mark.django_db
@@ -242,7 +265,7 @@ def test_dequeue__skips_a_job_under_a_live_claim_and_finished_jobs():
     JobFactory(status="completed", next_run_at=-1, finished_at=-1)
     JobFactory(status="failed", next_run_at=-1, finished_at=-1)
 
-    assert store.dequeue(["default"], "host-1", 30_000, limit=10) == []
+    assert store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10) == []
 
 
 @pytest.mark.django_db
@@ -251,7 +274,7 @@ def test_dequeue__delivers_a_failed_slice_waiting_for_its_retry():
     DESIGN §6 / §4: ``running`` with a released lease and a due ``next_run_at`` is deliverable."""
     job = running(lease_owner=None, lease_expires_at=-5, next_run_at=-1, consecutive_failures=1)
 
-    [claimed] = store.dequeue(["default"], "host-1", 30_000)
+    [claimed] = store.dequeue(["default"], "host-1", 30_000, kinds=None)
 
     assert claimed.id == job.id
     assert claimed.lease_epoch == job.lease_epoch + 1
@@ -263,7 +286,7 @@ def test_dequeue__gives_each_claimed_row_its_own_owner_and_epoch():
     """Invariant 4 per row: a batched claim must not hand two rows the same lease."""
     jobs = [JobFactory(next_run_at=-3 + i, lease_epoch=epoch) for i, epoch in enumerate((0, 4, 7))]
 
-    claimed = {j.id: j for j in store.dequeue(["default"], "host-1", 30_000, limit=10)}
+    claimed = {j.id: j for j in store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10)}
 
     assert set(claimed) == {j.id for j in jobs}
     assert len({j.lease_owner for j in claimed.values()}) == 3
@@ -282,9 +305,9 @@ def test_dequeue__claims_at_most_the_limit():
     for i in range(5):
         JobFactory(next_run_at=-10 + i)
 
-    first = store.dequeue(["default"], "host-1", 30_000, limit=3)
-    second = store.dequeue(["default"], "host-1", 30_000, limit=3)
-    third = store.dequeue(["default"], "host-1", 30_000, limit=3)
+    first = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=3)
+    second = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=3)
+    third = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=3)
 
     assert (len(first), len(second), len(third)) == (3, 2, 0)
     assert {j.id for j in first}.isdisjoint({j.id for j in second})
@@ -305,11 +328,13 @@ def test_dequeue__skips_rows_locked_by_another_transaction(other_connection):
             with connection.cursor() as cursor:
                 # Without SKIP LOCKED this would wait for the other transaction: fail fast.
                 cursor.execute("SET LOCAL lock_timeout = '2s'")
-            claimed = store.dequeue(["default"], "host-1", 30_000, limit=10)
+            claimed = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10)
 
     assert [j.id for j in claimed] == [free.id]
     assert reload(locked).status == "pending"
-    assert [j.id for j in store.dequeue(["default"], "host-1", 30_000, limit=10)] == [locked.id]
+    assert [j.id for j in store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10)] == [
+        locked.id
+    ]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -320,9 +345,10 @@ def test_dequeue__two_workers_at_once_claim_disjoint_rows(other_connection):
 
     with other_connection.transaction():
         theirs = other_connection.execute(
-            store.DEQUEUE, {"queues": ["default"], "owner": "host-2", "ttl_ms": 30_000, "limit": 2}
+            store.DEQUEUE,
+            {"queues": ["default"], "owner": "host-2", "ttl_ms": 30_000, "limit": 2, "kinds": None},
         ).fetchall()
-        ours = store.dequeue(["default"], "host-1", 30_000, limit=10)
+        ours = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10)
 
     their_ids = {row[0] for row in theirs}
     assert len(their_ids) == 2
@@ -341,7 +367,7 @@ def test_a_claimed_batch_reads_its_timestamps_exactly_as_the_orm_does():
     from durable_jobs.models import Job
 
     JobFactory.create_batch(3)
-    claimed = store.dequeue(["default"], "slot", 60_000, limit=3)
+    claimed = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=3)
     assert len(claimed) == 3
     stamps = [f.attname for f in Job._meta.fields if isinstance(f, DateTimeField)]
     for job in claimed:

@@ -103,12 +103,12 @@ def test_count_stale_pending__counts_what_select_stale_pending_would_select():
 def test_make_due__brings_a_scheduled_job_forward():
     """Invariant 2: the fast-forward uses the database clock."""
     job = JobFactory(next_run_at=3600)
-    assert store.dequeue(["default"], "host", 30_000) == []
+    assert store.dequeue(["default"], "host", 30_000, kinds=None) == []
 
     row = store.make_due(job.id)
 
     assert row.next_run_at <= db_now()
-    assert [j.id for j in store.dequeue(["default"], "host", 30_000)] == [job.id]
+    assert [j.id for j in store.dequeue(["default"], "host", 30_000, kinds=None)] == [job.id]
 
 
 @pytest.mark.django_db

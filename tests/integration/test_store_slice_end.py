@@ -100,7 +100,7 @@ def test_fail_slice__a_verdict_is_deliverable_at_once(error_class, failures_befo
     row = reload(job)
     assert row.next_run_at <= db_now()
     assert row.lease_owner is None and row.status == "running"
-    [dequeued] = store.dequeue(["default"], "host-1", 30_000)
+    [dequeued] = store.dequeue(["default"], "host-1", 30_000, kinds=None)
     assert dequeued.id == job.id and dequeued.error_code == reply.verdict
 
 
@@ -124,7 +124,7 @@ def test_fail_slice__a_retry_is_scheduled_within_the_backoff_bounds(failures_bef
     row = reload(job)
     assert before + timedelta(milliseconds=ceiling_ms / 2) <= row.next_run_at
     assert row.next_run_at <= after + timedelta(milliseconds=ceiling_ms)
-    assert store.dequeue(["default"], "host-1", 30_000) == []  # not deliverable yet
+    assert store.dequeue(["default"], "host-1", 30_000, kinds=None) == []  # not deliverable yet
 
 
 @pytest.mark.django_db
@@ -226,7 +226,7 @@ def test_yield_slice__a_delay_schedules_the_next_slice_later():
     before = db_now()
     store.yield_slice(lease_of(job), delay_ms=5_000)
     assert reload(job).next_run_at >= before + timedelta(seconds=5)
-    assert store.dequeue(["default"], "host-1", 30_000) == []
+    assert store.dequeue(["default"], "host-1", 30_000, kinds=None) == []
 
 
 # ---------------------------------------------------------------------------------------

@@ -494,7 +494,7 @@ def test_capacity__a_pickup_denied_a_check_turn_is_held_shortly_and_counted(hand
     job = durable.start(KIND, wait_for=[{"profile": "ready"}])
     slots = CheckSlots(1)
     assert slots.try_take()  # another job's check holds the only turn
-    claimed = store.dequeue(["default"], "w", 60_000)
+    claimed = store.dequeue(["default"], "w", 60_000, kinds=None)
     assert run_slice(claimed[0], check_slots=slots).outcome == "held"
     denied = reload(job)
     assert (denied.wait_denials, denied.wait_checks, waits.runs("ready")) == (1, 0, 0)
@@ -503,7 +503,7 @@ def test_capacity__a_pickup_denied_a_check_turn_is_held_shortly_and_counted(hand
     assert "Denied a check turn 1 time(s)" in explain_hold(denied).summary
     slots.give_back()
     testing.fast_forward(job)
-    claimed = store.dequeue(["default"], "w", 60_000)
+    claimed = store.dequeue(["default"], "w", 60_000, kinds=None)
     assert run_slice(claimed[0], check_slots=slots).outcome == "completed"
     assert reload(job).wait_denials == 0
 

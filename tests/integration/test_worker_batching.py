@@ -31,7 +31,7 @@ def test_a_burst_of_quick_jobs_is_claimed_in_batches_and_all_complete():
 def test_claims_left_unstarted_at_shutdown_are_handed_back_without_spending_budget():
     durable.start_many([{"kind": "demo.noop"} for _ in range(3)])
     worker = Worker(concurrency=1)
-    claimed = store.dequeue(["default"], "slot", 60_000, limit=3)
+    claimed = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=3)
     worker.stopping.set()
     slot = SlotState(number=0, generation=0, owner="slot")
     assert worker._run_claimed(slot, claimed, 60_000, None) is Pace.SLOW
@@ -43,7 +43,7 @@ def test_claims_left_unstarted_at_shutdown_are_handed_back_without_spending_budg
             0,
             0,
         )
-    assert len(store.dequeue(["default"], "next", 60_000, limit=5)) == 3, (
+    assert len(store.dequeue(["default"], "next", 60_000, kinds=None, limit=5)) == 3, (
         "deliverable again at once"
     )
 
@@ -68,7 +68,7 @@ def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(
     try:
         if runner is not None:
             runner.ensure_started()
-        claimed = store.dequeue(["default"], "slot", 60_000, limit=count)
+        claimed = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=count)
         assert len(claimed) == count
         pace = worker._run_claimed(slot, claimed, 60_000, runner)
     finally:
@@ -87,9 +87,9 @@ def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(
             0,
             0,
         )
-    assert len(store.dequeue(["default"], "next", 60_000, limit=count)) == len(handed_back), (
-        "deliverable again"
-    )
+    assert len(store.dequeue(["default"], "next", 60_000, kinds=None, limit=count)) == len(
+        handed_back
+    ), "deliverable again"
 
 
 def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():

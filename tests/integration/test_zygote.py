@@ -49,7 +49,7 @@ def _run_one(runner: ChildRunner, kind: str, **start):
     from durable_jobs.states import Lease
 
     job = durable.start(kind, **start)
-    [claimed] = store.dequeue(["default"], "slot", 60_000, limit=1)
+    [claimed] = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=1)
     assert claimed.id == job.id
     lease = Lease(
         job_id=claimed.id, owner=claimed.lease_owner, epoch=claimed.lease_epoch, ttl_ms=60_000

@@ -683,7 +683,10 @@ class StoreMachine(RuleBasedStateMachine):
                 _note(f"dequeue:skipped-only-by:{failing[0]}")
         eligible.sort(key=lambda m: -m.priority)
         expected = [m.id for m in eligible[:limit]]
-        rows = {row.id: row for row in store.dequeue(sorted(queues), owner, ttl_ms, limit=limit)}
+        rows = {
+            row.id: row
+            for row in store.dequeue(sorted(queues), owner, ttl_ms, kinds=None, limit=limit)
+        }
         _note(f"dequeue:{'applied' if rows else 'refused'}")
         assert sorted(rows, key=str) == sorted(expected, key=str), (rows, expected, limit)
         leases = []
