@@ -8,14 +8,16 @@ from django.core.management.base import BaseCommand, CommandError
 
 from durable_jobs import conf
 from durable_jobs.exceptions import ConfigurationError
+from durable_jobs.management import preflight
 
 
 class SettingsFirst(BaseCommand):
-    """Base of a command: a garbled ``DURABLE_JOBS`` stops it with one line.
+    """Base of a command: a garbled ``DURABLE_JOBS`` or a database not migrated stops it
+    with one line.
 
-    ``manage.py check`` reports every problem as ``durable_jobs.E001``; a worker or a
-    reconciler only needs to say, in one line and before the system checks' block, why
-    it will not start (with or without ``--skip-checks``).
+    ``manage.py check`` reports every setting problem as ``durable_jobs.E001``; a worker
+    or a reconciler only needs to say, in one line and before the system checks' block,
+    why it will not start (with or without ``--skip-checks``).
     """
 
     def execute(self, *args: Any, **options: Any) -> str | None:
@@ -23,4 +25,11 @@ class SettingsFirst(BaseCommand):
             conf.get()
         except ConfigurationError as error:
             raise CommandError(str(error).replace("\n", "; ")) from None
+        if preflight.unreachable() is None:
+            # Reachable: refuse an unmigrated database in one line. Unreachable: a standing
+            # worker or reconciler waits the outage out (one warning), as it would one that
+            # begins later; a one-shot run (--burst, --once) says so when it gives up.
+            problem = preflight.database_problem()
+            if problem is not None:
+                raise CommandError(problem)
         return super().execute(*args, **options)

@@ -401,6 +401,7 @@ def run_as_leader(
     reconciler = Reconciler(tenant=tenant, using=using)
     name = leadership_name(tenant)
     leading: int | None = None
+    unavailable = False
     try:
         while not stop.is_set():
             interval = conf.get().RECONCILE_INTERVAL
@@ -409,13 +410,19 @@ def run_as_leader(
                     name, identity, ttl_ms=conf.ms(interval * LEADER_LEASE_INTERVALS), using=using
                 )
             except DatabaseError as error:
-                log.warning(
+                # Once per outage: the loop tries again every interval, and the worker's
+                # slots say the same from their side.
+                log.log(
+                    logging.DEBUG if unavailable else logging.WARNING,
                     "reconciler leadership %s: database unavailable (%s)",
                     name,
                     type(error).__name__,
                 )
+                unavailable = True
                 connections[using].close()
                 epoch = None
+            else:
+                unavailable = False
             if epoch is not None and epoch != leading:
                 log.info("reconciler leadership %s taken by %s (epoch %d)", name, identity, epoch)
             elif epoch is None and leading is not None:

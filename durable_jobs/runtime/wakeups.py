@@ -17,8 +17,9 @@ import logging
 import threading
 import time
 
-from durable_jobs import conf, db, validation
+from durable_jobs import conf, db
 from durable_jobs.runtime import pooling
+from durable_jobs.runtime.outage import OutageLog
 
 log = logging.getLogger("durable_jobs.worker")
 
@@ -44,6 +45,7 @@ class WakeUps:
     _missed_wakes: int  # wake-ups that found no slot asleep (guarded by _idle_lock)
     _due_soon: list[float]  # a heap of monotonic moments held jobs become due
     _due_lock: threading.Lock
+    _outage: OutageLog
 
     def _note_due(self, seconds: float) -> None:
         """Remember that a job this worker held is due in ``seconds`` (database clock difference)."""
@@ -94,6 +96,7 @@ class WakeUps:
                 try:
                     raw = pooling.new_raw_connection(listen_using, "durable-listener")
                     db.listen(raw, channel)
+                    self._outage.answered()
                     connected_at = time.monotonic()
                     self._wake_all()
                     probe.send()
@@ -109,11 +112,9 @@ class WakeUps:
                 except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
                     failures += 1
                     delay = min(30.0, 0.2 * 2**failures)
-                    log.info(
-                        "listener reconnecting in %.1fs after %s",
-                        delay,
-                        validation.printable(f"{type(error).__name__}: {error}", limit=300),
-                    )
+                    # One warning per outage for the whole worker (OutageLog), whoever
+                    # notices first: the listener's own retries are detail after that.
+                    self._outage.failed("the listener", error, delay)
                     self.stopping.wait(delay)
                 finally:
                     if raw is not None:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
-from durable_jobs import conf, db, faults, registry, store, validation
+from durable_jobs import conf, db, faults, registry, store
 from durable_jobs.runtime import pooling, zygote
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import (
@@ -46,6 +46,7 @@ from durable_jobs.runtime.executor import (
     run_slice,
 )
 from durable_jobs.runtime.heartbeat import Heartbeater, HeldLease
+from durable_jobs.runtime.outage import OutageLog, one_line
 from durable_jobs.runtime.pacing import (
     PREFETCH_WINDOW,
     QUICK_SLICE,
@@ -156,6 +157,7 @@ class Worker(Supervision, WakeUps):
         self._sleepers: dict[int, None] = {}  # slots asleep waiting for work, oldest first
         self._missed_wakes = 0  # wake-ups that found no slot asleep (guarded by _idle_lock)
         self._heartbeater = Heartbeater(using=using)
+        self._outage = OutageLog(log, self.identity)
         # Wait conditions: this worker's bound on checks running at once, and the moments
         # (monotonic) at which jobs it held become due, so an idle slot never sleeps past
         # an `after` instant it knows of (the poll is the floor, not the promptness).
@@ -336,20 +338,18 @@ class Worker(Supervision, WakeUps):
                         using=self.using,
                     )
                     failures = 0
+                    self._outage.answered()
                 except Exception as error:  # noqa: BLE001 - the database or a child that will not start
                     failures += 1
                     if failures == 1:
                         failing_since = time.monotonic()
                     failing_for = time.monotonic() - failing_since
-                    reason = validation.printable(f"{type(error).__name__}: {error}", limit=300)
                     connections[self.using].close()
                     if self.burst and failing_for >= ttl_ms / 1000:
-                        self._give_up_burst(slot, reason, failing_for)
+                        self._give_up_burst(slot, one_line(error), failing_for)
                         break
                     delay = min(5.0, 0.1 * 2**failures)
-                    log.warning(
-                        "slot %s: cannot claim (%s); retrying in %.1fs", slot.owner, reason, delay
-                    )
+                    self._outage.failed(f"slot {slot.owner}", error, delay)
                     self.stopping.wait(delay)
                     continue
                 if claimed:

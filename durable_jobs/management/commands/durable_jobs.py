@@ -20,6 +20,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from durable_jobs import conf, service
 from durable_jobs.console import stats
 from durable_jobs.exceptions import DurableJobsError, InvalidInput
+from durable_jobs.management import preflight
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
 from durable_jobs.validation import NAME
@@ -184,6 +185,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
+        problem = preflight.database_problem()
+        if problem is not None:
+            raise CommandError(problem)
         try:
             getattr(self, f"do_{action}")(**options)
         except DurableJobsError as error:

@@ -7,9 +7,10 @@ import signal
 import threading
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_jobs import conf, logsetup
+from durable_jobs.management import preflight
 from durable_jobs.management.settings_first import SettingsFirst
 from durable_jobs.runtime.reconciler import Reconciler
 from durable_jobs.validation import NAME
@@ -44,6 +45,9 @@ class Command(SettingsFirst, BaseCommand):
         interval = conf.get().RECONCILE_INTERVAL  # validated by SettingsFirst
         reconciler = Reconciler(tenant=tenant)
         if once:
+            problem = preflight.unreachable()
+            if problem is not None:
+                raise CommandError(problem)
             report = reconciler.run_pass()
             self.stdout.write(str(report))
             return

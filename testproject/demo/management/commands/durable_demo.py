@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connection, transaction
 
 import durable_jobs as durable
+from durable_jobs.management import preflight
 from durable_jobs.models import Job
 from testproject import database
 from testproject.demo.models import Effect, Report
@@ -88,6 +89,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, rows: int, timeout: float, **options) -> None:
+        problem = preflight.unreachable()
+        if problem is not None:
+            raise CommandError(problem)
         call_command("migrate", verbosity=0)
         self.stdout.write(self.style.MIGRATE_HEADING("durable_jobs demo"))
         with connection.cursor() as cursor:
