@@ -51,7 +51,9 @@ class Ctx:
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description else None
 
-    def worker_cmd(self, concurrency: int, *, burst: bool, verbosity: int = 1) -> list[str]:
+    def worker_cmd(
+        self, concurrency: int, *, burst: bool, verbosity: int = 1, execution: str | None = None
+    ) -> list[str]:
         cmd = [
             self.python,
             "manage.py",
@@ -61,7 +63,7 @@ class Ctx:
             "-v",
             str(verbosity),
             "--execution",
-            self.execution,
+            execution or self.execution,
         ]
         return cmd + (["--burst"] if burst else [])
 

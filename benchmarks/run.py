@@ -42,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
 SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size", "scale", "priorities", "memory")
+#: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
+EXTRA_SCENARIOS = ("trial",)
 
 TARGETS = {
     "throughput_4": 1500.0,  # processed no-op jobs/s at 4 slots
@@ -96,7 +98,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="durable_worker --execution for every durable_jobs run (default: process, "
         "the product default)",
     )
-    parser.add_argument("--only", help=f"comma-separated scenarios among {', '.join(SCENARIOS)}")
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated scenarios among {', '.join(SCENARIOS + EXTRA_SCENARIOS)} "
+        "(default: all but trial)",
+    )
     parser.add_argument(
         "--memory-jobs",
         type=int,
@@ -135,7 +141,7 @@ class Plan:
         self.worker_timeout = 120 if quick else 600
         self.repeat = args.repeat or (1 if quick else 3)
         self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
-        unknown = set(self.scenarios) - set(SCENARIOS)
+        unknown = set(self.scenarios) - set(SCENARIOS) - set(EXTRA_SCENARIOS)
         if unknown:
             raise SystemExit(f"unknown scenario(s): {', '.join(sorted(unknown))}")
         self.profile = args.profile
@@ -294,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if profile_text:
         sections.append(("Profile: a no-op slice at 4 slots", profile_text))
+    if results.trial_text:
+        sections.append(("Trial: each mechanism off vs all on", report.block(results.trial_text)))
     report.write(
         out_path,
         title=f"durable_jobs benchmarks, {stamp}",
@@ -393,6 +401,7 @@ class Results:
         )
         self.plans: dict[str, dict[str, str]] = {}
         self.start_profile_text = ""
+        self.trial_text = ""
 
     # --- helpers -------------------------------------------------------------------
     def _peer_cells(self, fn, fmt) -> dict[str, str]:
@@ -999,6 +1008,30 @@ class Results:
             "-",
             f"growth <= {TARGETS['memory_growth_mib']:g} MiB",
             report.verdict(ok),
+        )
+
+    def scenario_trial(self) -> None:
+        """Each throughput mechanism off vs all on, on 1 ms to 5 s slices at 1, 4, 16 slots."""
+        from benchmarks import trial
+
+        result = trial.run(self.ctx, quick=self.plan.quick, timeout=self.plan.worker_timeout)
+        self.raw["trial"] = result
+        self.trial_text = trial.tables(result)
+        print(self.trial_text, flush=True)
+        failed = [
+            f"{point} / {config}"
+            for point, row in result["points"].items()
+            for config, r in row.items()
+            if not r.get("verified")
+        ]
+        self.table_obj.add(
+            "trial: each mechanism off vs all on (table below)",
+            f"{len(result['points'])} points x {len(result['configs'])} configurations"
+            + (f", {len(failed)} failed" if failed else ""),
+            "-",
+            "-",
+            "every run drains",
+            report.verdict(not failed),
         )
 
     def scenario_size(self) -> None:
