@@ -242,28 +242,20 @@ def throughput_prefilled(
               FROM {TABLE} WHERE kind = %s""",
         [KIND],
     )[0]
-    completed, total, window = row[0], row[1], float(row[2] or 0)
-    out = {
-        "n": n,
+    completed, total, window = row
+    return procs.drain_figures(
+        results,
+        n=n,
+        completed=completed,
+        rows=total,
+        window=window,
+        server_cpu=(cpu0, cpu1),
+        logs=logs,
+    ) | {
         "processes": processes,
         "slots_per_process": slots,
-        "completed": completed,
-        "rows": total,
-        "db_window_seconds": window,
-        "per_second": completed / window if window else None,
-        "wall_seconds": max(r.wall_seconds for r in results),
-        "exit_codes": [r.exit_code for r in results],
-        "timed_out": any(r.timed_out for r in results),
-        "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
-        "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
-        "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
         "conn_max_age": conn_max_age or "0 (Django default)",
-        "logs": [str(p) for p in logs],
     }
-    out["verified"] = (
-        completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
-    )
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -325,7 +317,8 @@ def _warm_up(ctx: Ctx, group: procs.Group, *, notify: bool) -> str | None:
             return f"worker exited during warm-up: {procs.tail(group.logs[0])}"
         done = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status = 'completed'")[0][0]
         listening = (not notify) or ctx.sql(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN %%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query "
+            "ILIKE 'LISTEN %%'"
         )[0][0] > 0
         if done >= 3 and listening:
             return None
@@ -337,8 +330,10 @@ def _latency_sql(ctx: Ctx, warm_ids: list, m: int) -> dict:
     row = ctx.sql(
         f"""SELECT count(*),
                    count(*) FILTER (WHERE status = 'completed'),
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
-                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
+                   percentile_cont(0.5) WITHIN GROUP
+                       (ORDER BY extract(epoch FROM started_at - created_at)),
+                   percentile_cont(0.99) WITHIN GROUP
+                       (ORDER BY extract(epoch FROM started_at - created_at)),
                    max(extract(epoch FROM started_at - created_at)),
                    avg(extract(epoch FROM started_at - created_at))
               FROM {TABLE} WHERE NOT (id = ANY(%s))""",
@@ -420,7 +415,8 @@ def _table_stats(ctx: Ctx) -> tuple[int, int]:
 FILL_FINISHED = f"""
 INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, lease_epoch,
                      started_at, finished_at, heartbeat_at, lease_expires_at, domain_mirrored_at)
-SELECT gen_random_uuid(), 'default', %(kind)s, 'completed', t - interval '2 seconds', t, 'default', 1,
+SELECT gen_random_uuid(), 'default', %(kind)s, 'completed', t - interval '2 seconds', t, 'default',
+  1,
        t - interval '1 second', t, t - interval '1 second', t, t
   FROM (SELECT clock_timestamp() - random() * interval '7 days' AS t
           FROM generate_series(1, %(n)s)) AS finished
@@ -622,7 +618,7 @@ def _pct(values: list[float], pct: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------
-# scale: the throughput curve by total slots, claim contention, NOTIFY wake-ups (issue #14)
+# scale: the throughput curve by total slots, claim contention, NOTIFY wake-ups
 # ---------------------------------------------------------------------------------------
 
 
@@ -671,7 +667,8 @@ def _xacts(ctx: Ctx) -> int:
         0.6
     )  # backends flush their counters at most once a second when idle; exited ones at exit
     row = ctx.sql(
-        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = "
+        "current_database()"
     )
     return int(row[0][0])
 

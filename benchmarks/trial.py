@@ -32,7 +32,6 @@ processes included) per job.
 from __future__ import annotations
 
 import random
-import time
 
 from benchmarks import procs, report
 from benchmarks.durable_bench import REPO, TABLE, Ctx, reset
@@ -105,24 +104,24 @@ def run_point(ctx: Ctx, config: str, seconds: list[float], *, slots: int, tag: s
     cmd = ctx.worker_cmd(slots, burst=True, execution=execution)
     log = ctx.logs / f"trial-{tag}.log"
     (result,) = procs.Group([cmd], env=env, cwd=REPO, logs=[log]).wait(timeout)
-    completed, window = ctx.sql(
-        f"""SELECT count(*) FILTER (WHERE status = 'completed'),
+    completed, total, window = ctx.sql(
+        f"""SELECT count(*) FILTER (WHERE status = 'completed'), count(*),
                    extract(epoch FROM max(finished_at) - min(started_at))
               FROM {TABLE} WHERE kind = %s""",
         [KIND],
     )[0]
-    window = float(window or 0)
-    n = len(seconds)
-    return {
-        "n": n,
+    figures = procs.drain_figures(
+        [result],
+        n=len(seconds),
+        completed=completed,
+        rows=total,
+        window=window,
+        server_cpu=(None, None),
+        logs=[log],
+    )
+    return figures | {
         "work_seconds": sum(seconds),
-        "completed": completed,
-        "db_window_seconds": window,
-        "per_second": completed / window if window else None,
-        "wall_seconds": result.wall_seconds,
-        "cpu_ms_per_job": 1000 * result.cpu_seconds / n,
-        "verified": completed == n and result.exit_code == 0 and not result.timed_out,
-        "log": str(log),
+        "cpu_ms_per_job": 1000 * result.cpu_seconds / len(seconds),
     }
 
 
@@ -137,7 +136,9 @@ def run(ctx: Ctx, *, quick: bool, timeout: float, configs: list[str] | None = No
         results[key] = {}
         for config in order:
             tag = f"{slice_name.replace(' ', '')}-{slots}-{config.replace(' ', '-')}"
-            results[key][config] = run_point(ctx, config, seconds, slots=slots, tag=tag, timeout=timeout)
+            results[key][config] = run_point(
+                ctx, config, seconds, slots=slots, tag=tag, timeout=timeout
+            )
     return {"configs": names, "points": results}
 
 
@@ -152,7 +153,8 @@ def tables(trial: dict) -> str:
         for key in keys:
             row = trial["points"][key]
             base = row.get(names[0], {})
-            head.append(key.ljust(width) + "  " + "  ".join(f"{cell(row.get(c, {}), base):>13}" for c in names))
+            cells = "  ".join(f"{cell(row.get(c, {}), base):>13}" for c in names)
+            head.append(key.ljust(width) + "  " + cells)
         return head
 
     def rate(r, base):
