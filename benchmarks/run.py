@@ -19,6 +19,11 @@ Scenarios (``--only`` picks some):
 ``heartbeat``   ``store.heartbeat`` in a loop on one lease; HOT share from pg_stat_user_tables.
 ``size``        dequeue and reconciler-pass time with 0 / 100k (/ 1M with --large) finished
                 rows; EXPLAIN (ANALYZE, BUFFERS) of DEQUEUE and the reconciler's selections.
+``scale``       throughput by total slots (1 to 64), claim contention, wake-ups per start.
+``priorities``  100,000 due jobs across priorities: DEQUEUE flat, priority order kept.
+``memory``      a long-running worker's RSS over many jobs.
+``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
+                on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
                 and a py-spy profile of the 4-slot worker.
 """
