@@ -113,7 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--memory-jobs",
         type=int,
         help="jobs the memory scenario runs through one worker (default 100,000; --quick 5,000; "
-        "the issue's figure is 1,000,000)",
+        "1,000,000 takes about an hour here)",
     )
     parser.add_argument(
         "--profile",
@@ -1227,13 +1227,14 @@ class Results:
             f"{p.gap * 1000:.0f} ms apart on average (uniform jitter), each in its own "
             "transaction, to an "
             f"idle worker with {p.latency_slots} slots.",
-            "Peers: Procrastinate runs an async no-op task (its cheapest path) with --concurrency "
-            "K in one "
-            "process, and LISTEN/NOTIFY (or --no-listen for the poll path); django-tasks-db has no "
+            "Peers run their default worker configuration: pgqueuer its own `pgq run` command "
+            "as is (batch of 10, no concurrency limit; it has no slot count, so each row runs "
+            "the same worker), the row marked TUNED excepted (--batch-size 4); Procrastinate an "
+            "async no-op task (its cheapest path) with --concurrency K in one process, and "
+            "LISTEN/NOTIFY (or --no-listen for the poll path); django-tasks-db has no "
             "in-process concurrency and no NOTIFY, so '4 slots' is 4 db_worker processes and "
             "'2 processes x 2 slots' is 2 db_worker processes. Ratios in brackets are peer / "
-            "durable_jobs "
-            "measured in the same run on the same server.",
+            "durable_jobs measured in the same run on the same server.",
             "Every system logs at INFO (durable_worker -v 1, Procrastinate and db_worker at INFO) "
             "to a file.",
             "Peak RSS is the kernel's high-water mark of the worker process (VmHWM in "
