@@ -824,17 +824,6 @@ def priorities(ctx: Ctx, backlog: int, *, claims: int, reps: int) -> dict:
 # ---------------------------------------------------------------------------------------
 
 
-def _vm_rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
-
-
 def _tree_pids(pid: int) -> list[int]:
     """``pid`` and its children (a slot's handler process in process execution). Every
     thread's list: a handler process is the child of the slot thread that started it."""
@@ -884,8 +873,8 @@ def memory(ctx: Ctx, n: int, *, slots: int, chunk: int, tag: str) -> dict:
             curve.append(
                 {
                     "jobs": done,
-                    "worker_rss_mib": _vm_rss_kib(pid) / 1024,
-                    "total_rss_mib": sum(_vm_rss_kib(p) for p in pids) / 1024,
+                    "worker_rss_mib": procs.proc_status_kib(pid, "VmRSS") / 1024,
+                    "total_rss_mib": sum(procs.proc_status_kib(p, "VmRSS") for p in pids) / 1024,
                     "processes": len(pids),
                 }
             )

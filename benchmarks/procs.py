@@ -64,7 +64,7 @@ class Group:
     def sample(self) -> None:
         for index, proc in enumerate(self.procs):
             if index not in self.results:
-                hwm = _vm_hwm_kib(proc.pid)
+                hwm = proc_status_kib(proc.pid, "VmHWM")
                 if hwm:
                     self.peaks[index] = max(self.peaks.get(index, 0), hwm)
 
@@ -159,11 +159,12 @@ def drain_figures(
     return out
 
 
-def _vm_hwm_kib(pid: int) -> int:
+def proc_status_kib(pid: int, field: str) -> int:
+    """A ``/proc/<pid>/status`` memory field (``VmHWM``, ``VmRSS``) in KiB; 0 once it is gone."""
     try:
         with open(f"/proc/{pid}/status") as handle:
             for line in handle:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass
