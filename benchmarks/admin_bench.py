@@ -28,7 +28,8 @@ RESULTS = HERE / "results"
 
 # The "select all" population: pending jobs of one kind, added after the page timings.
 FILL_BULK = """
-INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at, updated_at, pending_since,
+INSERT INTO durable_jobs_job (id, tenant_id, kind, status, queue_name, created_at, updated_at,
+  pending_since,
                               next_run_at)
 SELECT gen_random_uuid(), 'tenant-' || (g %% 5), 'bench.bulk', 'pending', 'default',
        now() - g * interval '1 millisecond', now(), now(), now() + interval '1 day'
@@ -37,8 +38,10 @@ SELECT gen_random_uuid(), 'tenant-' || (g %% 5), 'bench.bulk', 'pending', 'defau
 
 FILL = """
 INSERT INTO durable_jobs_job (
-    id, tenant_id, organization_id, kind, status, created_at, updated_at, input, idempotency_key, lock_key,
-    subject_type, subject_id, queue_name, processed_count, total_count, started_at, finished_at, parked_at,
+    id, tenant_id, organization_id, kind, status, created_at, updated_at, input, idempotency_key,
+      lock_key,
+    subject_type, subject_id, queue_name, processed_count, total_count, started_at, finished_at,
+      parked_at,
     error_class, error_code, pending_since, next_run_at, lease_owner, lease_epoch, lease_expires_at,
     heartbeat_at, held_since, wait_label)
 SELECT gen_random_uuid(),
@@ -56,12 +59,14 @@ SELECT gen_random_uuid(),
        CASE WHEN s.status = 'completed' THEN 100 ELSE g %% 100 END,
        CASE WHEN g %% 2 = 0 THEN 100 END,
        now() - g * interval '2.5 seconds',
-       CASE WHEN s.status IN ('completed', 'failed', 'cancelled') THEN now() - g * interval '2.5 seconds' END,
+       CASE WHEN s.status IN ('completed', 'failed',
+         'cancelled') THEN now() - g * interval '2.5 seconds' END,
        CASE WHEN s.parked THEN now() - g * interval '2.5 seconds' END,
        CASE WHEN s.status = 'failed' THEN 'transient' END,
        CASE WHEN s.parked THEN 'poison' WHEN s.status = 'failed' THEN 'retry_exhausted' END,
        CASE WHEN s.status = 'pending' THEN now() - g * interval '2.5 seconds' END,
-       CASE WHEN s.status = 'pending' THEN now() + interval '1 day' + (g %% 600) * interval '1 second' END,
+       CASE WHEN s.status = 'pending'
+            THEN now() + interval '1 day' + (g %% 600) * interval '1 second' END,
        CASE WHEN s.status = 'running' THEN 'bench-worker:' || g END,
        1,
        CASE WHEN s.status = 'running' THEN now() + CASE WHEN g %% 2 = 0 THEN interval '1 hour'
@@ -105,7 +110,7 @@ PAGES = [
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.admin_bench",
+        prog="python -m benchmarks console",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -151,7 +156,8 @@ def _slowest_plan(fn):
     sql_ms = float(slowest["time"]) * 1000
     return (
         sql_ms,
-        f"-- {sql_ms:.1f} ms, {len(queries)} job queries on the page\n{slowest['sql'][:600]}\n{plan}",
+        f"-- {sql_ms:.1f} ms, {len(queries)} job queries on the "
+        f"page\n{slowest['sql'][:600]}\n{plan}",
     )
 
 
@@ -291,8 +297,8 @@ def run(args, server) -> int:
         "",
         (
             f"PostgreSQL {server.describe().get('server_version')}, table with indexes {size}, "
-            f"median of {args.repeat} warm requests; a scrape without credentials answers {refused}; "
-            f"load average {load} on {os.cpu_count()} cores at the end."
+            f"median of {args.repeat} warm requests; a scrape without credentials answers "
+            f"{refused}; load average {load} on {os.cpu_count()} cores at the end."
         ),
         "",
         bulk_note,

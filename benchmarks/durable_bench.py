@@ -51,7 +51,9 @@ class Ctx:
             cur = conn.execute(query, params)
             return cur.fetchall() if cur.description else None
 
-    def worker_cmd(self, concurrency: int, *, burst: bool, verbosity: int = 1) -> list[str]:
+    def worker_cmd(
+        self, concurrency: int, *, burst: bool, verbosity: int = 1, execution: str | None = None
+    ) -> list[str]:
         cmd = [
             self.python,
             "manage.py",
@@ -61,7 +63,7 @@ class Ctx:
             "-v",
             str(verbosity),
             "--execution",
-            self.execution,
+            execution or self.execution,
         ]
         return cmd + (["--burst"] if burst else [])
 
@@ -240,28 +242,20 @@ def throughput_prefilled(
               FROM {TABLE} WHERE kind = %s""",
         [KIND],
     )[0]
-    completed, total, window = row[0], row[1], float(row[2] or 0)
-    out = {
-        "n": n,
+    completed, total, window = row
+    return procs.drain_figures(
+        results,
+        n=n,
+        completed=completed,
+        rows=total,
+        window=window,
+        server_cpu=(cpu0, cpu1),
+        logs=logs,
+    ) | {
         "processes": processes,
         "slots_per_process": slots,
-        "completed": completed,
-        "rows": total,
-        "db_window_seconds": window,
-        "per_second": completed / window if window else None,
-        "wall_seconds": max(r.wall_seconds for r in results),
-        "exit_codes": [r.exit_code for r in results],
-        "timed_out": any(r.timed_out for r in results),
-        "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
-        "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
-        "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
         "conn_max_age": conn_max_age or "0 (Django default)",
-        "logs": [str(p) for p in logs],
     }
-    out["verified"] = (
-        completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
-    )
-    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -323,7 +317,8 @@ def _warm_up(ctx: Ctx, group: procs.Group, *, notify: bool) -> str | None:
             return f"worker exited during warm-up: {procs.tail(group.logs[0])}"
         done = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status = 'completed'")[0][0]
         listening = (not notify) or ctx.sql(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN %%'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query "
+            "ILIKE 'LISTEN %%'"
         )[0][0] > 0
         if done >= 3 and listening:
             return None
@@ -335,8 +330,10 @@ def _latency_sql(ctx: Ctx, warm_ids: list, m: int) -> dict:
     row = ctx.sql(
         f"""SELECT count(*),
                    count(*) FILTER (WHERE status = 'completed'),
-                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
-                   percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - created_at)),
+                   percentile_cont(0.5) WITHIN GROUP
+                       (ORDER BY extract(epoch FROM started_at - created_at)),
+                   percentile_cont(0.99) WITHIN GROUP
+                       (ORDER BY extract(epoch FROM started_at - created_at)),
                    max(extract(epoch FROM started_at - created_at)),
                    avg(extract(epoch FROM started_at - created_at))
               FROM {TABLE} WHERE NOT (id = ANY(%s))""",
@@ -370,7 +367,7 @@ def heartbeat(ctx: Ctx, seconds: float) -> dict:
     with transaction.atomic():
         durable.start(KIND, queue="bench_heartbeat")
     ttl_ms = conf.ms(conf.get().LEASE_TTL)
-    claimed = store.dequeue(["bench_heartbeat"], f"bench:{uuid.uuid4().hex[:6]}", ttl_ms, limit=1)
+    claimed = store.dequeue(["bench_heartbeat"], f"bench:{uuid.uuid4().hex[:6]}", ttl_ms, kinds=None, limit=1)
     if not claimed:
         return {"error": "could not claim the heartbeat job"}
     job = claimed[0]
@@ -418,7 +415,8 @@ def _table_stats(ctx: Ctx) -> tuple[int, int]:
 FILL_FINISHED = f"""
 INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, lease_epoch,
                      started_at, finished_at, heartbeat_at, lease_expires_at, domain_mirrored_at)
-SELECT gen_random_uuid(), 'default', %(kind)s, 'completed', t - interval '2 seconds', t, 'default', 1,
+SELECT gen_random_uuid(), 'default', %(kind)s, 'completed', t - interval '2 seconds', t, 'default',
+  1,
        t - interval '1 second', t, t - interval '1 second', t, t
   FROM (SELECT clock_timestamp() - random() * interval '7 days' AS t
           FROM generate_series(1, %(n)s)) AS finished
@@ -479,13 +477,13 @@ def dequeue_backlog(ctx: Ctx, backlog: int, *, reps: int, explain_reps: int) -> 
     owner = f"bench:{uuid.uuid4().hex[:6]}"
     queues = [settings.DEFAULT_QUEUE]
     for _ in range(20):
-        store.dequeue(queues, owner, ttl_ms, limit=1)
+        store.dequeue(queues, owner, ttl_ms, kinds=None, limit=1)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        store.dequeue(queues, owner, ttl_ms, limit=1)
+        store.dequeue(queues, owner, ttl_ms, kinds=None, limit=1)
         times.append(time.perf_counter() - t0)
-    params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1}
+    params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1, "kinds": None}
     exec_ms = [_explain_time(store.DEQUEUE, params) for _ in range(explain_reps)]
     _flush_wait_again()
     return {
@@ -514,14 +512,14 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
     queues = [settings.DEFAULT_QUEUE]
     _no_flush_wait()
     for _ in range(warm):
-        store.dequeue(queues, owner, ttl_ms, limit=1)
+        store.dequeue(queues, owner, ttl_ms, kinds=None, limit=1)
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        got = store.dequeue(queues, owner, ttl_ms, limit=1)
+        got = store.dequeue(queues, owner, ttl_ms, kinds=None, limit=1)
         times.append(time.perf_counter() - t0)
         assert got, "ran out of pending jobs"
-    dequeue_params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1}
+    dequeue_params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1, "kinds": None}
     exec_ms = [_explain_time(store.DEQUEUE, dequeue_params) for _ in range(explain_reps)]
     plans = {"DEQUEUE": _explain_text(store.DEQUEUE, dequeue_params)}
 
@@ -620,7 +618,7 @@ def _pct(values: list[float], pct: float) -> float:
 
 
 # ---------------------------------------------------------------------------------------
-# scale: the throughput curve by total slots, claim contention, NOTIFY wake-ups (issue #14)
+# scale: the throughput curve by total slots, claim contention, NOTIFY wake-ups
 # ---------------------------------------------------------------------------------------
 
 
@@ -669,7 +667,8 @@ def _xacts(ctx: Ctx) -> int:
         0.6
     )  # backends flush their counters at most once a second when idle; exited ones at exit
     row = ctx.sql(
-        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = "
+        "current_database()"
     )
     return int(row[0][0])
 
@@ -784,13 +783,13 @@ def priorities(ctx: Ctx, backlog: int, *, claims: int, reps: int) -> dict:
     ttl_ms = conf.ms(settings.LEASE_TTL)
     owner = f"bench:{uuid.uuid4().hex[:6]}"
     queues = [settings.DEFAULT_QUEUE]
-    params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1}
+    params = {"queues": queues, "owner": owner, "ttl_ms": ttl_ms, "limit": 1, "kinds": None}
     first_exec = _pct([_explain_time(store.DEQUEUE, params) for _ in range(reps)], 50)
     order = []
     times = []
     for _ in range(claims):
         t0 = time.perf_counter()
-        got = store.dequeue(queues, owner, ttl_ms, limit=1)
+        got = store.dequeue(queues, owner, ttl_ms, kinds=None, limit=1)
         times.append(time.perf_counter() - t0)
         order.append((got[0].priority, got[0].id))
     last_exec = _pct([_explain_time(store.DEQUEUE, params) for _ in range(reps)], 50)
@@ -823,17 +822,6 @@ def priorities(ctx: Ctx, backlog: int, *, claims: int, reps: int) -> dict:
 # ---------------------------------------------------------------------------------------
 # memory: worker RSS over many jobs
 # ---------------------------------------------------------------------------------------
-
-
-def _vm_rss_kib(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
 
 
 def _tree_pids(pid: int) -> list[int]:
@@ -885,8 +873,8 @@ def memory(ctx: Ctx, n: int, *, slots: int, chunk: int, tag: str) -> dict:
             curve.append(
                 {
                     "jobs": done,
-                    "worker_rss_mib": _vm_rss_kib(pid) / 1024,
-                    "total_rss_mib": sum(_vm_rss_kib(p) for p in pids) / 1024,
+                    "worker_rss_mib": procs.proc_status_kib(pid, "VmRSS") / 1024,
+                    "total_rss_mib": sum(procs.proc_status_kib(p, "VmRSS") for p in pids) / 1024,
                     "processes": len(pids),
                 }
             )

@@ -25,7 +25,8 @@ def _sql(peer: Peer, query: str, params=None):
 # Per peer: how to empty it, count it, and read its clocks.
 RESET = {
     "pgqueuer": "TRUNCATE pgqueuer, pgqueuer_log RESTART IDENTITY",
-    "procrastinate": "TRUNCATE procrastinate_events, procrastinate_periodic_defers, procrastinate_jobs, "
+    "procrastinate": "TRUNCATE procrastinate_events, procrastinate_periodic_defers, "
+    "procrastinate_jobs, "
     "procrastinate_workers RESTART IDENTITY CASCADE",
     "tasks_db": "TRUNCATE django_tasks_database_dbtaskresult",
 }
@@ -35,13 +36,15 @@ THROUGHPUT = {
     "pgqueuer": """
         SELECT (SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'),
                (SELECT count(*) FROM pgqueuer_log WHERE status = 'queued'),
-               extract(epoch FROM (SELECT max(created) FROM pgqueuer_log WHERE status = 'successful')
-                                - (SELECT min(created) FROM pgqueuer_log WHERE status = 'picked'))""",
+               extract(epoch FROM
+                   (SELECT max(created) FROM pgqueuer_log WHERE status = 'successful')
+                 - (SELECT min(created) FROM pgqueuer_log WHERE status = 'picked'))""",
     "procrastinate": """
         SELECT (SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'),
                (SELECT count(*) FROM procrastinate_jobs),
-               extract(epoch FROM (SELECT max(at) FROM procrastinate_events WHERE type = 'succeeded')
-                                - (SELECT min(at) FROM procrastinate_events WHERE type = 'started'))""",
+               extract(epoch FROM
+                   (SELECT max(at) FROM procrastinate_events WHERE type = 'succeeded')
+                 - (SELECT min(at) FROM procrastinate_events WHERE type = 'started'))""",
     "tasks_db": """
         SELECT count(*) FILTER (WHERE status = 'SUCCESSFUL'), count(*),
                extract(epoch FROM max(finished_at) - min(started_at))
@@ -67,7 +70,8 @@ LATENCIES = {
 UNFINISHED = {
     "pgqueuer": "SELECT count(*) FROM pgqueuer",
     "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
-    "tasks_db": "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status <> 'SUCCESSFUL'",
+    "tasks_db": "SELECT count(*) FROM django_tasks_database_dbtaskresult "
+    "WHERE status <> 'SUCCESSFUL'",
 }
 
 
@@ -76,20 +80,28 @@ def reset(peer: Peer) -> None:
 
 
 def _worker_cmds(
-    peer: Peer, *, processes: int, slots: int, burst: bool, notify: bool, poll_interval: float
+    peer: Peer,
+    *,
+    processes: int,
+    slots: int,
+    burst: bool,
+    notify: bool,
+    poll_interval: float,
+    batch_size: int | None = None,
 ) -> list[list[str]]:
+    """Each peer's own worker command with its defaults; ``slots`` only where the peer has
+    a concurrency setting that means what ours does."""
     if peer.spec.key == "pgqueuer":
-        # Its own worker command with its defaults (no concurrency limit, dequeue timeout 30 s,
-        # always LISTENs, logs at INFO) but for K slots: --batch-size K, so each dequeue picks at
-        # most K jobs (it dequeues again at once while jobs are due). Not an entrypoint
-        # concurrency_limit: a limited entrypoint dequeues again only after the finished jobs'
-        # status buffer is flushed and a minimum poll interval has passed (measured: 9-34 jobs/s
-        # at a limit of 1), which is not how pgqueuer is meant to run; --max-concurrent-tasks
-        # refuses anything below twice the batch size. `--mode drain` exits once the queue is empty.
-        # slots=0: its default worker command as is (batch of 10).
+        # Its own worker command with its defaults whatever ``slots`` is (batch of 10, no
+        # concurrency limit, dequeue timeout 30 s, always LISTENs, logs at INFO): pgqueuer has
+        # no slot count (an entrypoint concurrency_limit of 1 runs 9-34 jobs/s here: it dequeues
+        # again only after a status-buffer flush and a minimum poll interval). ``batch_size``
+        # is the tuned configuration, shown only in a row of its own that says so
+        # (--max-concurrent-tasks refuses anything below twice the batch size).
+        # `--mode drain` exits once the queue is empty.
         args = (
             ["run", "pgqueuer_peer:create"]
-            + (["--batch-size", str(slots)] if slots else [])
+            + (["--batch-size", str(batch_size)] if batch_size else [])
             + (["--mode", "drain"] if burst else [])
         )
         return [peer.tool("pgq", *args) for _ in range(processes)]
@@ -139,6 +151,7 @@ def throughput(
     tag: str,
     timeout: float,
     server_pid: int | None = None,
+    batch_size: int | None = None,
 ) -> dict:
     reset(peer)
     began = time.perf_counter()
@@ -153,35 +166,33 @@ def throughput(
         return {"error": f"fill failed: {procs.tail(fill.log, 2)}"}
     fill_seconds = time.perf_counter() - began
     cmds = _worker_cmds(
-        peer, processes=processes, slots=slots, burst=True, notify=True, poll_interval=1.0
+        peer,
+        processes=processes,
+        slots=slots,
+        burst=True,
+        notify=True,
+        poll_interval=1.0,
+        batch_size=batch_size,
     )
     group_logs = [logs / f"{peer.spec.key}-{tag}-{i}.log" for i in range(len(cmds))]
     cpu0 = procs.server_cpu_seconds(server_pid)
     results = procs.Group(cmds, env=peer.env(env), cwd=HERE, logs=group_logs).wait(timeout)
     cpu1 = procs.server_cpu_seconds(server_pid)
     completed, total, window = _sql(peer, THROUGHPUT[peer.spec.key])[0]
-    window = float(window or 0)
-    out = {
-        "n": n,
+    return procs.drain_figures(
+        results,
+        n=n,
+        completed=completed,
+        rows=total,
+        window=window,
+        server_cpu=(cpu0, cpu1),
+        logs=group_logs,
+    ) | {
         "processes": len(cmds),
-        "slots_per_process": slots if peer.spec.key != "tasks_db" else 1,
-        "completed": completed,
-        "rows": total,
-        "db_window_seconds": window,
-        "per_second": completed / window if window else None,
-        "wall_seconds": max(r.wall_seconds for r in results),
-        "exit_codes": [r.exit_code for r in results],
-        "timed_out": any(r.timed_out for r in results),
-        "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
-        "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
+        "slots_per_process": {"procrastinate": slots, "tasks_db": 1}.get(peer.spec.key),
         "fill_seconds": fill_seconds,
-        "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
-        "logs": [str(p) for p in group_logs],
+        "batch_size": batch_size,
     }
-    out["verified"] = (
-        completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
-    )
-    return out
 
 
 def latency(

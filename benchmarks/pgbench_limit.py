@@ -92,6 +92,7 @@ def measure(dburl: str, *, seconds: int = 2) -> dict:
     found = _TPS.search(done.stdout)
     if done.returncode != 0 or found is None:
         return {
-            "error": f"pgbench exited {done.returncode}: {(done.stderr or done.stdout).strip()[-200:]}"
+            "error": f"pgbench exited {done.returncode}: "
+            f"{(done.stderr or done.stdout).strip()[-200:]}"
         }
     return {"per_second": float(found.group(1)), "seconds": seconds, "binary": pgbench}

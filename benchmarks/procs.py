@@ -46,7 +46,7 @@ class Group:
         self.logs = logs
         self.results: dict[int, ProcResult] = {}
         self.peaks: dict[int, int] = {}
-        for cmd, log in zip(cmds, logs):
+        for cmd, log in zip(cmds, logs, strict=False):
             log.parent.mkdir(parents=True, exist_ok=True)
             with open(log, "wb") as sink:
                 proc = subprocess.Popen(
@@ -64,7 +64,7 @@ class Group:
     def sample(self) -> None:
         for index, proc in enumerate(self.procs):
             if index not in self.results:
-                hwm = _vm_hwm_kib(proc.pid)
+                hwm = proc_status_kib(proc.pid, "VmHWM")
                 if hwm:
                     self.peaks[index] = max(self.peaks.get(index, 0), hwm)
 
@@ -123,11 +123,48 @@ class Group:
         return [self.results[i] for i in range(len(self.procs))]
 
 
-def _vm_hwm_kib(pid: int) -> int:
+def drain_figures(
+    results: list[ProcResult],
+    *,
+    n: int,
+    completed: int,
+    rows: int,
+    window: float | None,
+    server_cpu: tuple[float | None, float | None],
+    logs: list[Path],
+) -> dict:
+    """The figures of one drain (ours or a peer's): ``completed`` of ``n`` over the
+    database-clock ``window``, the worker processes' exit, peak RSS and CPU, the server's CPU
+    (``server_cpu_seconds`` before and after); ``verified`` when every job completed and every
+    worker exited cleanly in time."""
+    window = float(window or 0)
+    cpu0, cpu1 = server_cpu
+    out = {
+        "n": n,
+        "completed": completed,
+        "rows": rows,
+        "db_window_seconds": window,
+        "per_second": completed / window if window else None,
+        "wall_seconds": max(r.wall_seconds for r in results),
+        "exit_codes": [r.exit_code for r in results],
+        "timed_out": any(r.timed_out for r in results),
+        "max_rss_mib": max(r.max_rss_kib for r in results) / 1024,
+        "worker_cpu_seconds": sum(r.cpu_seconds for r in results),
+        "server_cpu_seconds": (cpu1 - cpu0) if cpu0 is not None and cpu1 is not None else None,
+        "logs": [str(p) for p in logs],
+    }
+    out["verified"] = (
+        completed == n and not out["timed_out"] and all(c == 0 for c in out["exit_codes"])
+    )
+    return out
+
+
+def proc_status_kib(pid: int, field: str) -> int:
+    """A ``/proc/<pid>/status`` memory field (``VmHWM``, ``VmRSS``) in KiB; 0 once it is gone."""
     try:
         with open(f"/proc/{pid}/status") as handle:
             for line in handle:
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1])
     except (OSError, ValueError, IndexError):
         pass

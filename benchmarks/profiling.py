@@ -53,8 +53,8 @@ def run(ctx, plan, raw: dict) -> str:
     prof["burst"] = {"throughput": result, "statements": stmts, "sessions": sessions}
     out.append(f"### Statements per job, 4-slot burst of {n:,} no-op jobs\n")
     out.append(
-        f"{report.num(result.get('per_second'))} jobs/s; {sessions} PostgreSQL sessions opened in all; "
-        f"worker CPU {1000 * result['worker_cpu_seconds'] / n:.2f} ms/job, server CPU "
+        f"{report.num(result.get('per_second'))} jobs/s; {sessions} PostgreSQL sessions opened in "
+        f"all; worker CPU {1000 * result['worker_cpu_seconds'] / n:.2f} ms/job, server CPU "
         + (
             f"{1000 * result['server_cpu_seconds'] / n:.2f} ms/job"
             if result.get("server_cpu_seconds") is not None
@@ -80,7 +80,8 @@ def run(ctx, plan, raw: dict) -> str:
     prof["notify"] = {"latency": lat, "statements": stmts}
     jobs = m + 3  # the warm-up jobs ran in the window too
     out.append(
-        f"### Statements per job, {m} single starts (50 ms apart) to an idle 4-slot worker woken by NOTIFY\n"
+        f"### Statements per job, {m} single starts (50 ms apart) to an idle 4-slot worker woken "
+        "by NOTIFY\n"
     )
     out.append(
         f"latency p50/p99 {lat.get('p50_ms') or 0:.1f}/{lat.get('p99_ms') or 0:.1f} ms "
@@ -116,7 +117,8 @@ def run(ctx, plan, raw: dict) -> str:
         prof["py-spy"] = {"throughput": result, "breakdown": breakdown}
         out.append("### py-spy: where the slot threads' wall time goes (idle included), 4 slots\n")
         out.append(
-            f"{report.num(result.get('per_second'))} jobs/s under the profiler (200 Hz); raw stacks: {dump}\n"
+            f"{report.num(result.get('per_second'))} jobs/s under the profiler (200 Hz); raw "
+            f"stacks: {dump}\n"
         )
         out.append(report.block(_breakdown_table(breakdown)))
         durable_bench.reset()
@@ -135,10 +137,12 @@ def run(ctx, plan, raw: dict) -> str:
         cpu_text = _spy_cpu(dump_cpu)
         prof["py-spy-cpu"] = {"throughput": result, "text": cpu_text}
         out.append(
-            "### py-spy --gil: where the worker's Python time goes (samples of the GIL holder), 4 slots\n"
+            "### py-spy --gil: where the worker's Python time goes (samples of the GIL holder), 4 "
+            "slots\n"
         )
         out.append(
-            f"{report.num(result.get('per_second'))} jobs/s under the profiler; raw stacks: {dump_cpu}\n"
+            f"{report.num(result.get('per_second'))} jobs/s under the profiler; raw stacks: "
+            f"{dump_cpu}\n"
         )
         out.append(report.block(cpu_text))
 
@@ -391,7 +395,7 @@ def _what_ifs(ctx, *, backlog: int, prof: dict) -> str:
     durable_bench.reset()
     durable_bench.fill_pending_sql(ctx, backlog)
     queues = ["default"]
-    params = {"queues": queues, "owner": "whatif", "ttl_ms": 60000, "limit": 1}
+    params = {"queues": queues, "owner": "whatif", "ttl_ms": 60000, "limit": 1, "kinds": None}
     as_written = store.DEQUEUE
     single = as_written.replace(
         "queue_name = ANY(%(queues)s)", "queue_name = (%(queues)s::text[])[1]"

@@ -60,7 +60,7 @@ POOLER_DB = "durable_jobs_scale_pooler"
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.scale_bench",
+        prog="python -m benchmarks ten-million",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -256,7 +256,8 @@ def _sql(query: str, params=None):
 
 def _sizes() -> dict:
     row = _sql(
-        f"""SELECT pg_relation_size('{TABLE}'), pg_indexes_size('{TABLE}'), pg_total_relation_size('{TABLE}'),
+        f"""SELECT pg_relation_size('{TABLE}'), pg_indexes_size('{TABLE}'),
+                  pg_total_relation_size('{TABLE}'),
                           n_live_tup, n_dead_tup, autovacuum_count, vacuum_count
                      FROM pg_stat_user_tables WHERE relname = %s""",
         [TABLE],
@@ -310,6 +311,7 @@ def phase_size(args) -> dict:
             "owner": f"bench:{uuid.uuid4().hex[:6]}",
             "ttl_ms": ttl_ms,
             "limit": 8,
+            "kinds": None,
         }
         entry["dequeue8_exec_ms"] = _pct(
             [bench._explain_time(store.DEQUEUE, params8) for _ in range(20)], 50
@@ -424,8 +426,10 @@ def _stats_and_scrape(bench, size: int) -> dict:
     out["exact"] = dict(_sql(f"SELECT status, count(*) FROM {TABLE} GROUP BY status"))
     out["scrape_lines"] = len(scrape().splitlines())
     print(
-        f"   stats {out['stats']['client_p50_ms']:.1f} ms (server {out['stats']['server_ms']:.1f} ms), "
-        f"scrape {out['scrape']['client_p50_ms']:.1f} ms (server {out['scrape']['server_ms']:.1f} ms) "
+        f"   stats {out['stats']['client_p50_ms']:.1f} ms (server {out['stats']['server_ms']:.1f} "
+        "ms), "
+        f"scrape {out['scrape']['client_p50_ms']:.1f} ms (server {out['scrape']['server_ms']:.1f} "
+        "ms) "
         f"at {size:,}",
         flush=True,
     )
@@ -433,7 +437,7 @@ def _stats_and_scrape(bench, size: int) -> dict:
 
 
 def _statements_of(bench, call) -> list[dict]:
-    """Each statement ``call`` runs: its client time there, and its EXPLAIN ANALYZE time and plan."""
+    """Each statement ``call`` runs: its client time there, its EXPLAIN ANALYZE time and plan."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -460,29 +464,41 @@ def _statements_of(bench, call) -> list[dict]:
 # under a lease (a tenth expired), running with a released lease after a failed slice
 # (retrying), and parked. ``stats`` counts every one of them exactly.
 BACKLOG = f"""
-INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, priority, lease_owner,
-                     lease_epoch, lease_expires_at, heartbeat_at, next_run_at, pending_since, started_at,
+INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, priority,
+  lease_owner,
+                     lease_epoch, lease_expires_at, heartbeat_at, next_run_at, pending_since,
+                       started_at,
                      finished_at, parked_at, error_class, error_code, held_since, wait_for)
-SELECT gen_random_uuid(), 'default', 'bench.backlog.' || (g %% 10), b.status, now() - interval '1 minute', now(),
-       'default', 0, b.owner, 1, b.expires, b.beat, b.next_run, b.pending_since, b.started, b.finished, b.parked,
+SELECT gen_random_uuid(), 'default', 'bench.backlog.' || (g %% 10), b.status,
+  now() - interval '1 minute', now(),
+       'default', 0, b.owner, 1, b.expires, b.beat, b.next_run, b.pending_since, b.started,
+       b.finished, b.parked,
        b.error_class, b.error_code, b.held, b.wait_for
   FROM generate_series(1, %(n)s) g
  CROSS JOIN LATERAL (
      SELECT * FROM (VALUES
          -- of every 20: pending (0-9), pending and held (10), running under a lease (11-15),
          -- running with an expired lease (16), retrying (17-18), parked (19)
-         (g %% 20 < 10, 'pending', NULL, NULL::timestamptz, NULL::timestamptz, now() + interval '1 hour',
-          now() - interval '1 minute', NULL::timestamptz, NULL::timestamptz, NULL::timestamptz, NULL, NULL,
+         (g %% 20 < 10, 'pending', NULL, NULL::timestamptz, NULL::timestamptz,
+           now() + interval '1 hour',
+          now() - interval '1 minute', NULL::timestamptz, NULL::timestamptz, NULL::timestamptz,
+            NULL, NULL,
           NULL::timestamptz, NULL::jsonb),
-         (g %% 20 = 10, 'pending', NULL, NULL, NULL, now() + interval '1 hour', now() - interval '1 minute',
-          NULL, NULL, NULL, NULL, NULL, now() - interval '1 minute', '{{"after": "2099-01-01T00:00:00Z"}}'),
-         (g %% 20 BETWEEN 11 AND 15, 'running', 'bench:' || g, now() + interval '1 minute', now(), NULL, NULL,
+         (g %% 20 = 10, 'pending', NULL, NULL, NULL, now() + interval '1 hour',
+           now() - interval '1 minute',
+          NULL, NULL, NULL, NULL, NULL, now() - interval '1 minute',
+            '{{"after": "2099-01-01T00:00:00Z"}}'),
+         (g %% 20 BETWEEN 11 AND 15, 'running', 'bench:' || g, now() + interval '1 minute', now(),
+           NULL, NULL,
           now(), NULL, NULL, NULL, NULL, NULL, NULL),
-         (g %% 20 = 16, 'running', 'bench:' || g, now() - interval '1 minute', now() - interval '2 minutes', NULL,
+         (g %% 20 = 16, 'running', 'bench:' || g, now() - interval '1 minute',
+           now() - interval '2 minutes', NULL,
           NULL, now(), NULL, NULL, NULL, NULL, NULL, NULL),
-         (g %% 20 IN (17, 18), 'running', NULL, NULL, NULL, now() + interval '1 hour', NULL, now(), NULL, NULL,
+         (g %% 20 IN (17, 18), 'running', NULL, NULL, NULL, now() + interval '1 hour', NULL, now(),
+           NULL, NULL,
           'transient', NULL, NULL, NULL),
-         (g %% 20 = 19, 'failed', NULL, NULL, NULL, NULL, NULL, now(), now(), now(), 'transient', 'poison', NULL,
+         (g %% 20 = 19, 'failed', NULL, NULL, NULL, NULL, NULL, now(), now(), now(), 'transient',
+           'poison', NULL,
           NULL)
      ) AS v(pick, status, owner, expires, beat, next_run, pending_since, started, finished, parked,
             error_class, error_code, held, wait_for)
@@ -492,7 +508,7 @@ SELECT gen_random_uuid(), 'default', 'bench.backlog.' || (g %% 10), b.status, no
 
 
 def _add_backlog(n: int) -> dict:
-    """Add ``n`` live and parked jobs (not due for an hour: the next size's cleanup removes them)."""
+    """Add ``n`` live and parked jobs (not due for an hour: the next size's cleanup drops them)."""
     t0 = time.perf_counter()
     _sql(BACKLOG, {"n": n})
     # What autovacuum's insert threshold would do after such a burst (it is off on the service).
@@ -523,33 +539,40 @@ def _ctx():
 # --- ingest ------------------------------------------------------------------------------
 
 INGEST_INSERT = f"""
-INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, next_run_at, pending_since)
-SELECT gen_random_uuid(), 'default', 'bench.ingest', 'pending', now(), now(), 'ingest', clock_timestamp(), now()
+INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, next_run_at,
+  pending_since)
+SELECT gen_random_uuid(), 'default', 'bench.ingest', 'pending', now(), now(), 'ingest',
+  clock_timestamp(), now()
   FROM generate_series(1, %(n)s)
 RETURNING id
 """
 INGEST_BASE = f"""
-INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, started_at, finished_at,
+INSERT INTO {TABLE} (id, tenant_id, kind, status, created_at, updated_at, queue_name, started_at,
+  finished_at,
                      parked_at, error_class, error_code, domain_mirrored_at)
-SELECT gen_random_uuid(), 'default', 'bench.base', 'failed', now(), now(), 'ingest', now(), now(), now(),
+SELECT gen_random_uuid(), 'default', 'bench.base', 'failed', now(), now(), 'ingest', now(), now(),
+  now(),
        'transient', 'poison', now()
   FROM generate_series(1, %(n)s)
 """
 INGEST_CLAIM = f"""
-UPDATE {TABLE} SET status = 'running', lease_owner = 'ingest:' || id::text, lease_epoch = lease_epoch + 1,
-       lease_expires_at = clock_timestamp() + interval '60 seconds', heartbeat_at = clock_timestamp(),
+UPDATE {TABLE} SET status = 'running', lease_owner = 'ingest:' || id::text,
+  lease_epoch = lease_epoch + 1,
+       lease_expires_at = clock_timestamp() + interval '60 seconds',
+         heartbeat_at = clock_timestamp(),
        pending_since = NULL, next_run_at = NULL, started_at = now(), updated_at = now()
  WHERE id = ANY(%(ids)s::uuid[])
 """
 INGEST_COMPLETE = f"""
-UPDATE {TABLE} SET status = 'completed', finished_at = now(), domain_mirrored_at = now(), lease_owner = NULL,
+UPDATE {TABLE} SET status = 'completed', finished_at = now(), domain_mirrored_at = now(),
+  lease_owner = NULL,
        lease_expires_at = NULL, updated_at = now()
  WHERE id = ANY(%(ids)s::uuid[])
 """
 
 
 def phase_ingest(args) -> dict:
-    """``rate`` jobs/s through the three writes of a job's life, the real reconciler deleting them."""
+    """``rate`` jobs/s through the three writes of a job's life; the reconciler deletes them."""
     import psycopg
     from django.conf import settings
     from django.db import connections
@@ -620,7 +643,8 @@ def phase_ingest(args) -> dict:
                 }
                 sample.update(_sizes())
                 sample["past_retention"] = _sql(
-                    f"SELECT count(*) FROM {TABLE} WHERE finished_at IS NOT NULL AND parked_at IS NULL "
+                    f"SELECT count(*) FROM {TABLE} WHERE finished_at IS NOT NULL AND parked_at IS "
+                    "NULL "
                     f"AND finished_at < now() - %s * interval '1 second'",
                     [args.ingest_retention],
                 )[0][0]
@@ -783,22 +807,24 @@ def render_summary(results: dict) -> str:
     size = results.get("size", {})
     if size.get("sizes"):
         lines.append(
-            "| finished rows | DEQUEUE 1 / 8 (server ms) | reconciler pass (ms) | retention, nothing due "
+            "| finished rows | DEQUEUE 1 / 8 (server ms) | reconciler pass (ms) | retention, "
+            "nothing due "
             "(server ms / pass ms) | retention batch of 5,000 (ms) | delete rows/s | table MB |"
         )
         lines.append("|---:|---:|---:|---:|---:|---:|---:|")
         for entry in size["sizes"]:
             s = summarize_size(entry)
             lines.append(
-                f"| {s['size']:,} | {_f(s['dequeue1_exec_ms'], 3)} / {_f(s['dequeue8_exec_ms'], 3)} | "
+                f"| {s['size']:,} | {_f(s['dequeue1_exec_ms'], 3)} / "
+                f"{_f(s['dequeue8_exec_ms'], 3)} | "
                 f"{_f(s['reconcile_pass_ms'])} | {_f(s['retention_idle_exec_ms'], 3)} / "
                 f"{_f(s['retention_idle_pass_ms'])} | {_f(s['retention_batch_ms'], 0)} | "
                 f"{_f(s['retention_rows_per_s'], 0)} | {_f(s['total_mb'], 0)} |"
             )
         lines.append("")
         lines.append(
-            "| finished rows | `durable_jobs stats`: call / server (ms) | < 100 ms | Prometheus scrape: "
-            "call / server (ms) | < 100 ms | statements per call | finished counts |"
+            "| finished rows | `durable_jobs stats`: call / server (ms) | < 100 ms | Prometheus "
+            "scrape: call / server (ms) | < 100 ms | statements per call | finished counts |"
         )
         lines.append("|---:|---:|---|---:|---|---:|---|")
         for entry in size["sizes"]:
@@ -819,12 +845,14 @@ def render_summary(results: dict) -> str:
             f"ingest: {_f(ingest['achieved_rate'], 0)} jobs/s for {_f(ingest['seconds'], 0)} s "
             f"(target {ingest['rate_target']:,}), RETENTION {ingest['retention_s']:.0f} s: "
             f"{ingest['deleted']:,} of {ingest['inserted']:,} deleted; steady total size "
-            f"{_f(ingest['steady_total_mb_first'], 0)} -> {_f(ingest['steady_total_mb_last'], 0)} MB, "
+            f"{_f(ingest['steady_total_mb_first'], 0)} -> {_f(ingest['steady_total_mb_last'], 0)} "
+            "MB, "
             f"heap {_f(ingest['steady_heap_mb_min'], 0)}-{_f(ingest['steady_heap_mb_max'], 0)} MB; "
             f"dead tuples max {_f(ingest['dead_max'])}; rows past retention (steady, max) "
             f"{_f(ingest['past_retention_max_steady'])}; after the first vacuum "
             f"({_f(ingest.get('after_first_vacuum_seconds'), 0)} s) total "
-            f"{'-'.join(_f(v, 0) for v in ingest.get('after_first_vacuum_total_mb') or [])} MB over "
+            f"{'-'.join(_f(v, 0) for v in ingest.get('after_first_vacuum_total_mb') or [])} MB "
+            "over "
             f"{ingest.get('autovacuums')} autovacuums, base {ingest.get('base_rows', 0):,} rows; "
             "retention pass p50/max "
             f"{_f(ingest['retention_pass_p50_ms'], 0)}/{_f(ingest['retention_pass_max_ms'], 0)} ms"
@@ -836,13 +864,14 @@ def render_summary(results: dict) -> str:
         lines.append("")
         for slots in (1, 4):
             lines.append(
-                f"pooler, {slots} slot(s): direct {_f(pooler.get(f'direct_{slots}_median'), 0)} jobs/s, "
-                f"PgBouncer {_f(pooler.get(f'pgbouncer_{slots}_median'), 0)} jobs/s "
+                f"pooler, {slots} slot(s): direct {_f(pooler.get(f'direct_{slots}_median'), 0)} "
+                f"jobs/s, PgBouncer {_f(pooler.get(f'pgbouncer_{slots}_median'), 0)} jobs/s "
                 f"({_f((pooler.get(f'cost_{slots}') or 0) * 100, 1)} %)"
             )
         for path, result in (pooler.get("latency") or {}).items():
             lines.append(
-                f"latency, {path}: p50 {_f(result.get('p50_ms'))} ms, p99 {_f(result.get('p99_ms'))} ms"
+                f"latency, {path}: p50 {_f(result.get('p50_ms'))} ms, p99 "
+                f"{_f(result.get('p99_ms'))} ms"
                 + (f" ({result['error']})" if result.get("error") else "")
             )
     elif pooler:
@@ -861,10 +890,13 @@ def _stats_row(label: str, data: dict) -> str:
     answer = data.get("answer", {})
     counts = "estimated" if answer.get("estimated") else "exact"
     return (
-        f"| {label} | {_f(st['client_p50_ms'], 1)} / {_f(st['server_ms'], 1)} | {_verdict(st['client_p50_ms'])} | "
-        f"{_f(sc['client_p50_ms'], 1)} / {_f(sc['server_ms'], 1)} | {_verdict(sc['client_p50_ms'])} | "
+        f"| {label} | {_f(st['client_p50_ms'], 1)} / {_f(st['server_ms'], 1)} | "
+        f"{_verdict(st['client_p50_ms'])} | "
+        f"{_f(sc['client_p50_ms'], 1)} / {_f(sc['server_ms'], 1)} | "
+        f"{_verdict(sc['client_p50_ms'])} | "
         f"{len(st['statements'])} / {len(sc['statements'])} | {counts} "
-        f"(completed {_f(answer.get('completed'))} of {_f(data.get('exact', {}).get('completed'))}) |"
+        f"(completed {_f(answer.get('completed'))} of "
+        f"{_f(data.get('exact', {}).get('completed'))}) |"
     )
 
 
@@ -934,8 +966,8 @@ def render(results: dict) -> str:
     ingest = results.get("ingest")
     if ingest and ingest.get("samples"):
         header = (
-            "| t (s) | inserted | deleted | live | dead | past retention | heap MB | indexes MB | total MB "
-            "| autovacuums |"
+            "| t (s) | inserted | deleted | live | dead | past retention | heap MB | indexes MB | "
+            "total MB | autovacuums |"
         )
         parts += [
             "## Ingest samples",

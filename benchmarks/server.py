@@ -116,7 +116,7 @@ class Server:
 
 
 def start(*, pg_stat_statements: bool = False) -> Server:
-    """Start (embedded) or adopt (``DATABASE_URL``) the server and recreate the benchmark databases."""
+    """Start (embedded) or adopt (``DATABASE_URL``) the server; recreate the benchmark databases."""
     url = os.environ.get("DATABASE_URL", "").strip()
     if url:
         server = Server(admin_url=url, embedded=False)

@@ -375,16 +375,18 @@ def explain(result: dict) -> list[str]:
 
     out = [
         "the raw psycopg steps down to the start's own statement run prepared (psycopg's default "
-        "prepare_threshold, 5), so they show the row, the indexes and the NOTIFY without parse and plan; "
-        "Django's cursor binds on the client and prepares nothing, so its steps pay both on every start"
+        "prepare_threshold, 5), so they show the row, the indexes and the NOTIFY without parse and "
+        "plan; "
+        "Django's cursor binds on the client and prepares nothing, so its steps pay both on every "
+        "start"
     ]
     floor = "floor: 1-row INSERT + COMMIT (bigserial key)"
     pk = "job row, copy table, primary key only, UUIDv7"
     every = "job row, copy table, every index, UUIDv7"
     if pk in wall and floor in wall:
         out.append(
-            f"the job row instead of a 1-column row (primary key only): {d(wall, pk, floor):+.0f} wall, "
-            f"{d(client, pk, floor):+.0f} client CPU (dumping 22 parameters), "
+            f"the job row instead of a 1-column row (primary key only): {d(wall, pk, floor):+.0f} "
+            f"wall, {d(client, pk, floor):+.0f} client CPU (dumping 22 parameters), "
             f"{d(server, pk, floor):+.0f} server CPU"
         )
     if {"floor row", "job row, copy table, no index at all"} <= timings.keys():
@@ -397,9 +399,10 @@ def explain(result: dict) -> list[str]:
     if every in wall and pk in wall:
         extra = result.get("indexes_touched", result["indexes"]) - 1
         out.append(
-            f"indexes: {result['indexes']} on the table, {extra + 1} take an entry from a plain start "
-            f"(the primary key and {extra} more): {d(wall, every, pk):+.0f} wall, "
-            f"~{d(wall, every, pk) / max(extra, 1):.0f} each; server CPU {d(server, every, pk):+.0f}"
+            f"indexes: {result['indexes']} on the table, {extra + 1} take an entry from a plain "
+            f"start (the primary key and {extra} more): {d(wall, every, pk):+.0f} wall, "
+            f"~{d(wall, every, pk) / max(extra, 1):.0f} each; server CPU "
+            f"{d(server, every, pk):+.0f}"
         )
     indexed, bare = "job row, copy table, every index", "job row, copy table, no index at all"
     if {indexed, bare} <= timings.keys():
@@ -412,7 +415,8 @@ def explain(result: dict) -> list[str]:
     if notify in wall:
         out.append(
             f"NOTIFY as a second statement: {d(wall, notify, plain):+.0f} wall, "
-            f"{d(server, notify, plain):+.0f} server CPU (start() sends it inside the insert's statement)"
+            f"{d(server, notify, plain):+.0f} server CPU (start() sends it inside the insert's "
+            "statement)"
         )
     binds = (
         "autocommit: client-side binding (Django's default)",
@@ -423,13 +427,16 @@ def explain(result: dict) -> list[str]:
         out.append(
             "binding (one statement, autocommit): "
             + "; ".join(
-                f"{b.split(': ')[1]} {wall[b]:.0f} wall / {client[b]:.0f} client / {server[b]:.0f} server"
+                f"{b.split(': ')[1]} {wall[b]:.0f} wall / {client[b]:.0f} client / {server[b]:.0f} "
+                "server"
                 for b in binds
             )
         )
         out.append(
-            f"  parse, analysis and plan of the unprepared statement: {d(server, binds[1], binds[2]):+.0f} "
-            f"server CPU, {d(wall, binds[1], binds[2]):+.0f} wall (what OPTIONS['prepare_threshold'] removes)"
+            "  parse, analysis and plan of the unprepared statement: "
+            f"{d(server, binds[1], binds[2]):+.0f} "
+            f"server CPU, {d(wall, binds[1], binds[2]):+.0f} wall (what "
+            "OPTIONS['prepare_threshold'] removes)"
         )
     begin = (
         "transaction: BEGIN alone, statement, COMMIT (3 round trips)",
@@ -437,9 +444,10 @@ def explain(result: dict) -> list[str]:
     )
     if all(b in wall for b in begin):
         out.append(
-            f"BEGIN pipelined with the insert (one round trip fewer): {d(wall, begin[1], begin[0]):+.0f} "
-            f"wall, {d(client, begin[1], begin[0]):+.0f} client CPU, {d(server, begin[1], begin[0]):+.0f} "
-            "server CPU"
+            "BEGIN pipelined with the insert (one round trip fewer): "
+            f"{d(wall, begin[1], begin[0]):+.0f} "
+            f"wall, {d(client, begin[1], begin[0]):+.0f} client CPU, "
+            f"{d(server, begin[1], begin[0]):+.0f} server CPU"
         )
     dj_auto, dj_atomic = "Django cursor, autocommit", "Django cursor in transaction.atomic()"
     st_auto, st_atomic = "durable.start(), autocommit", "durable.start() in transaction.atomic()"
@@ -450,7 +458,8 @@ def explain(result: dict) -> list[str]:
         )
         out.append(
             f"transaction.atomic() (BEGIN and COMMIT round trips, savepoint bookkeeping): "
-            f"{d(wall, dj_atomic, dj_auto):+.0f} wall, {d(client, dj_atomic, dj_auto):+.0f} client CPU"
+            f"{d(wall, dj_atomic, dj_auto):+.0f} wall, {d(client, dj_atomic, dj_auto):+.0f} client "
+            "CPU"
         )
         out.append(
             f"durable.start() over the bare statement (validation, id, the Job, signal, metrics): "

@@ -162,10 +162,8 @@ def installed_versions(python: Path, dists: list[str]) -> dict:
     code = (
         "import json, sys\nfrom importlib.metadata import version, PackageNotFoundError\n"
         "out = {'python': sys.version.split()[0]}\n"
-        f"for d in {dists!r}:\n"
-        "    try: out[d] = version(d)\n"
-        "    except PackageNotFoundError: out[d] = None\n"
-        "print(json.dumps(out))"
+        f"for d in {dists!r}:\n    try: out[d] = version(d)\n"
+        "    except PackageNotFoundError: out[d] = None\nprint(json.dumps(out))"
     )
     try:
         done = subprocess.run(

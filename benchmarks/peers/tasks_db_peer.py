@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
     from django.db import transaction
 
     command, rest = argv[0], argv[1:]
-    opts = dict(zip(rest[::2], rest[1::2])) if command not in ("worker",) else {}
+    opts = dict(zip(rest[::2], rest[1::2], strict=False)) if command not in ("worker",) else {}
     if command == "migrate":
         call_command("migrate", verbosity=0)
     elif command == "fill":
