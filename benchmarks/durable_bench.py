@@ -367,7 +367,9 @@ def heartbeat(ctx: Ctx, seconds: float) -> dict:
     with transaction.atomic():
         durable.start(KIND, queue="bench_heartbeat")
     ttl_ms = conf.ms(conf.get().LEASE_TTL)
-    claimed = store.dequeue(["bench_heartbeat"], f"bench:{uuid.uuid4().hex[:6]}", ttl_ms, kinds=None, limit=1)
+    claimed = store.dequeue(
+        ["bench_heartbeat"], f"bench:{uuid.uuid4().hex[:6]}", ttl_ms, kinds=None, limit=1
+    )
     if not claimed:
         return {"error": "could not claim the heartbeat job"}
     job = claimed[0]
