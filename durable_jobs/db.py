@@ -12,6 +12,8 @@ writes a row. It exists so that three kinds of knowledge live in one place:
   psycopg, used only where it gives exactly what Django's loader would.
 * **Django's server-binding cursor** (``start_cursor``): built by hand, because Django
   builds one only when ``OPTIONS["server_side_binding"]`` is set for the whole connection.
+  Measured (docs/performance.rst): where the connection prepares statements, ``start()``
+  in autocommit ran 1.68x faster with it; the worker's path does not use it.
 
 Each private use has a test in ``tests/integration/test_database_seam.py`` that fails
 loudly (not silently slower) when a library upgrade removes or changes what it relies on.
@@ -218,7 +220,9 @@ def read_timestamps_in_c(cursor: CursorWrapper, using: str = DEFAULT_DB_ALIAS) -
     200 of them, read on the worker's one GIL. With the session's TimeZone UTC and Django's
     zone UTC (``USE_TZ``, no database ``TIME_ZONE``: what Django sets up by default) the C
     loader returns the very same values, ``datetime.timezone.utc`` included; in any other
-    set-up Django's loader stays.
+    set-up Django's loader stays. Measured (docs/performance.rst, the mechanism trial): a
+    32-row claimed batch costs the worker 610 µs of CPU with it against 2,155 µs without,
+    48 µs a job, about 4 % of a 1 ms job's worker CPU.
     """
     connection = connections[using]
     raw = connection.connection
