@@ -3,8 +3,10 @@
 A slot that finds its slices finishing well under ``QUICK_SLICE`` claims more at a time
 (up to ``MAX_PREFETCH``), so a no-op-sized job costs its share of one claim statement
 instead of a whole one; a slow batch halves the next claim, so a long job never waits
-behind prefetched siblings for more than ``PREFETCH_WINDOW``. The measured case for it
-(and for keeping it) is in docs/performance.rst.
+behind prefetched siblings for more than ``PREFETCH_WINDOW``. Measured (the mechanism
+trial, docs/performance.rst): with it off (``MAX_PREFETCH = 1``) 1 ms slices drain at
+0.18-0.35 and 20 ms slices at 0.61-0.74 of the rate with it, at 1, 4 and 16 slots, and a
+1 ms job costs the worker about twice the CPU; from 500 ms up it changes nothing.
 """
 
 from __future__ import annotations
