@@ -11,7 +11,7 @@ class DurableJobsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from durable_jobs import checks, conf  # noqa: F401  (checks: registers the system checks)
+        from durable_jobs import checks, conf
         from durable_jobs.exceptions import ConfigurationError
 
         try:
@@ -22,8 +22,15 @@ class DurableJobsConfig(AppConfig):
             # system check durable_jobs.E001 reports it instead, and commands that run
             # checks (the worker, the reconciler, migrate, check) stop on it.
             return
-        # Handlers live in each app's durable.py, found the way admin.py is.
-        autodiscover_modules("durable")
+        # Handlers live in each app's durable.py, found the way admin.py is. A handler
+        # whose policy is nonsense (a time_limit not above its slice_budget, a kind
+        # registered twice) is reported like a bad setting: by the system check
+        # durable_jobs.E003, and in one line by the worker and the reconciler.
+        try:
+            autodiscover_modules("durable")
+        except ConfigurationError as error:
+            checks.HANDLER_ERRORS.append(str(error))
+            return
         # Django's Tasks framework: a worker (and its handler processes) must know the
         # "django.tasks" kind before any @task module is imported.
         from durable_jobs.tasks import setup as tasks_setup

@@ -37,3 +37,12 @@ def check_settings(
             )
         )
     return errors
+
+
+#: Handler registrations that failed at start-up (apps.ready): a nonsense policy.
+HANDLER_ERRORS: list[str] = []
+
+
+@checks.register("durable_jobs")
+def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    return [checks.Error(message, id="durable_jobs.E003") for message in HANDLER_ERRORS]

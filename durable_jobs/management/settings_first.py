@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from durable_jobs import conf
+from durable_jobs import checks, conf
 from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.management import preflight
 
@@ -25,6 +25,8 @@ class SettingsFirst(BaseCommand):
             conf.get()
         except ConfigurationError as error:
             raise CommandError(str(error).replace("\n", "; ")) from None
+        if checks.HANDLER_ERRORS:
+            raise CommandError("; ".join(checks.HANDLER_ERRORS))
         if preflight.unreachable() is None:
             # Reachable: refuse an unmigrated database in one line. Unreachable: a standing
             # worker or reconciler waits the outage out (one warning), as it would one that

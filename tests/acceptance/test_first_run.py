@@ -173,3 +173,81 @@ def test_check__a_nonsense_value_is_a_system_check_error_too(project):
         "(durable_jobs.E001) DURABLE_JOBS['HEARTBEAT_INTERVAL'] (30.0s) must be below"
         in result.stderr
     )
+
+
+def test_worker__a_handler_whose_time_limit_is_not_above_its_budget_is_refused_in_one_line(
+    project, tmp_path
+):
+    """A handler's nonsense policy stops the worker before it starts, in one line that
+    names the kind and the rule, and ``check`` reports it as durable_jobs.E003."""
+    app = tmp_path / "badpolicy"
+    app.mkdir()
+    (app / "__init__.py").write_text("")
+    (app / "durable.py").write_text(
+        "import durable_jobs as durable\n\n"
+        "@durable.handler('bad.policy', slice_budget=10, time_limit=5)\n"
+        "def run(job):\n    return durable.DONE\n"
+    )
+    project.settings('INSTALLED_APPS = [*INSTALLED_APPS, "badpolicy"]\n')
+    result = project.run("durable_worker", "--burst")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert "'bad.policy'" in line and "time_limit (5.0s) must exceed slice_budget (10.0s)" in line
+    checked = project.run("check")
+    assert checked.returncode != 0 and "durable_jobs.E003" in checked.stderr
+
+
+def test_worker_and_stats__before_migrate_say_run_migrate_in_one_line(project, db_url):
+    """A database that was never migrated: one line that says what to do, no traceback."""
+    import psycopg
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS durable_jobs_never_migrated")
+        conn.execute("CREATE DATABASE durable_jobs_never_migrated")
+    try:
+        fresh_url = db_url.replace(
+            db_url.split("?")[0].rsplit("/", 1)[1], "durable_jobs_never_migrated", 1
+        )
+        project.settings("")
+        env_url = fresh_url
+        for command in (["durable_worker", "--burst"], ["durable_jobs", "stats"]):
+            result = subprocess.run(
+                [sys.executable, str(ROOT / "manage.py"), *command],
+                check=False,
+                cwd=ROOT,
+                env={**project.env(), "DATABASE_URL": env_url},
+                capture_output=True,
+                text=True,
+                timeout=120,
+                stdin=subprocess.DEVNULL,
+            )
+            assert result.returncode != 0, command
+            assert "Traceback" not in result.stderr, result.stderr
+            [line] = result.stderr.strip().splitlines()
+            assert line.endswith("run python manage.py migrate"), line
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("DROP DATABASE IF EXISTS durable_jobs_never_migrated")
+
+
+def test_demo_and_stats__an_unreachable_database_is_one_line_naming_it(project):
+    """A wrong DATABASE_URL: the server's own first line of complaint, and what to check."""
+    # The project's own settings (manage.py's default), as a newcomer runs the demo.
+    env = {k: v for k, v in project.env().items() if k != "DJANGO_SETTINGS_MODULE"}
+    for command in (["durable_demo", "--rows", "10"], ["durable_jobs", "stats"]):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *command],
+            check=False,
+            cwd=ROOT,
+            env={**env, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/nothing"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
+        assert result.returncode != 0, command
+        assert "Traceback" not in result.stderr, result.stderr
+        [line] = result.stderr.strip().splitlines()
+        assert "cannot reach database 'default' (nothing at 127.0.0.1:1)" in line, line
+        assert "check DATABASES (or DATABASE_URL)" in line
