@@ -116,6 +116,12 @@ class Settings:
     #: ``durable_jobs.console.prometheus.metrics_view``; at least 16 characters, no whitespace.
     #: None: only logged-in users with the ``durable_jobs.view_job`` permission may read it.
     METRICS_TOKEN: str | None = None
+    #: Most selected rows an admin action changes in its own request; a larger selection
+    #: is handed to a background bulk job over exactly those ids (like "all N matching").
+    ADMIN_ACTION_MAX_ROWS: int = 100
+    #: Dotted path of a callable ``(user, queryset) -> queryset`` that narrows every admin
+    #: view, action, live poll and bulk job to the jobs ``user`` may see; None: no narrowing.
+    ADMIN_SCOPE: str | None = None
 
     # --- wait conditions (durable_jobs.waits; docs/waits.rst) ---
     #: Declared wait checks: ``"name:/absolute/path,other:/absolute/path"`` or a
@@ -222,6 +228,17 @@ class Settings:
             raise ConfigurationError(
                 f"DURABLE_JOBS['METRICS_TOKEN'] must be None or a string of at least 16 characters without "
                 f"whitespace, got {shown}"
+            )
+        if self.ADMIN_SCOPE is not None and (
+            not isinstance(self.ADMIN_SCOPE, str)
+            or not re.match(
+                r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+\Z", self.ADMIN_SCOPE
+            )
+        ):
+            raise ConfigurationError(
+                "DURABLE_JOBS['ADMIN_SCOPE'] must be None or the dotted path of a callable "
+                f"(user, queryset) -> queryset, like 'myproject.jobs.visible_jobs'; got "
+                f"{self.ADMIN_SCOPE!r}"
             )
         if self.RETRY_BACKOFF_MAX < self.RETRY_BACKOFF_BASE:
             raise ConfigurationError(

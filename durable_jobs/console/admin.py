@@ -22,10 +22,18 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from durable_jobs import service
+from durable_jobs import conf, service
 from durable_jobs.console import changelist, explain
 from durable_jobs.console import live as console
-from durable_jobs.console.actions import ACTIONS, BUSY, apply_action
+from durable_jobs.console.actions import (
+    ACTIONS,
+    BULK_KIND,
+    BUSY,
+    PERMISSIONS,
+    apply_action,
+    requester,
+    user_ref,
+)
 from durable_jobs.console.changelist import (
     ConsolePaginator,
     Estimate,
@@ -59,7 +67,7 @@ if TYPE_CHECKING:
 
 #: Most jobs the live-progress view answers for in one poll.
 LIVE_MAX_IDS = 200
-BULK_KIND = "durable_jobs.bulk_action"
+__all__ = ["BULK_KIND", "LIVE_MAX_IDS", "JobAdmin"]
 _LIST_DEFERRED = ("input", "checkpoint", "meta", "result", "wait_for", "error_message")
 
 
@@ -135,18 +143,21 @@ class JobAdmin(admin.ModelAdmin):
         return False
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("durable_jobs.cancel_job")
+        return request.user.has_perm(PERMISSIONS["cancel"])
 
     def has_redrive_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("durable_jobs.redrive_job")
+        return request.user.has_perm(PERMISSIONS["redrive"])
 
     def has_force_redrive_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("durable_jobs.force_redrive_job")
+        return request.user.has_perm(PERMISSIONS["force_redrive"])
 
     # --- queries ---
     def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
         # The database's clock rides along with every row: ages are measured on it.
-        queryset = super().get_queryset(request).annotate(db_now=Now())
+        # ADMIN_SCOPE narrows it here, so the list, the detail page, every action and the
+        # live view see only what this user may (the bulk job narrows again at run time).
+        queryset = console.scoped(super().get_queryset(request), request.user)
+        queryset = queryset.annotate(db_now=Now())
         match = getattr(request, "resolver_match", None)
         if match is None or match.url_name != "durable_jobs_job_change":
             # Lists never show payloads: fifty 1 MB inputs are not read to draw a table.
@@ -433,7 +444,7 @@ class JobAdmin(admin.ModelAdmin):
     def _confirm_or_apply(
         self, request: HttpRequest, queryset: QuerySet[Job], action: str, title: str
     ) -> TemplateResponse | None:
-        by = f"admin:{request.user.get_username()}"[:200]
+        by = requester(request.user)
         select_across = request.POST.get("select_across") == "1"
         if request.POST.get("confirm") != "yes":
             if select_across:
@@ -458,14 +469,23 @@ class JobAdmin(admin.ModelAdmin):
         if select_across:
             self._start_bulk(request, queryset, action, by)
             return None
+        rows = list(queryset.values_list("id", "tenant_id", "organization_id", "kind"))
+        if len(rows) > conf.get().ADMIN_ACTION_MAX_ROWS:
+            # Past the bound one request would hold the operator (and a server thread) for
+            # seconds: the same background job as "all matching", over exactly these ids.
+            self._start_bulk(request, queryset, action, by, ids=[row[0] for row in rows])
+            return None
         done = 0
         refused: Counter[str] = Counter()
         busy: list[str] = []
-        for job_id, tenant, organization in queryset.values_list(
-            "id", "tenant_id", "organization_id"
-        ):
+        for job_id, tenant, organization, kind in rows:
             refusal = apply_action(
-                action, job_id, Scope(tenant=tenant, organization=organization), by
+                action,
+                job_id,
+                Scope(tenant=tenant, organization=organization),
+                by,
+                user=request.user,
+                kind=kind,
             )
             if refusal is None:
                 done += 1
@@ -491,24 +511,35 @@ class JobAdmin(admin.ModelAdmin):
         return None
 
     def _start_bulk(
-        self, request: HttpRequest, queryset: QuerySet[Job], action: str, by: str
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        action: str,
+        by: str,
+        *,
+        ids: list[uuid.UUID] | None = None,
     ) -> None:
-        params = {name: request.GET[name] for name in console.PARAMETERS if request.GET.get(name)}
-        count, _ = console.estimate_count(queryset, exact_below=changelist.EXACT_COUNT_BELOW)
-        job = service.start(
-            BULK_KIND,
-            input={"action": action, "filters": params, "by": by},
-            total_count=count,
-            created_by=by,
-        )
+        """Start the bulk job on behalf of this user: over the list's filters, or ``ids``."""
+        spec: dict[str, Any] = {"action": action, "by": by, "user_id": user_ref(request.user)}
+        if ids is None:
+            spec["filters"] = {
+                name: request.GET[name] for name in console.PARAMETERS if request.GET.get(name)
+            }
+            count, _ = console.estimate_count(queryset, exact_below=changelist.EXACT_COUNT_BELOW)
+            what = f"all {count:,} matching jobs"
+        else:
+            spec["ids"] = [str(i) for i in ids]
+            count = len(ids)
+            what = f"the {count:,} selected jobs"
+        job = service.start(BULK_KIND, input=spec, total_count=count, created_by=by)
         url = reverse("admin:durable_jobs_job_change", args=[job.id])
         self.message_user(
             request,
             format_html(
-                "Started a background job to {} all {} matching jobs: <a href='{}'>{}</a> "
+                "Started a background job to {} {}: <a href='{}'>{}</a> "
                 "(progress, counts and refusals appear there; cancel it to stop).",
                 action.replace("_", " "),
-                f"{count:,}",
+                what,
                 url,
                 job.id,
             ),

@@ -1,45 +1,74 @@
 """durable_jobs' own handlers (found by autodiscovery like any app's ``durable.py``).
 
-``durable_jobs.bulk_action``: the admin's "act on all N matching" as a durable job. An
-operator's click on a million rows must not be one request; it is a job that walks the
-matches newest first in chunks, applies the action to each through the service (the same
-rules, scope and row locks as a click on one row), and commits each chunk's cursor and
-counts with its lease re-asserted (invariant 5), so a crash or a redrive resumes where the
-last chunk committed and a cancel stops it between chunks.
+``durable_jobs.bulk_action``: the admin's "act on all N matching" (and on a selection
+larger than ``ADMIN_ACTION_MAX_ROWS``) as a durable job. An operator's click on a million
+rows must not be one request; it is a job that walks the matches newest first in chunks,
+applies the action to each through the service (the same rules, scope and row locks as a
+click on one row), and commits each chunk's cursor and counts with its lease re-asserted
+(invariant 5), so a crash or a redrive resumes where the last chunk committed and a
+cancel stops it between chunks.
+
+The job acts on behalf of the user its input records (``user_id``), never on its own
+authority: each slice loads that user, refuses to go on unless they still hold the
+permission the action needs, and narrows the matches by ``ADMIN_SCOPE`` for them.
 """
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
+from typing import Any
 
-from django.db.models import Q
+from django.contrib.auth import get_user_model
+from django.db.models import Q, QuerySet
 
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.console import live as console
-from durable_jobs.console.actions import BUSY, apply_action
+from durable_jobs.console.actions import BULK_KIND, BUSY, PERMISSIONS, apply_action, may
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES, Scope
 
 #: Jobs per fenced chunk: small enough that a chunk commits within a heartbeat or two.
 CHUNK = 200
-ACTIONS = ("cancel", "redrive", "force_redrive")
+ACTIONS = tuple(PERMISSIONS)
+#: The error code of a bulk job whose recorded user may not (or no longer) run its action.
+#: It leads the message too: a terminal failure's ``error_code`` column holds the verdict.
+FORBIDDEN = "bulk_action_forbidden"
 
 
-@durable.handler("durable_jobs.bulk_action")
+@durable.handler(BULK_KIND)
 def bulk_action(job):
-
     spec = job.input or {}
-    action, filters, by = spec.get("action"), spec.get("filters") or {}, spec.get("by") or "admin"
-    if action not in ACTIONS or not isinstance(filters, dict):
+    action, by = spec.get("action"), spec.get("by") or "admin"
+    filters, ids = spec.get("filters") or {}, spec.get("ids")
+    if (
+        action not in ACTIONS
+        or not isinstance(filters, dict)
+        or not (ids is None or isinstance(ids, list))
+    ):
         raise durable.TerminalError(
             f"unknown action {action!r} or filters {filters!r}", code="bad_bulk_action"
         )
-    state = job.checkpoint or {"after": None, "changed": 0, "refused": {}, "processed": 0}
-    # Only jobs that existed when the action was asked for: later ones were never seen.
-    matching = (
-        console.matching(filters).filter(created_at__lte=job.row.created_at).exclude(id=job.id)
+    user = _requester(spec, action)
+    state = (
+        job.checkpoint
+        or spec.get("resume_state")
+        or {
+            "after": None,
+            "changed": 0,
+            "refused": {},
+            "processed": 0,
+        }
     )
+    # Only jobs that existed when the action was asked for: later ones were never seen.
+    created_before = spec.get("created_before") or job.row.created_at.isoformat()
+    matching = _matching(filters, ids, user).filter(
+        created_at__lte=datetime.fromisoformat(created_before)
+    )
+    matching = matching.exclude(id=job.id)
+    if spec.get("resume_of"):
+        matching = matching.exclude(id=spec["resume_of"])
     while True:
         page = matching
         if state["after"] is not None:
@@ -47,7 +76,7 @@ def bulk_action(job):
             page = page.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=last_id))
         chunk = list(
             page.order_by("-created_at", "-id").values_list(
-                "id", "tenant_id", "organization_id", "created_at"
+                "id", "tenant_id", "organization_id", "created_at", "kind"
             )[:CHUNK]
         )
         if not chunk:
@@ -58,9 +87,14 @@ def bulk_action(job):
             if action == "cancel":
                 _cancel_chunk(chunk, by, state)
             else:
-                for job_id, tenant, organization, _ in chunk:
+                for job_id, tenant, organization, _, kind in chunk:
                     refusal = apply_action(
-                        action, job_id, Scope(tenant=tenant, organization=organization), by
+                        action,
+                        job_id,
+                        Scope(tenant=tenant, organization=organization),
+                        by,
+                        user=user,
+                        kind=kind,
                     )
                     _count(state, None if refusal is None else refusal[0])
             last = chunk[-1]
@@ -69,6 +103,41 @@ def bulk_action(job):
             job.save_checkpoint(state, processed=state["processed"])
         if job.should_yield():
             return durable.YIELD
+
+
+def _requester(spec: dict, action: str) -> Any:
+    """The user the job acts for, if they may still run ``action``; else a terminal error."""
+    user_id = spec.get("user_id")
+    user = None if user_id is None else get_user_model()._default_manager.filter(pk=user_id).first()
+    if user is None:
+        raise durable.TerminalError(
+            f"{FORBIDDEN}: the bulk {action} records no user who asked for it (or that user is gone); "
+            "start it again from the admin",
+            code=FORBIDDEN,
+        )
+    if not may(user, action):
+        raise durable.TerminalError(
+            f"{FORBIDDEN}: user {user.get_username()!r} who asked for this bulk {action} does not hold the "
+            f"{PERMISSIONS[action]} permission it needs",
+            code=FORBIDDEN,
+        )
+    return user
+
+
+def _matching(filters: dict, ids: list | None, user: Any) -> QuerySet[Job]:
+    """The jobs the action is for: the console's filters, or exactly the selected ids,
+    narrowed again by ADMIN_SCOPE for the recorded user (what they may see now)."""
+    if ids is not None:
+        try:
+            wanted = [uuid.UUID(str(i)) for i in ids]
+        except ValueError:
+            raise durable.TerminalError(
+                "the bulk job's ids are not all job ids", code="bad_bulk_action"
+            ) from None
+        queryset: QuerySet[Job] = Job.objects.filter(id__in=wanted)
+    else:
+        queryset = console.matching(filters)
+    return console.scoped(queryset, user)
 
 
 def _count(state: dict, reason: str | None) -> None:
@@ -81,7 +150,7 @@ def _count(state: dict, reason: str | None) -> None:
 def _cancel_chunk(chunk: list, by: str, state: dict) -> None:
     """One statement for the chunk; the rows it did not change are counted by why."""
 
-    changed = store.request_cancel_many([(i, t, o) for i, t, o, _ in chunk], by=by)
+    changed = store.request_cancel_many([(i, t, o) for i, t, o, _, _ in chunk], by=by)
     rest = [row[0] for row in chunk if row[0] not in changed]
     statuses = dict(Job.objects.filter(id__in=rest).values_list("id", "status")) if rest else {}
     for _ in changed:

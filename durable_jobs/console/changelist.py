@@ -14,6 +14,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
+from durable_jobs import conf
 from durable_jobs.console import live as console
 from durable_jobs.models import Job
 from durable_jobs.states import Status
@@ -140,7 +141,9 @@ class TenantFilter(_ConsoleFilter):
     def lookups(
         self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
     ) -> list[tuple[str, str]]:
-        return [(t, t) for t in console.tenant_choices()]
+        return [
+            (t, t) for t in _visible(request, model_admin, "tenant_id", console.tenant_choices())
+        ]
 
 
 class OrganizationFilter(_ConsoleFilter):
@@ -149,4 +152,16 @@ class OrganizationFilter(_ConsoleFilter):
     def lookups(
         self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
     ) -> list[tuple[str, str]]:
-        return [(o, o) for o in console.organization_choices()]
+        values = _visible(request, model_admin, "organization_id", console.organization_choices())
+        return [(o, o) for o in values]
+
+
+def _visible(
+    request: HttpRequest, model_admin: admin.ModelAdmin[Any], column: str, values: list[str]
+) -> list[str]:
+    """The choices this user's ADMIN_SCOPE lets them see (an index probe each); the names of
+    other tenants' scopes are not shown to someone who may not see their jobs."""
+    if conf.get().ADMIN_SCOPE is None:
+        return values
+    visible = model_admin.get_queryset(request)
+    return [value for value in values if visible.filter(**{column: value}).exists()]

@@ -15,9 +15,11 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
+from django.utils.module_loading import import_string
 
 from durable_jobs import conf, registry
 from durable_jobs.console import queries
+from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.models import HELD, Job
 from durable_jobs.states import Status
 
@@ -133,6 +135,31 @@ def matching(params: Mapping[str, Any]) -> QuerySet:
     for name in PARAMETERS:
         queryset = apply(queryset, name, params.get(name))
     return queryset
+
+
+def scoped(queryset: QuerySet, user: Any) -> QuerySet:
+    """Narrow ``queryset`` to the jobs ``user`` may see, by ``DURABLE_JOBS['ADMIN_SCOPE']``.
+
+    The one place the admin's change list, detail page, actions, live view and the bulk
+    job (for the user it records) are narrowed, so none of them can reach further than
+    the others. Without the setting, the queryset is returned as it is.
+    """
+    path = conf.get().ADMIN_SCOPE
+    if path is None:
+        return queryset
+    try:
+        hook = import_string(path)
+    except ImportError as error:
+        raise ConfigurationError(
+            f"DURABLE_JOBS['ADMIN_SCOPE'] = {path!r} does not import: {error}"
+        ) from None
+    narrowed = hook(user, queryset)
+    if not isinstance(narrowed, QuerySet) or narrowed.model is not queryset.model:
+        raise ConfigurationError(
+            f"DURABLE_JOBS['ADMIN_SCOPE'] = {path!r} must return a queryset of jobs (the one it "
+            f"was given, narrowed), got {type(narrowed).__name__}"
+        )
+    return narrowed
 
 
 def search(queryset: QuerySet, term: str) -> QuerySet:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.utils.module_loading import import_string
+from django.utils.module_loading import autodiscover_modules, import_string
 
 # The type checker reads Django 6's django.tasks (typed by django-stubs); the backport
 # mirrors that API, so one set of names is checked and the import below picks the module.
@@ -69,6 +69,13 @@ log = logging.getLogger("durable_jobs.tasks")
 TASK_KIND = "django.tasks"
 
 __all__ = ["TASK_KIND", "DurableBackend", "DurableTask", "register"]
+
+#: Module paths of the tasks defined in this process for a DurableBackend: ``@task``
+#: validates each task with its backend when it builds it. A job's input names its task
+#: by path, and that path is data anyone who can start a job controls; only a path in
+#: this set is ever imported (importing an arbitrary module runs its top-level code).
+_known_tasks: set[str] = set()
+_discovered = False
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,6 +157,7 @@ class DurableBackend(BaseTaskBackend):
 
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
+        _known_tasks.add(task.module_path)
         if isinstance(task, DurableTask):
             try:
                 _attempts("max_attempts", task.max_attempts)
@@ -369,9 +377,23 @@ def _task_of(job: Any, data: dict[str, Any]) -> Task:
 
 
 def load_task(path: Any) -> Task:
-    """The ``Task`` at ``path`` (a module path as ``Task.module_path`` spells it)."""
+    """The ``Task`` at ``path`` (a module path as ``Task.module_path`` spells it).
+
+    Only a task this process has defined for a DurableBackend is resolved: an unknown
+    path is refused before anything is imported (a job's input must not choose which
+    module a worker imports). A path not seen yet first makes the process import each
+    installed app's ``tasks`` module, once, so a worker knows the tasks apps define there.
+    """
     if not isinstance(path, str) or not path:
         raise TaskUnavailable(str(path), "the job's input names no task")
+    if path not in _known_tasks:
+        discover_tasks()
+    if path not in _known_tasks:
+        raise TaskUnavailable(
+            path,
+            "it is not a task of this backend (no imported module, nor any installed app's "
+            "tasks module, defines a @task at that path); nothing was imported",
+        )
     try:
         found = import_string(path)
     except ImportError as error:
@@ -385,6 +407,19 @@ def load_task(path: Any) -> Task:
             path, f"it is a {type(found).__name__}, not a task (is @task still on it?)"
         )
     return found
+
+
+def discover_tasks() -> None:
+    """Import each installed app's ``tasks`` module, once per process (the set of modules
+    is the deployment's INSTALLED_APPS, never a job's input)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    try:
+        autodiscover_modules("tasks")
+    except Exception:
+        log.warning("durable_jobs.tasks: importing the apps' tasks modules raised", exc_info=True)
 
 
 # ---------------------------------------------------------------------------------------

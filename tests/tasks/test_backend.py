@@ -311,3 +311,31 @@ def test_aenqueue_and_aget_result__work_from_async_code():
     testing.run_jobs()
     async_to_sync(result.arefresh)()
     assert result.return_value == 7
+
+
+@pytest.mark.parametrize("path", ["this.nothing", "probe_never_imported_by_a_job.anything"])
+def test_a_job_naming_a_path_that_is_no_task__fails_terminally_without_importing_it(
+    path, tmp_path, monkeypatch
+):
+    # A module whose import would be noticed: it writes a file. The job's input is data
+    # anyone who can start a job controls; naming a module must not make a worker run it.
+    marker = tmp_path / "imported"
+    (tmp_path / "probe_never_imported_by_a_job.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\nanything = 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = path.partition(".")[0]
+    assert module not in sys.modules
+    job = durable.start(
+        "django.tasks", input={"task": path, "args": [], "kwargs": {}, "backend": "default"}
+    )
+
+    assert [r.outcome for r in testing.run_jobs()] == ["failed"]
+
+    job = durable.get(job.id)
+    assert (job.status, job.error_class, job.error_code) == ("failed", "terminal", "terminal")
+    assert f"task {path!r} cannot be loaded: it is not a task of this backend" in (
+        job.error_message
+    )
+    assert module not in sys.modules, f"{module} was imported"
+    assert not marker.exists()
