@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 
 from durable_jobs.db import JOB_COLUMNS as COLUMNS
-from durable_jobs.db import fetch_job, fetch_jobs, fetch_value
+from durable_jobs.db import execute, fetch_job, fetch_jobs, fetch_value
 from durable_jobs.models import TABLE, Job
 from durable_jobs.states import Scope
 from durable_jobs.store import SCOPE, scope_params
@@ -62,3 +62,26 @@ def list_jobs(
         params,
     )
     return jobs, int(total or 0)
+
+
+#: A job waiting out a backoff: a failed slice waiting for its retry (running, its lease
+#: released) or a re-driven one held back by the re-drive backoff; not a wait condition's
+#: hold and not a start scheduled with run_after.
+WAITING_OUT_A_BACKOFF = f"""
+SELECT count(*), extract(epoch FROM min(next_run_at) - clock_timestamp())
+  FROM {TABLE}
+ WHERE queue_name = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
+   AND status IN ('pending', 'running') AND lease_owner IS NULL
+   AND next_run_at > clock_timestamp() AND held_since IS NULL
+   AND (status = 'running' OR redrives_since_commit > 0 OR consecutive_failures > 0)
+"""
+
+
+def waiting_out_a_backoff(
+    queues: list[str], kinds: list[str], *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, float | None]:
+    """How many jobs of ``kinds`` in ``queues`` wait out a retry backoff, and in how many
+    seconds the first is due (None when none waits)."""
+    with execute(using, WAITING_OUT_A_BACKOFF, {"queues": queues, "kinds": kinds}) as cursor:
+        count, seconds = cursor.fetchone()
+    return int(count), (None if seconds is None else float(seconds))

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
-from durable_jobs import conf, db, faults, registry, store
+from durable_jobs import conf, db, faults, reads, registry, store
 from durable_jobs.runtime import pooling, zygote
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import (
@@ -136,6 +136,7 @@ class Worker(Supervision, WakeUps):
         queues: Sequence[str] | None = None,
         concurrency: int = 1,
         burst: bool = False,
+        wait_for_retries: bool = False,
         reconcile: bool = True,
         execution: str | None = None,
         using: str = DEFAULT_DB_ALIAS,
@@ -144,6 +145,8 @@ class Worker(Supervision, WakeUps):
         self.queues = list(queues or [settings.DEFAULT_QUEUE])
         self.concurrency = concurrency
         self.burst = burst
+        #: A burst run goes on while jobs it could run wait out a retry backoff.
+        self.wait_for_retries = wait_for_retries
         self.reconcile = reconcile
         self.execution = execution or settings.EXECUTION
         if self.execution not in conf.EXECUTION_MODES:
@@ -259,6 +262,37 @@ class Worker(Supervision, WakeUps):
             if self.execution == "process":
                 zygote.close_shared()
             log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
+            if self.burst and not self.hard_stop.is_set():
+                self._say_what_still_waits()
+
+    def _retry_due_in(self) -> float | None:
+        """Seconds until the first job this burst could run is due again after a backoff."""
+        try:
+            count, due_in = reads.waiting_out_a_backoff(
+                self.queues, registry.kinds(), using=self.using
+            )
+        except DatabaseError:
+            return None  # the burst ends; the claim loop's own retries cover an outage
+        return max(0.0, due_in) if count and due_in is not None else None
+
+    def _say_what_still_waits(self) -> None:
+        """A burst run that ends with retries still pending says so: they are not lost."""
+        try:
+            count, due_in = reads.waiting_out_a_backoff(
+                self.queues, registry.kinds(), using=self.using
+            )
+        except DatabaseError:
+            return
+        finally:
+            connections[self.using].close()
+        if count:
+            log.info(
+                "worker %s: burst run ended with %d job(s) still waiting out a retry backoff "
+                "(the next due in %.1fs); --wait-for-retries waits for them",
+                self.identity,
+                count,
+                due_in or 0.0,
+            )
 
     @property
     def slices_run(self) -> int:
@@ -388,9 +422,12 @@ class Worker(Supervision, WakeUps):
                     )
                     continue
                 if self.burst and self._set_idle(slot.number, True):
-                    self.stopping.set()  # every slot found nothing due: the burst is over
-                    self._wake_all()  # the sleeping slots need not wait out their poll
-                    break
+                    due_in = self._retry_due_in() if self.wait_for_retries else None
+                    if due_in is None:
+                        self.stopping.set()  # every slot found nothing due: the burst is over
+                        self._wake_all()  # the sleeping slots need not wait out their poll
+                        break
+                    self._note_due(due_in)  # a retry is coming: sleep until it is due
                 self._sleep(slot.number, wake, self._idle_wait(settings.POLL_INTERVAL))
         finally:
             if runner is not None:

@@ -382,3 +382,20 @@ def test_an_outage_past_a_lease_ends_a_burst_run_with_1_and_a_standing_worker_ou
     )
     effects_exactly_once(job, 30)
     assert "burst run stopped" not in standing.output()
+
+
+def test_a_burst_run_says_what_still_waits_out_a_backoff_and_can_wait_for_it(processes):
+    """``--burst`` ends once nothing is due, and says how many jobs still wait out a retry
+    backoff (they are not lost); ``--wait-for-retries`` sleeps until they are due and runs
+    them to their end."""
+    slow_retry = {"DURABLE_JOBS_RETRY_BACKOFF_BASE": "2", "DURABLE_JOBS_RETRY_BACKOFF_MAX": "2"}
+    job = durable.start("demo.flaky", input={"failures": 1})
+    first = processes.worker("--burst", env=slow_retry)
+    assert first.wait(timeout=60) == 0
+    assert status_of(job) == "running" and reload(job).lease_owner is None, "waiting for its retry"
+    assert "burst run ended with 1 job(s) still waiting out a retry backoff" in first.output()
+
+    second = processes.worker("--burst", "--wait-for-retries", env=slow_retry)
+    assert second.wait(timeout=60) == 0
+    assert status_of(job) == "completed" and reload(job).result == {"attempts": 2}
+    assert "still waiting out a retry backoff" not in second.output()

@@ -57,6 +57,12 @@ class Command(SettingsFirst, BaseCommand):
             "without a successful claim",
         )
         parser.add_argument(
+            "--wait-for-retries",
+            action="store_true",
+            help="with --burst: do not exit while jobs this worker could run wait out a retry "
+            "backoff; sleep until they are due and run them",
+        )
+        parser.add_argument(
             "--no-reconcile",
             action="store_false",
             dest="reconcile",
@@ -90,12 +96,17 @@ class Command(SettingsFirst, BaseCommand):
         queues: list[str] | None,
         concurrency: int,
         burst: bool,
+        wait_for_retries: bool,
         reconcile: bool,
         execution: str | None,
         metrics_port: int | None,
         verbosity: int,
         **options: Any,
     ) -> None:
+        if wait_for_retries and not burst:
+            raise CommandError(
+                "--wait-for-retries goes with --burst (a standing worker always waits)"
+            )
         logsetup.configure(verbosity)  # a console handler when the project configured no LOGGING
         if metrics_port is not None:
             try:
@@ -109,6 +120,7 @@ class Command(SettingsFirst, BaseCommand):
             queues=queues,
             concurrency=concurrency,
             burst=burst,
+            wait_for_retries=wait_for_retries,
             reconcile=reconcile,
             execution=execution,
         )
