@@ -263,7 +263,7 @@ def test_docs__the_example_check_encodes_the_wait_key_it_puts_in_a_url(where):
     requested: list[str] = []
 
     class Tracker(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (the http.server spelling)
+        def do_GET(self) -> None:
             requested.append(self.path)
             body = b"closed"
             self.send_response(200)
