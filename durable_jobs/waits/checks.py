@@ -3,7 +3,7 @@
 A check is an operator's program answering one question about one job: may it run yet?
 It is bounded in every direction a program can run away in:
 
-* **descendants**: it runs under a supervisor of its own (``contain.py``), a child
+* **descendants**: it runs under a supervisor of its own (this file run as a script), a child
   subreaper on Linux: whatever the check started -- even a grandchild that calls
   ``setsid()`` and detaches -- is killed and reaped as soon as the check exits, and the answer is
   given the moment the check exits, never when its last grandchild lets go of the pipe;
@@ -39,9 +39,11 @@ until its maximum hold.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -68,8 +70,8 @@ BASE_ENVIRONMENT = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "
 
 _CHUNK = 65536
 
-#: The supervisor every check runs under (standard library only; see its docstring).
-SUPERVISOR = str(Path(__file__).with_name("contain.py"))
+#: The supervisor every check runs under: this file, run as a script (see the end of it).
+SUPERVISOR = str(Path(__file__).resolve())
 #: How long past the check's timeout its supervisor may take to kill and reap, before
 #: the worker kills the supervisor itself.
 SUPERVISOR_GRACE = 5.0
@@ -134,7 +136,7 @@ def run(
 ) -> CheckAnswer:
     """Run the check at ``path`` once, contained, and return its answer; never raises for the check's sake.
 
-    The check runs under its own supervisor (``contain.py``), as ``user`` when one is
+    The check runs under its own supervisor (this file as a script), as ``user`` when one is
     named (DURABLE_JOBS['WAIT_CHECK_USER']). The answer comes back as soon as the check
     itself exits; by the time this returns, every process it started has been killed and
     reaped, and no thread or pipe of this call is left. ``stop`` (the worker shutting
@@ -348,3 +350,174 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+# --- The supervisor: this file run as a script, one process per check run ------------
+# Keep this module standard library only: the supervisor imports it with -I -S.
+#
+# The worker never runs a check itself. It runs this very file as a script
+# (``python -I -S checks.py``: this module imports the standard library only, so nothing
+# of the project or of Django is imported there), and that process, on Linux, makes
+# itself a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``): a descendant that calls
+# ``setsid()`` and detaches is re-parented to it instead of to init, so none escapes.
+# The worker itself never becomes a subreaper of unrelated processes.
+#
+# The conversation with the worker, over the three standard streams:
+#
+# * **stdin**: one JSON line ``{"path", "env", "timeout", "uid", "gid"}``, then kept open.
+#   End of file before the check finished (the worker stopping, or dead) means abort.
+# * **stdout**: handed to the check as its stdout and stderr; this process closes its own
+#   copy, so the worker's end of the pipe sees end of file once no descendant is left.
+# * **stderr**: one status line, written the moment the check itself exits (so a detached
+#   grandchild can never delay the answer): ``exit N``, ``signal N``, ``timeout``,
+#   ``aborted``, ``user_refused ERRNO`` or ``spawn_failed ERRNO``.
+#
+# After the status line every remaining descendant is killed (``SIGKILL``) and reaped, and
+# only then does this process exit: when the worker has reaped it, nothing the check
+# started is still running. Elsewhere than Linux there is no subreaper: the check's
+# process group is killed instead (what leaves the group escapes).
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below ``root``, read from /proc (an empty list where there is none)."""
+    parents: dict[int, int] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat:
+                # The command name may hold spaces and parentheses: split after the last ")".
+                fields = stat.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        parents[int(entry)] = int(fields[1])
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def kill_and_reap_all(check: subprocess.Popen, subreaper: bool) -> None:
+    """Kill every descendant, reap each, and return once none is left."""
+    try:
+        os.killpg(check.pid, signal.SIGKILL)  # the check's own group first: the cheap case
+    except OSError:
+        pass
+    while True:
+        if subreaper:
+            for pid in descendants(os.getpid()):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            while True:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+        except ChildProcessError:
+            return  # no child left: every orphan was re-parented here and reaped
+        if not subreaper:
+            check.wait()
+            return
+        # A descendant forked between the scan and the kill, or a killed one is not yet
+        # a zombie: look again shortly.
+        time.sleep(0.005)
+
+
+def wait_for(check: subprocess.Popen, timeout: float) -> str:
+    """Wait for the check to exit, its timeout, or the worker's abort; say which."""
+    deadline = time.monotonic() + timeout
+    pidfd = None
+    if hasattr(os, "pidfd_open"):
+        try:
+            pidfd = os.pidfd_open(check.pid)
+        except OSError:
+            pidfd = None
+    try:
+        while True:
+            if check.poll() is not None:
+                status = check.returncode
+                return f"signal {-status}" if status < 0 else f"exit {status}"
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            watched = [0] + ([pidfd] if pidfd is not None else [])
+            ready, _, _ = select.select(
+                watched, [], [], remaining if pidfd is not None else min(remaining, 0.01)
+            )
+            if 0 in ready and not os.read(0, 4096):
+                return "aborted"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def supervise() -> int:
+    """The supervisor's whole run (see "The supervisor" above); its exit status is always 0."""
+    spec = json.loads(sys.stdin.buffer.readline() or b"null")
+    status_out = os.fdopen(os.dup(2), "w")
+    subreaper = become_subreaper()
+    output = os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)  # this process keeps no copy of the output pipe
+    user = {}
+    if spec.get("uid") is not None:
+        # setgroups([]) drops every supplementary group of the worker's user.
+        user = {"user": spec["uid"], "group": spec["gid"], "extra_groups": []}
+    try:
+        check = subprocess.Popen(
+            [spec["path"]],
+            stdin=devnull,
+            stdout=output,
+            stderr=output,
+            env=spec["env"],
+            cwd="/",
+            start_new_session=True,
+            close_fds=True,
+            **user,
+        )
+    except PermissionError as error:
+        stage = "user_refused" if user and error.filename is None else "spawn_failed"
+        status_out.write(f"{stage} {error.errno}\n")
+        return 0
+    except OSError as error:
+        status_out.write(f"spawn_failed {error.errno}\n")
+        return 0
+    finally:
+        os.close(output)
+    answer = wait_for(check, float(spec["timeout"]))
+    if answer not in ("timeout", "aborted"):
+        status_out.write(answer + "\n")
+        status_out.flush()  # the answer leaves before the clean-up begins
+    kill_and_reap_all(check, subreaper)
+    if answer in ("timeout", "aborted"):
+        status_out.write(answer + "\n")
+    status_out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    sys.exit(supervise())
