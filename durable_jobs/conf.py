@@ -21,6 +21,7 @@ from durable_jobs.waits import grammar
 
 EXECUTION_MODES = ("process", "thread")
 START_METHODS = ("forkserver", "spawn")
+USER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}\Z")
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,100}\Z")  # \Z: "$" would accept a final newline
 #: The most MAX_RUN_AFTER may be: 100 years, well inside what Python's datetime and
 #: PostgreSQL's timestamptz can hold, so the bound itself never overflows.
@@ -142,6 +143,12 @@ class Settings:
     #: Wall time one check run may take; then its whole process group is killed and the
     #: run counts as "cannot tell".
     WAIT_CHECK_TIMEOUT: float = 30.0
+    #: Run every check as this unprivileged user (a name in the host's user database):
+    #: its uid, its primary group, no supplementary groups. None runs checks as the
+    #: worker's own user, who can read the worker's environment. Needs a worker running
+    #: as root or with CAP_SETUID and CAP_SETGID; an unknown user or root stops the
+    #: worker (and fails the system check), naming it.
+    WAIT_CHECK_USER: str | None = None
     #: Bytes of a check's output kept (the rest is read and dropped); never logged.
     WAIT_CHECK_OUTPUT_CAP: int = 4096
     #: Checks one worker process runs at once. A job denied a turn is held again for
@@ -249,6 +256,8 @@ class Settings:
         object.__setattr__(
             self, "WAIT_PROFILES", MappingProxyType(grammar.parse_profiles(self.WAIT_PROFILES))
         )
+        if self.WAIT_CHECK_USER is not None:
+            check_user(self.WAIT_CHECK_USER)
         if self.WAIT_CHECK_INTERVAL_CEILING < self.WAIT_CHECK_INTERVAL_FLOOR:
             raise ConfigurationError(
                 f"DURABLE_JOBS['WAIT_CHECK_INTERVAL_CEILING'] ({self.WAIT_CHECK_INTERVAL_CEILING}s) must be at "
@@ -276,6 +285,34 @@ def duration(label: str, value: Any) -> float:
             f"{label} must be a positive, finite number of seconds or a timedelta, got {value!r}"
         )
     return float(seconds)
+
+
+def check_user(name: Any) -> None:
+    """Refuse a WAIT_CHECK_USER that is not a user of this host, or is root.
+
+    Whether this process may switch to it is the worker's question (a web process
+    reading the same settings never runs a check): ``waits.checks.user_refusal``.
+    """
+    label = "DURABLE_JOBS['WAIT_CHECK_USER']"
+    if not isinstance(name, str) or not USER_NAME.match(name):
+        raise ConfigurationError(
+            f"{label} must be None or a user name (1-32 of letters, digits, _ . -), got {name!r}"
+        )
+    try:
+        import pwd
+    except ImportError:
+        raise ConfigurationError(f"{label} needs a POSIX host with users to switch to") from None
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise ConfigurationError(
+            f"{label} names {name!r}, which is no user on this host; create it "
+            "(useradd --system --no-create-home NAME) or leave the setting unset"
+        ) from None
+    if entry.pw_uid == 0:
+        raise ConfigurationError(
+            f"{label} names {name!r}, which is root: a check running as root is contained by nothing"
+        )
 
 
 def positive_int(label: str, value: Any) -> int:

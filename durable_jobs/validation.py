@@ -35,8 +35,44 @@ def name(field: str, value: Any) -> str:
     return value
 
 
+#: The wait-key grammar (docs/waits.rst, "The wait key"). A wait key reaches a check's
+#: environment, and checks put it in URLs, paths and command lines: so it is 1-200 ASCII
+#: letters, digits and ``_ . : - / @``, starts with a letter or a digit (never ``/`` or
+#: ``-``: an absolute path or an option), and no ``/``-separated segment is empty, ``.``
+#: or ``..``. Whitespace, quotes, shell metacharacters, ``?``, ``#``, ``%``, ``&``,
+#: ``\`` and control characters are refused by the alphabet alone.
+WAIT_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,199}\Z")
+WAIT_KEY_RULE = (
+    "must be 1-200 of ASCII letters, digits and _ . : - / @, start with a letter or digit, "
+    "and have no empty, '.' or '..' segment between slashes"
+)
+
+
+def is_wait_key(value: Any) -> bool:
+    """True when ``value`` matches the wait-key grammar (``WAIT_KEY``)."""
+    return (
+        isinstance(value, str)
+        and WAIT_KEY.match(value) is not None
+        and all(segment not in ("", ".", "..") for segment in value.split("/"))
+    )
+
+
+def wait_key(field: str, value: Any) -> str:
+    """A start's ``wait_key``: the wait-key grammar, or ``InvalidInput`` naming the rule."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not is_wait_key(value):
+        raise InvalidInput(field, WAIT_KEY_RULE)
+    return value
+
+
 def key(field: str, value: Any, *, max_length: int = 255) -> str:
-    """A lock, idempotency or subject key: printable text without control characters."""
+    """A lock, idempotency or subject key: printable text without control characters.
+
+    ``wait_key`` has a grammar of its own (``wait_key``): it is handed to programs.
+    """
+    if field == "wait_key":
+        return wait_key(field, value)
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value:

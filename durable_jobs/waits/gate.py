@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING
 
 from django.db import DEFAULT_DB_ALIAS
 
-from durable_jobs import conf, db, store
+from durable_jobs import conf, db, store, validation
+from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.states import (
     WAIT_FAULTS_EXHAUSTED,
     WAIT_MAX_HOLD,
@@ -70,6 +71,12 @@ class CheckSlots:
     """
 
     def __init__(self, size: int) -> None:
+        # The worker builds its slots at boot: a WAIT_CHECK_USER it cannot switch to
+        # stops it there, naming why, instead of failing every check later.
+        user = conf.get().WAIT_CHECK_USER
+        refused = None if user is None else checks.user_refusal(user)
+        if refused is not None:
+            raise ConfigurationError(refused)
         self.size = size
         self._free = threading.BoundedSemaphore(size)
 
@@ -117,6 +124,17 @@ def run(
             message=(
                 f"wait_for holds {len(bad)} condition(s) this version cannot read; the job was not run as if they "
                 "had cleared. Start it again with conditions this version understands ('after', 'profile')"
+            ),
+        )
+    if job.wait_key is not None and not validation.is_wait_key(job.wait_key):
+        # Stored before the wait-key grammar, or by hand: it would reach a check's
+        # environment (and whatever URL or path the check builds) unvalidated.
+        return Verdict(
+            end="failed",
+            code=WAIT_UNREADABLE,
+            message=(
+                "its wait_key does not match the wait-key grammar, so it is not handed to a check; "
+                f"start the job again with a wait_key that {validation.WAIT_KEY_RULE.removeprefix('must ')}"
             ),
         )
     # The database's clock, read now (invariant 2): not the claim's stamp, which a claim
@@ -199,6 +217,7 @@ def _run_checks(
             timeout=settings.WAIT_CHECK_TIMEOUT,
             output_cap=settings.WAIT_CHECK_OUTPUT_CAP,
             stop=stopping,
+            user=settings.WAIT_CHECK_USER,
         )
         if answer.answer == checks.INTERRUPTED:
             break

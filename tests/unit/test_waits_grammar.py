@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from durable_jobs import checks, conf
+from durable_jobs import checks, conf, validation
 from durable_jobs.exceptions import ConfigurationError, InvalidInput
 from durable_jobs.waits import backoff, grammar
 
@@ -299,3 +299,51 @@ def test_settings__wait_defaults_are_the_documented_ones():
         backoff.CEILING,
     )
     assert conf.load({"WAIT_MAX_HOLD": timedelta(days=1)}).WAIT_MAX_HOLD == 86400.0
+
+
+# --- the wait-key grammar (docs/waits.rst, "One hold per target") ------------------------
+
+GOOD_WAIT_KEYS = ["ticket:4711", "t:1", "deploy:eu-1/web", "pr:acme/api@42", "a", "x" * 200, 7]
+
+BAD_WAIT_KEYS = [
+    "",  # empty
+    "x" * 201,  # too long
+    "ticket 1",  # whitespace
+    "a;rm -rf /",  # shell metacharacters
+    "$(id)",
+    "`id`",
+    "a|b",
+    "a&b",
+    "a'b",
+    'a"b',
+    "a/../b",  # a parent segment
+    "..",
+    "a/./b",  # a current-directory segment
+    "a//b",  # an empty segment
+    "a/",
+    "/etc/passwd",  # absolute
+    "-rf",  # an option
+    "x?y=1",  # a query
+    "x#frag",  # a fragment
+    "50%",  # a percent-escape
+    "a\\b",
+    "a\nb",  # control characters
+    "a\x00b",
+    "tické",  # non-ASCII
+    None,
+    ["ticket:1"],
+]
+
+
+@pytest.mark.parametrize("key", GOOD_WAIT_KEYS)
+def test_wait_key__the_grammar_accepts_plain_target_names(key):
+    assert validation.wait_key("wait_key", key) == str(key)
+
+
+@pytest.mark.parametrize("key", BAD_WAIT_KEYS)
+def test_wait_key__whitespace_metacharacters_dot_segments_and_escapes_are_refused_in_one_line(key):
+    with pytest.raises(InvalidInput) as caught:
+        validation.key("wait_key", key)  # the start's own call
+    message = str(caught.value)
+    assert message.startswith("wait_key: must be 1-200 of ASCII letters, digits and _ . : - / @")
+    assert "\n" not in message
