@@ -199,7 +199,7 @@ def _wait_fields(wait_for: Any, wait_key: Any) -> dict[str, Any]:
     base = max(settings.WAIT_CHECK_INTERVAL, settings.WAIT_CHECK_INTERVAL_FLOOR)
     return {
         "wait_for": db.dump_json(stored),
-        "wait_key": None if wait_key is None else validation.key("wait_key", wait_key),
+        "wait_key": None if wait_key is None else validation.wait_key("wait_key", wait_key),
         "wait_label": waits_grammar.label(stored),
         "wait_after": after,
         "wait_window_ms": conf.ms(max(settings.WAIT_CHECK_INTERVAL_CEILING, base)),

@@ -69,10 +69,8 @@ def wait_key(field: str, value: Any) -> str:
 def key(field: str, value: Any, *, max_length: int = 255) -> str:
     """A lock, idempotency or subject key: printable text without control characters.
 
-    ``wait_key`` has a grammar of its own (``wait_key``): it is handed to programs.
+    A ``wait_key`` has a grammar of its own (``wait_key``): it is handed to programs.
     """
-    if field == "wait_key":
-        return wait_key(field, value)
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
     if not isinstance(value, str) or not value:

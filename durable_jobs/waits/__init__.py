@@ -13,8 +13,9 @@ Modules, from pure to runtime:
 * ``grammar`` — what a legal instant, condition list and profile declaration are; read
   by both the start (to refuse) and the gate (to act), so neither re-derives them.
 * ``backoff`` — when the next check runs, from elapsed hold time alone.
-* ``checks`` — run one check executable, contained (timeout, capped output, minimal
-  environment, its own process group).
+* ``checks`` — run one check executable, contained: a timeout, capped output, a minimal
+  environment, optionally another user, and a subreaper supervisor that kills and reaps
+  every descendant when the check exits (docs/waits.rst, "What containment covers").
 * ``gate`` — the decision at pickup, before the handler's first slice.
 * ``explain`` — the one plain-words answer to "what is this held job waiting for?".
 

@@ -343,7 +343,7 @@ def test_wait_key__the_grammar_accepts_plain_target_names(key):
 @pytest.mark.parametrize("key", BAD_WAIT_KEYS)
 def test_wait_key__whitespace_metacharacters_dot_segments_and_escapes_are_refused_in_one_line(key):
     with pytest.raises(InvalidInput) as caught:
-        validation.key("wait_key", key)  # the start's own call
+        validation.wait_key("wait_key", key)
     message = str(caught.value)
     assert message.startswith("wait_key: must be 1-200 of ASCII letters, digits and _ . : - / @")
     assert "\n" not in message

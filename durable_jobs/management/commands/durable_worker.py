@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_jobs import logsetup
+from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.management.settings_first import SettingsFirst
 from durable_jobs.runtime.worker import Worker
 from durable_jobs.validation import NAME
@@ -116,14 +117,17 @@ class Command(SettingsFirst, BaseCommand):
                     "--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]"
                 ) from None
             prometheus.serve(metrics_port)
-        worker = Worker(
-            queues=queues,
-            concurrency=concurrency,
-            burst=burst,
-            wait_for_retries=wait_for_retries,
-            reconcile=reconcile,
-            execution=execution,
-        )
+        try:
+            worker = Worker(
+                queues=queues,
+                concurrency=concurrency,
+                burst=burst,
+                wait_for_retries=wait_for_retries,
+                reconcile=reconcile,
+                execution=execution,
+            )
+        except ConfigurationError as error:  # e.g. WAIT_CHECK_USER this process cannot become
+            raise CommandError(str(error).replace("\n", "; ")) from None
         worker.install_signal_handlers()
         try:
             code = worker.run()
