@@ -110,6 +110,15 @@ class Settings:
     MAX_RUN_AFTER: float = 366 * 24 * 3600.0
     #: Refuse start() of a kind no handler is registered for.
     REQUIRE_REGISTERED_KINDS: bool = True
+    #: The queues jobs may be started on, as Django's ``TASKS`` declares ``QUEUES``: a
+    #: start, a handler or a worker naming any other queue is refused with a "did you
+    #: mean". None (the default): any well-formed queue name. When declared it must
+    #: include DEFAULT_QUEUE.
+    QUEUES: Any = None
+    #: An idempotency key reused with a different input: False (the default) returns the
+    #: first job, as for the same input; True raises ``IdempotencyInputMismatch``, as a
+    #: payments API refuses a retried request whose body changed.
+    IDEMPOTENCY_CHECKS_INPUT: bool = False
     #: Finished (not parked) jobs older than this are deleted by the reconciler, in
     #: bounded batches; None keeps them forever. Parked jobs wait for an operator.
     RETENTION: float | None = 30 * 24 * 3600.0
@@ -175,6 +184,23 @@ class Settings:
                 positive_int(label, value)
             elif field.type == "bool" and not isinstance(value, bool):
                 raise ConfigurationError(f"{label} must be True or False")
+        if self.QUEUES is not None:
+            queues = self.QUEUES
+            if isinstance(queues, str) or not isinstance(queues, (list, tuple, set, frozenset)):
+                raise ConfigurationError(
+                    "DURABLE_JOBS['QUEUES'] must be None or a list of queue names"
+                )
+            bad = [q for q in queues if not isinstance(q, str) or not NAME_PATTERN.match(q)]
+            if bad or not queues:
+                raise ConfigurationError(
+                    f"DURABLE_JOBS['QUEUES'] must list 1-100 character names of letters, "
+                    f"digits, _ . : - ; got {sorted(map(repr, bad)) or 'an empty list'}"
+                )
+            if self.DEFAULT_QUEUE not in queues:
+                raise ConfigurationError(
+                    f"DURABLE_JOBS['QUEUES'] must include DEFAULT_QUEUE ({self.DEFAULT_QUEUE!r})"
+                )
+            object.__setattr__(self, "QUEUES", tuple(sorted(set(queues))))
         for name in ("RETENTION", "TIME_LIMIT"):
             if getattr(self, name) is not None:
                 object.__setattr__(
@@ -363,3 +389,12 @@ def ms(seconds: float | timedelta) -> int:
     if isinstance(seconds, timedelta):
         seconds = seconds.total_seconds()
     return max(0, round(seconds * 1000))
+
+
+def undeclared_queue(queue: str, settings: Settings) -> str | None:
+    """Why ``queue`` may not be used (``QUEUES`` is declared and lacks it), or None."""
+    if settings.QUEUES is None or queue in settings.QUEUES:
+        return None
+    close = difflib.get_close_matches(queue, settings.QUEUES, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"{queue!r} is not a declared queue (DURABLE_JOBS['QUEUES']: {', '.join(settings.QUEUES)}){hint}"

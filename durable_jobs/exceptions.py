@@ -104,6 +104,20 @@ class IdempotencyConflict(DurableJobsError):
         )
 
 
+class IdempotencyInputMismatch(IdempotencyConflict):
+    """The idempotency key already names a job of this kind whose input differs
+    (``DURABLE_JOBS["IDEMPOTENCY_CHECKS_INPUT"]``): a retried request whose body changed."""
+
+    def __init__(self, idempotency_key: str, job_id: object) -> None:
+        self.idempotency_key = idempotency_key
+        self.job_id = job_id
+        DurableJobsError.__init__(
+            self,
+            f"idempotency key {idempotency_key!r} already names job {job_id} with a different "
+            "input; use a new key for a new request",
+        )
+
+
 class WrongState(DurableJobsError):
     """The job exists but its state refuses the operation (e.g. re-driving a completed job)."""
 

@@ -131,6 +131,9 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
                 f"kind {kind!r} is registered twice: {_qualname(existing.func)} and {_qualname(func)}"
             )
         entry = Handler(kind=kind, func=func, **policy)
+        undeclared = None if entry.queue is None else conf.undeclared_queue(entry.queue, conf.get())
+        if undeclared is not None:
+            raise ConfigurationError(f"handler {kind!r}: queue {undeclared}")
         lease = entry.setting("LEASE_TTL")
         if entry.setting("HEARTBEAT_INTERVAL") >= lease:
             raise ConfigurationError(

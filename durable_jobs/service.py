@@ -9,6 +9,7 @@ about tenants.
 from __future__ import annotations
 
 import inspect
+import json
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
@@ -20,6 +21,7 @@ from durable_jobs import conf, db, ids, metrics, reads, registry, signals, store
 from durable_jobs.exceptions import (
     BatchTooLarge,
     IdempotencyConflict,
+    IdempotencyInputMismatch,
     InvalidInput,
     JobNotFound,
     UnknownKind,
@@ -144,6 +146,10 @@ def _prepare(
     run_at, delay_ms = _schedule(run_after)
     if queue is None:
         queue = (handler.queue if handler else None) or settings.DEFAULT_QUEUE
+    validation.name("queue", queue)
+    undeclared = conf.undeclared_queue(queue, settings)
+    if undeclared is not None:
+        raise InvalidInput("queue", undeclared)
     return {
         "id": ids.uuid7(),
         "kind": kind,
@@ -277,6 +283,13 @@ def start(
         raise IdempotencyConflict(
             idempotency_key or "", job.id if job.organization_id == scope.organization else None
         )
+    if (
+        not result.created
+        and not result.coalesced
+        and settings.IDEMPOTENCY_CHECKS_INPUT
+        and not _same_input(job.input, fields["input"])
+    ):
+        raise IdempotencyInputMismatch(idempotency_key or "", job.id)
     if result.created:
         metrics.emit("jobs_started", kind=kind)
         signals.job_started.send_robust(sender=Job, job=job)
@@ -342,6 +355,12 @@ def start_many(
                 raise IdempotencyConflict(
                     fields["idempotency_key"] or "", result.id if same_org else None
                 )
+            if (
+                not result.created
+                and settings.IDEMPOTENCY_CHECKS_INPUT
+                and not _same_input(result.input, fields["input"])
+            ):
+                raise IdempotencyInputMismatch(fields["idempotency_key"] or "", result.id)
     created: dict[str, int] = {}
     for result in results:
         if result.created:
@@ -349,6 +368,11 @@ def start_many(
     for kind, count in created.items():
         metrics.emit("jobs_started", count, kind=kind)
     return [result.id for result in results]
+
+
+def _same_input(stored: Any, given_json: str | None) -> bool:
+    """The stored input equals a start's (given as its validated JSON text)."""
+    return stored == (None if given_json is None else json.loads(given_json))
 
 
 #: What one job adds to a batch's serialised size besides its payloads and keys (its id,

@@ -320,7 +320,7 @@ RETURNING id
 """
 
 FIND_BY_IDEMPOTENCY_KEYS = f"""
-SELECT idempotency_key, id, kind, organization_id FROM {TABLE}
+SELECT idempotency_key, id, kind, organization_id, input FROM {TABLE}
  WHERE tenant_id = %(tenant)s AND idempotency_key = ANY(%(keys)s)
 """
 
@@ -335,12 +335,16 @@ SELECT {COLUMNS} FROM {TABLE}
 
 class BulkInsertResult:
     """One row of a bulk start: the job's id, whether this call created it, and, for a
-    job found by its idempotency key, that job's kind and organization (to check them)."""
+    job found by its idempotency key, that job's kind, organization and input (to check
+    them)."""
 
-    __slots__ = ("id", "created", "kind", "organization_id")
+    __slots__ = ("created", "id", "input", "kind", "organization_id")
 
-    def __init__(self, id: Any, created: bool, kind: str, organization_id: str | None) -> None:
+    def __init__(
+        self, id: Any, created: bool, kind: str, organization_id: str | None, input: Any = None
+    ) -> None:
         self.id, self.created, self.kind, self.organization_id = id, created, kind, organization_id
+        self.input = input
 
 
 def insert_jobs(
@@ -394,10 +398,22 @@ def insert_jobs(
         elif row["id"] in inserted:
             results.append(BulkInsertResult(row["id"], True, row["kind"], scope.organization))
         else:  # a repeat of a key first used earlier in this batch: answer with that job
+            earlier = first[key]
             results.append(
-                BulkInsertResult(first[key]["id"], False, first[key]["kind"], scope.organization)
+                BulkInsertResult(
+                    earlier["id"],
+                    False,
+                    earlier["kind"],
+                    scope.organization,
+                    _json(earlier["input"]),
+                )
             )
     return results
+
+
+def _json(value: Any) -> Any:
+    """A jsonb value as Python: raw cursors (and the batch's own rows) carry it as text."""
+    return json.loads(value) if isinstance(value, str) else value
 
 
 #: Tries of a batch insert that keeps losing races. Each lost race shows one more winner
@@ -421,7 +437,8 @@ def _plan_bulk_insert(
             using, FIND_BY_IDEMPOTENCY_KEYS, {"tenant": scope.tenant, "keys": keys}
         ) as cursor:
             existing = {
-                key: BulkInsertResult(job_id, False, kind, org) for key, job_id, kind, org in cursor
+                key: BulkInsertResult(job_id, False, kind, org, _json(value))
+                for key, job_id, kind, org, value in cursor
             }
     # A key's first occurrence is inserted; a repeat later in the batch answers with it.
     to_insert, first_of_key = [], set()

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from durable_jobs import logsetup
+from durable_jobs import conf, logsetup
 from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.management.settings_first import SettingsFirst
 from durable_jobs.runtime.worker import Worker
@@ -104,6 +104,10 @@ class Command(SettingsFirst, BaseCommand):
         verbosity: int,
         **options: Any,
     ) -> None:
+        for queue in queues or ():
+            undeclared = conf.undeclared_queue(queue, conf.get())
+            if undeclared is not None:
+                raise CommandError(f"--queues: {undeclared}")
         if wait_for_retries and not burst:
             raise CommandError(
                 "--wait-for-retries goes with --burst (a standing worker always waits)"
