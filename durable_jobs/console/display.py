@@ -4,8 +4,8 @@ bounded), and the first few reasons of an explanation."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.utils.html import format_html, format_html_join

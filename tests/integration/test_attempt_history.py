@@ -95,9 +95,7 @@ def test_a_stale_holder__records_neither_the_transition_nor_the_attempt(forged):
         owner=forged.get("owner"),
     )
     assert fail(stale) is None
-    assert (
-        store.charge_interruption(stale, reason="cut", backoff_ms=0, max_redrives=None) is None
-    )
+    assert store.charge_interruption(stale, reason="cut", backoff_ms=0, max_redrives=None) is None
     assert snapshot(job) == before
     assert attempts(job) == []
     assert fail(lease_of(job)) is not None, "the real holder's failure is recorded"
