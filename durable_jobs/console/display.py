@@ -176,3 +176,10 @@ def attempts_html(attempts: Sequence[JobAttempt]) -> SafeString:
         "<th></th></tr></thead><tbody>{}</tbody></table>",
         rows,
     )
+
+
+def job_attempts_html(job: Job, *, limit: int = 20) -> SafeString:
+    """The job page's attempt history of ``job`` (already scoped by the page), newest first."""
+    from durable_jobs.console import queries  # reads; display itself stays free of SQL
+
+    return attempts_html(queries.attempts_of(job.id, limit=limit, using=job._state.db or "default"))

@@ -293,3 +293,14 @@ def test_attempts_html__escapes_what_the_handler_wrote():
 
 def test_a_job_factory_row_has_no_history_to_begin_with(db):
     assert attempts(JobFactory()) == []
+
+
+@pytest.mark.django_db
+def test_job_attempts_html__shows_the_job_s_attempts_newest_first():
+    job = running()
+    fail(lease_of(job), max_failures=100, message="first")
+    _, lease = claim(reload(job))
+    fail(lease, max_failures=100, message="second")
+    html = display.job_attempts_html(reload(job))
+    assert html.index("second") < html.index("first")
+    assert display.job_attempts_html(reload(job), limit=1).count("data-dj-attempt=") == 1
