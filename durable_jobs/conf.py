@@ -10,11 +10,13 @@ import dataclasses
 import difflib
 import math
 import re
+from collections.abc import Callable
 from datetime import timedelta
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings as django_settings
+from django.utils.module_loading import import_string
 
 from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.waits import grammar
@@ -132,6 +134,21 @@ class Settings:
     #: Dotted path of a callable ``(user, queryset) -> queryset`` that narrows every admin
     #: view, action, live poll and bulk job to the jobs ``user`` may see; None: no narrowing.
     ADMIN_SCOPE: str | None = None
+
+    # --- attempt history and error text (docs/guarantees.rst, "Attempt history") ---
+    #: Attempt rows kept per job (the newest); the statement that records one more trims
+    #: the oldest. Retention deletes them with their job.
+    ATTEMPT_HISTORY_KEEP: int = 20
+    #: Largest traceback stored with an attempt, in bytes of UTF-8: a longer one keeps its
+    #: last bytes (the innermost frames and the exception line) after a marker line.
+    ATTEMPT_TRACEBACK_BYTES: int = 16384
+    #: A callable ``(text: str) -> str``, or the dotted path of one, applied to every
+    #: error message and traceback before it is stored (the job row, attempt rows) or
+    #: logged by the worker; None leaves the text as it is. An unimportable path, or a
+    #: value that is not callable, stops the worker at boot naming it. A hook that raises
+    #: or returns something that is not a string replaces the text with a marker: the
+    #: unredacted text is never stored.
+    REDACT_ERROR: Any = None
 
     # --- wait conditions (durable_jobs.waits; docs/waits.rst) ---
     #: Declared wait checks: ``"name:/absolute/path,other:/absolute/path"`` or a
@@ -273,6 +290,7 @@ class Settings:
                 f"(user, queryset) -> queryset, like 'myproject.jobs.visible_jobs'; got "
                 f"{self.ADMIN_SCOPE!r}"
             )
+        object.__setattr__(self, "REDACT_ERROR", _redactor(self.REDACT_ERROR))
         if self.RETRY_BACKOFF_MAX < self.RETRY_BACKOFF_BASE:
             raise ConfigurationError(
                 "DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE"
@@ -339,6 +357,49 @@ def check_user(name: Any) -> None:
         raise ConfigurationError(
             f"{label} names {name!r}, which is root: a check running as root is contained by nothing"
         )
+
+
+def _redactor(value: Any) -> Callable[[str], Any] | None:
+    """The REDACT_ERROR hook itself: imported here, so a bad path stops the worker at boot."""
+    label = "DURABLE_JOBS['REDACT_ERROR']"
+    if value is None or (callable(value) and not isinstance(value, str)):
+        return value
+    if not isinstance(value, str) or not value:
+        raise ConfigurationError(
+            f"{label} must be None, a callable or the dotted path of one, got {type(value).__name__}"
+        )
+    try:
+        hook = import_string(value)
+    except ImportError as error:
+        raise ConfigurationError(
+            f"{label} names {value!r}, which cannot be imported: {error}"
+        ) from None
+    if not callable(hook):
+        raise ConfigurationError(f"{label} names {value!r}, which is not callable")
+    return cast("Callable[[str], Any]", hook)
+
+
+#: What replaces a text the REDACT_ERROR hook failed on: never the text itself.
+REDACTION_FAILED = "[error text withheld: the REDACT_ERROR hook failed ({})]"
+
+
+def redact(text: str | None) -> str | None:
+    """Apply the REDACT_ERROR hook to an error message or traceback (None stays None).
+
+    Called where exception text first becomes a message or a traceback, before it is
+    stored or logged. A hook that raises, or answers with something that is not a
+    string, withholds the text: failing closed is the point of a redaction hook.
+    """
+    hook = get().REDACT_ERROR
+    if text is None or hook is None:
+        return text
+    try:
+        redacted = hook(text)
+    except Exception as error:  # noqa: BLE001 - a broken hook must not strand the job
+        return REDACTION_FAILED.format(type(error).__name__)
+    if not isinstance(redacted, str):
+        return REDACTION_FAILED.format(f"it returned {type(redacted).__name__}")
+    return redacted
 
 
 def positive_int(label: str, value: Any) -> int:

@@ -396,3 +396,71 @@ class TaskAttempt(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
+
+
+# ---------------------------------------------------------------------------------------
+# Attempt history (invariant 32): what each slice that did not succeed left behind.
+# ---------------------------------------------------------------------------------------
+
+ATTEMPT_TABLE = "durable_jobs_attempt"
+#: How a recorded slice ended: the failure paths only (a slice that succeeds, yields or
+#: is handed back at shutdown records nothing).
+ATTEMPT_OUTCOMES = ("failed", "time_limit", "interrupted", "lease_lost")
+
+
+class JobAttempt(models.Model):
+    """One slice of a job that ended in a failure, a time limit, an interruption or a lease loss.
+
+    The job row keeps only the latest error; these rows keep the newest
+    ``ATTEMPT_HISTORY_KEEP`` of them, each with its traceback (capped at
+    ``ATTEMPT_TRACEBACK_BYTES``). Written only by the store statement of the transition
+    it records (``fail_slice``, ``charge_interruption``, ``take_orphan``), as a
+    data-modifying CTE of that same statement: it commits exactly when the transition
+    does and is fenced by the same WHERE clause (invariant 32). The rows go when their job
+    does (``ON DELETE CASCADE``, added by migration 0008, so retention's bulk delete needs
+    no second statement).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.UUIDField()
+    #: 1, 2, 3 … over the job's recorded attempts (never reused: trimming drops the oldest).
+    attempt = models.IntegerField()
+    #: The lease epoch the slice ran under (the Tasks framework's attempt rows use it too).
+    epoch = models.BigIntegerField()
+    #: The lease owner that ran the slice: ``host:pid:token``.
+    worker = models.CharField(max_length=200, null=True, blank=True)
+    #: When the slice's claim took the lease (database clock). None for a lease loss:
+    #: the reconciler that records it never saw the slice start.
+    started_at = models.DateTimeField(null=True, blank=True)
+    #: The slice's last heartbeat before the transition: for a lease loss, when its worker
+    #: was last seen alive.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    #: ``clock_timestamp()`` of the recording statement.
+    ended_at = models.DateTimeField()
+    outcome = models.CharField(max_length=16, choices=[(o, o) for o in ATTEMPT_OUTCOMES])
+    error_class = models.CharField(max_length=16, null=True, blank=True)
+    error_code = models.CharField(max_length=100, null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    traceback = models.TextField(null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = ATTEMPT_TABLE
+        base_manager_name = "objects"
+        default_permissions = ()
+        ordering = ["job_id", "-attempt"]
+        indexes = [
+            # The job page's "newest first" and the statement's next number and trim: one
+            # short range of this index per job.
+            models.Index(fields=["job_id", "attempt"], name="durable_jobs_attempt_job"),
+        ]
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt} of {self.job_id}: {self.outcome}"
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)

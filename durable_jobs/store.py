@@ -37,6 +37,7 @@ Tasks framework's attempts, and the testing helpers' fast-forward.
 
 from __future__ import annotations
 
+import datetime
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -45,6 +46,7 @@ from typing import Any, TypeVar
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, OperationalError, transaction
 from django.db.models import NOT_PROVIDED
 
+from durable_jobs import conf
 from durable_jobs.db import (
     JOB_COLUMN_NAMES,
     JOB_COLUMNS,
@@ -60,6 +62,7 @@ from durable_jobs.db import (
 )
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
+    ATTEMPT_TABLE,
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
     LOCK_KEY_INDEX,
@@ -529,6 +532,92 @@ def find_live_by_lock_key(
 
 
 # ---------------------------------------------------------------------------------------
+# Attempt history (invariant 32): written by the failing transition's own statement
+# ---------------------------------------------------------------------------------------
+
+# Each statement that ends a slice without success (fail_slice, charge_interruption,
+# take_orphan) records the attempt in two data-modifying CTEs driven by its UPDATE's
+# RETURNING rows: an INSERT of the attempt row and a DELETE of the job's attempts past
+# ATTEMPT_HISTORY_KEEP. They commit exactly when the transition does, and when the
+# UPDATE's fence matches no row they insert and delete nothing: a stale holder leaves no
+# history, as it leaves no transition. A slice that succeeds runs none of this.
+#
+# The attempt's number is one more than the job's highest, read in the statement. No
+# two recording statements for one job can both apply from one snapshot: each requires a
+# live owner (LEASE_HELD, or take_orphan's `lease_owner IS NOT NULL`) and clears it, so
+# one that waited on the row lock re-checks its fence against the winner's row and finds
+# nothing. The trim cannot see the row its own statement inserts (one snapshot), and
+# needs not: it removes the attempts numbered `keep` or more below the new one.
+_ATTEMPT_INSERT_COLUMNS = (
+    "job_id, attempt, epoch, worker, started_at, heartbeat_at, ended_at, outcome, "
+    "error_class, error_code, error_message, traceback"
+)
+_ATTEMPT_MESSAGE_CHARS = 2000
+
+
+def _recording(source: str, values: str) -> str:
+    """The two CTEs that record and trim, reading the UPDATE's rows from the CTE ``source``.
+
+    ``values`` lists, for the columns after ``job_id, attempt``, the expressions over
+    ``s`` (the UPDATE's returned row).
+    """
+    return f"""recorded AS (
+    INSERT INTO {ATTEMPT_TABLE} ({_ATTEMPT_INSERT_COLUMNS})
+    SELECT s.id,
+           coalesce((SELECT max(a.attempt) FROM {ATTEMPT_TABLE} AS a WHERE a.job_id = s.id), 0) + 1,
+           {values}
+      FROM {source} AS s
+    RETURNING job_id, attempt
+), trimmed AS (
+    DELETE FROM {ATTEMPT_TABLE} AS a USING recorded AS r
+     WHERE a.job_id = r.job_id AND a.attempt <= r.attempt - %(keep)s::int
+)"""
+
+
+def clip_traceback(text: str | None, limit: int | None = None) -> str | None:
+    """Cap a traceback at ``limit`` bytes of UTF-8 (default ATTEMPT_TRACEBACK_BYTES).
+
+    A longer one keeps its last bytes, where a Python traceback has the innermost frames
+    and the exception line, after a marker line saying how much was cut; the result,
+    marker included, is never longer than the limit. NUL, which PostgreSQL's text
+    cannot hold, is written ``\\x00``.
+    """
+    if text is None:
+        return None
+    limit = conf.get().ATTEMPT_TRACEBACK_BYTES if limit is None else limit
+    # Lone surrogates (which PostgreSQL cannot store either) are written out as escapes.
+    data = text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace")
+    if len(data) <= limit:
+        return data.decode("utf-8")
+    # The marker's number has at most as many digits as the whole length.
+    room = limit - len(_CUT_MARKER.format(len(data)).encode())
+    if room <= 0:
+        return data[len(data) - limit :].decode("utf-8", "ignore")
+    tail = data[len(data) - room :].decode("utf-8", "ignore")  # from a whole character on
+    return _CUT_MARKER.format(len(data) - len(tail.encode("utf-8"))) + tail
+
+
+_CUT_MARKER = "[traceback cut to ATTEMPT_TRACEBACK_BYTES: its first {} bytes are not kept]\n"
+
+
+def _attempt_params(
+    *,
+    outcome: str,
+    message: str | None,
+    traceback: str | None,
+    started_at: datetime.datetime | None,
+) -> dict[str, Any]:
+    message = None if message is None else message[:_ATTEMPT_MESSAGE_CHARS]
+    return {
+        "outcome": outcome,
+        "attempt_message": message,
+        "traceback": clip_traceback(traceback),
+        "started_at": started_at,
+        "keep": conf.get().ATTEMPT_HISTORY_KEEP,
+    }
+
+
+# ---------------------------------------------------------------------------------------
 # 2. Claim and lease (invariant 4): the delivery fence, the heartbeat, checkpoints, yields
 # ---------------------------------------------------------------------------------------
 
@@ -905,7 +994,12 @@ def yield_slice(
 # A verdict makes the row deliverable at once: if the terminal transaction that records
 # it never commits, the next claim finds the verdict and records it without running
 # the handler again.
+_FAILED_ATTEMPT = """s.lease_epoch, %(owner)s, %(started_at)s::timestamptz, s.heartbeat_at,
+           clock_timestamp(), %(outcome)s, s.error_class, s.error_code, %(attempt_message)s,
+           %(traceback)s"""
+
 FAIL_SLICE = f"""
+WITH slice AS (
 UPDATE {TABLE}
    SET lease_owner = NULL,
        lease_expires_at = clock_timestamp(),
@@ -929,7 +1023,9 @@ UPDATE {TABLE}
            ) * (0.5 + random() / 2) * interval '1 millisecond' END,
        updated_at = now()
  WHERE id = %(id)s AND {LEASE_HELD}
-RETURNING consecutive_failures, error_code
+RETURNING id, lease_epoch, heartbeat_at, consecutive_failures, error_class, error_code
+), {_recording("slice", _FAILED_ATTEMPT)}
+SELECT consecutive_failures, error_code FROM slice
 """
 
 
@@ -942,6 +1038,9 @@ def fail_slice(
     max_failures: int,
     backoff_base_ms: int,
     backoff_max_ms: int,
+    outcome: str = "failed",
+    traceback: str | None = None,
+    started_at: datetime.datetime | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> FailReply | None:
     """Count a failed slice and release the lease; the job stays ``running`` for its retry.
@@ -949,6 +1048,10 @@ def fail_slice(
     The retry delay is capped exponential in the failure count with jitter on the upper
     half, drawn in SQL from the same counter the verdict reads. Returns None if the lease
     is gone.
+
+    Invariant 32: the same statement records the attempt (``outcome`` ``failed`` or
+    ``time_limit``, its ``traceback`` capped, ``started_at`` the claim's own stamp as the
+    claim returned it) and trims the job's history; a stale lease records nothing.
     """
     with execute(
         using,
@@ -961,6 +1064,9 @@ def fail_slice(
             "max_failures": max_failures,
             "backoff_base_ms": backoff_base_ms,
             "backoff_max_ms": backoff_max_ms,
+            **_attempt_params(
+                outcome=outcome, message=message, traceback=traceback, started_at=started_at
+            ),
         },
     ) as cursor:
         row = cursor.fetchone()
@@ -1397,14 +1503,28 @@ _REDRIVE_OR_PARK_POISON = f"""lease_owner = NULL, lease_epoch = lease_epoch + 1,
                 || %(max_redrives)s::int || ')' || coalesce('; last: ' || %(reason)s::text, '')
            ELSE coalesce(%(reason)s::text, error_message) END"""
 
+# The attempt names the lease owner the take fenced off; the UPDATE clears it, so it is
+# read from the row locked in the same statement (`was`: FOR UPDATE waits for, and then
+# reads, the row's latest version, the one the UPDATE re-checks its fence against).
+# A parking take records the verdict it reached ('poison'); a plain take, none.
+_LOST_ATTEMPT = """s.lease_epoch - 1, s.was_owner, NULL, s.heartbeat_at, clock_timestamp(),
+           'lease_lost', CASE WHEN s.status = 'failed' THEN s.error_class END,
+           CASE WHEN s.status = 'failed' THEN s.error_code END,
+           'its worker stopped heartbeating: the lease expired past ORPHAN_GRACE and the '
+           || 'reconciler took the job over', NULL"""
+
 TAKE_ORPHAN = f"""
-UPDATE {TABLE}
+WITH taken AS (
+UPDATE {TABLE} AS j
    SET {_REDRIVE_OR_PARK_POISON}
- WHERE id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
-   AND lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
-   AND cancel_requested_at IS NULL
-   AND (error_code IS NULL OR error_code NOT IN {_VERDICTS})
-RETURNING {COLUMNS}
+  FROM (SELECT id, lease_owner FROM {TABLE} WHERE id = %(id)s FOR UPDATE) AS was
+ WHERE j.id = was.id AND j.status = 'running' AND j.lease_owner IS NOT NULL
+   AND j.lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
+   AND j.cancel_requested_at IS NULL
+   AND (j.error_code IS NULL OR j.error_code NOT IN {_VERDICTS})
+RETURNING {_J_COLUMNS}, was.lease_owner AS was_owner
+), {_recording("taken", _LOST_ATTEMPT)}
+SELECT {COLUMNS} FROM taken
 """
 
 
@@ -1422,6 +1542,9 @@ def take_orphan(
     fenced write find zero rows. Counts against ``redrives_since_commit`` (the poison
     budget), which any committed unit resets; once that count exceeds ``max_redrives``
     the same statement parks the job ``poison`` (``status == 'failed'`` in the reply).
+
+    Invariant 32: the same statement records the lost slice (outcome ``lease_lost``,
+    its worker the owner it fenced off, epoch the one that slice held).
     """
     return fetch_job(
         using,
@@ -1432,6 +1555,7 @@ def take_orphan(
             "backoff_ms": backoff_ms,
             "max_redrives": max_redrives,
             "reason": None,
+            "keep": conf.get().ATTEMPT_HISTORY_KEEP,
         },
     )
 
@@ -1440,11 +1564,19 @@ def take_orphan(
 # restarted, the child process running the handler died) is a crash it lived to report:
 # charged exactly as the orphan take would charge it (DESIGN §2, "interruption"), only
 # sooner, and fenced on the lease like every holder's write.
+_INTERRUPTED_ATTEMPT = """s.lease_epoch - 1, %(owner)s, %(started_at)s::timestamptz, s.heartbeat_at,
+           clock_timestamp(), 'interrupted', CASE WHEN s.status = 'failed' THEN s.error_class END,
+           CASE WHEN s.status = 'failed' THEN s.error_code END, %(attempt_message)s,
+           %(traceback)s"""
+
 CHARGE_INTERRUPTION = f"""
+WITH charged AS (
 UPDATE {TABLE}
    SET {_REDRIVE_OR_PARK_POISON}
  WHERE id = %(id)s AND {LEASE_HELD}
 RETURNING {COLUMNS}
+), {_recording("charged", _INTERRUPTED_ATTEMPT)}
+SELECT {COLUMNS} FROM charged
 """
 
 
@@ -1454,18 +1586,29 @@ def charge_interruption(
     reason: str,
     backoff_ms: int,
     max_redrives: int | None,
+    traceback: str | None = None,
+    started_at: datetime.datetime | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job | None:
     """Hand back a slice that an abrupt interruption ended, charged to the poison budget.
 
     Invariant 14a: never ``consecutive_failures`` (the work did not fail), never free (a
     handler that kills its process each time must end parked ``poison``). Returns the row
-    (``status == 'failed'`` when parked), or None if the lease is gone.
+    (``status == 'failed'`` when parked), or None if the lease is gone. Invariant 32: the
+    same statement records the attempt (outcome ``interrupted``, ``reason`` its message).
     """
     return fetch_job(
         using,
         CHARGE_INTERRUPTION,
-        {**_lease(lease), "reason": reason, "backoff_ms": backoff_ms, "max_redrives": max_redrives},
+        {
+            **_lease(lease),
+            "reason": reason,
+            "backoff_ms": backoff_ms,
+            "max_redrives": max_redrives,
+            **_attempt_params(
+                outcome="interrupted", message=reason, traceback=traceback, started_at=started_at
+            ),
+        },
     )
 
 
@@ -2066,7 +2209,13 @@ def end_task_attempt(
         fetch_value(
             using,
             END_TASK_ATTEMPT,
-            {**_lease(lease), "exception_class_path": exception_class_path, "traceback": traceback},
+            {
+                **_lease(lease),
+                "exception_class_path": exception_class_path,
+                # The Tasks backend formats this traceback itself, from the exception: it
+                # is redacted here, where it is stored (REDACT_ERROR).
+                "traceback": conf.redact(traceback),
+            },
         )
         is not None
     )

@@ -51,6 +51,7 @@ from durable_jobs.console.display import (
     db_now,
     first_few,
     format_age,
+    job_attempts_html,
     pretty_json,
     progress_html,
     status_badge,
@@ -123,6 +124,7 @@ class JobAdmin(admin.ModelAdmin):
         "result_pretty",
         "wait_for_pretty",
         "error_message_capped",
+        "attempt_history",
         "held_col",
     )
 
@@ -217,6 +219,8 @@ class JobAdmin(admin.ModelAdmin):
                     },
                 )
             )
+        # Every failed, interrupted, timed-out or lost slice, newest first (invariant 32).
+        groups.append(("Attempts", {"fields": ("attempt_history",), "classes": ("collapse",)}))
         groups += [
             ("Timeline", {"fields": ("timeline",)}),
             (
@@ -380,6 +384,10 @@ class JobAdmin(admin.ModelAdmin):
                 ((f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" {at:%Z}", label) for at, label in points),
             ),
         )
+
+    @admin.display(description="attempts (newest first)")
+    def attempt_history(self, job: Job) -> str:
+        return job_attempts_html(job)
 
     @admin.display(description="error message")
     def error_message_capped(self, job: Job) -> str:

@@ -4,12 +4,13 @@ bounded), and the first few reasons of an explanation."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from durable_jobs.models import Job
+from durable_jobs.models import Job, JobAttempt
 
 if TYPE_CHECKING:
     from django.utils.safestring import SafeString
@@ -105,3 +106,80 @@ def db_now(job: Job) -> datetime:
 
 def first_few(reasons: list[str]) -> str:
     return "; ".join(reasons[:5]) + (f"; and {len(reasons) - 5} more" if len(reasons) > 5 else "")
+
+
+# --- attempt history (invariant 32) --------------------------------------------------------
+
+_OUTCOME_COLOURS = {
+    "failed": "#b91c1c",
+    "time_limit": "#92400e",
+    "interrupted": "#6b7280",
+    "lease_lost": "#7c3aed",
+}
+
+
+def _stamp(value: datetime | None) -> str:
+    return value.isoformat(sep=" ", timespec="milliseconds") if value is not None else "-"
+
+
+def _took(attempt: JobAttempt) -> str:
+    if attempt.started_at is None:
+        return "-"
+    return format_age((attempt.ended_at - attempt.started_at).total_seconds())
+
+
+def attempts_html(attempts: Sequence[JobAttempt]) -> SafeString:
+    """The job page's attempt history: one row per recorded attempt, newest first as given
+    (``console.queries.attempts_of``), each traceback folded in a ``<details>``.
+
+    Every value is escaped: error text and tracebacks come from handlers (and passed the
+    REDACT_ERROR hook before they were stored).
+    """
+    if not attempts:
+        return format_html(
+            "<p class='dj-attempts-none'>{}</p>",
+            "No failed, interrupted or lost slices recorded (a slice that succeeds records none).",
+        )
+    rows = format_html_join(
+        "\n",
+        "<tr data-dj-attempt='{}'><td>{}</td>"
+        "<td><span style='color:{};font-weight:600'>{}</span></td>"
+        "<td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (
+            (
+                attempt.attempt,
+                attempt.attempt,
+                _OUTCOME_COLOURS.get(attempt.outcome, "#6b7280"),
+                attempt.outcome,
+                attempt.worker or "-",
+                _stamp(attempt.started_at),
+                _stamp(attempt.ended_at),
+                _took(attempt),
+                " / ".join(part for part in (attempt.error_class, attempt.error_code) if part)
+                or "-",
+                attempt.error_message or "",
+                format_html(
+                    "<details><summary>traceback</summary>"
+                    "<pre style='white-space:pre-wrap;max-height:30em;overflow:auto'>{}</pre>"
+                    "</details>",
+                    attempt.traceback,
+                )
+                if attempt.traceback
+                else "",
+            )
+            for attempt in attempts
+        ),
+    )
+    return format_html(
+        "<table class='dj-attempts'><thead><tr><th>#</th><th>outcome</th><th>worker</th>"
+        "<th>started</th><th>ended</th><th>took</th><th>class / code</th><th>message</th>"
+        "<th></th></tr></thead><tbody>{}</tbody></table>",
+        rows,
+    )
+
+
+def job_attempts_html(job: Job, *, limit: int = 20) -> SafeString:
+    """The job page's attempt history of ``job`` (already scoped by the page), newest first."""
+    from durable_jobs.console import queries  # reads; display itself stays free of SQL
+
+    return attempts_html(queries.attempts_of(job.id, limit=limit, using=job._state.db or "default"))

@@ -8,6 +8,7 @@ here writes a row, and every figure filtered to a scope uses ``store.SCOPE``.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from durable_jobs.db import execute
-from durable_jobs.models import TABLE
+from durable_jobs.models import TABLE, Job, JobAttempt
 from durable_jobs.states import Scope
 from durable_jobs.store import LIVE, SCOPE, scope_params
 
@@ -238,3 +239,33 @@ def stats_figures(
         "finished": finished,
         "finished_estimated": estimated,
     }
+
+
+def attempts_of(
+    job_id: uuid.UUID | str,
+    *,
+    limit: int = 20,
+    scope: Scope | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[JobAttempt]:
+    """Return the job's recorded attempts, newest first (at most ``limit``).
+
+    Each is a slice that ended in a failure, a time limit, an interruption or a lease
+    loss (invariant 32); a job that never failed has none. With ``scope`` the job must be
+    in it (invariant 10: a job of another scope has no attempts to show); the admin's job
+    page passes none, its queryset having scoped the job already. One short range of the
+    ``(job_id, attempt)`` index.
+    """
+    attempts = JobAttempt.objects.using(using).filter(job_id=job_id)
+    if scope is not None:
+        in_scope = Job.objects.using(using).filter(
+            id=job_id,
+            tenant_id=scope.tenant,
+            **(
+                {"organization_id__isnull": True}
+                if scope.organization is None
+                else {"organization_id": scope.organization}
+            ),
+        )
+        attempts = attempts.filter(job_id__in=in_scope.values("id"))
+    return list(attempts.order_by("-attempt")[: max(0, int(limit))])

@@ -298,23 +298,24 @@ def record(
             return SliceOutcome.LEASE_LOST, None
         return (SliceOutcome.INTERRUPTED if ran.interrupted else SliceOutcome.YIELDED), None
     if ran.end is SliceEnd.INTERRUPTED:
-        return _charge_interruption(job, handler, lease, ran.message, using), ran.message
+        return _charge_interruption(control, ran, using), ran.message
     if ran.end is SliceEnd.TIME_LIMIT:
         return _fail(control, time_limit_failure(control), using), ran.message
     return _fail(control, ran, using), ran.message
 
 
-def _charge_interruption(
-    job: Job, handler: Handler, lease: Lease, reason: str | None, using: str
-) -> SliceOutcome:
+def _charge_interruption(control: SliceControl, ran: Ran, using: str) -> SliceOutcome:
     settings = conf.get()
+    job, handler, lease = control.row, control.handler, control.lease
     row = _guarded(
         using,
         lambda: store.charge_interruption(
             lease,
-            reason=reason or "interrupted",
+            reason=ran.message or "interrupted",
             max_redrives=settings.MAX_REDRIVES_WITHOUT_COMMIT,
             backoff_ms=conf.ms(handler.retry_delay(job.redrives_since_commit + 1)),
+            traceback=ran.traceback,
+            started_at=claimed_at(control),
             using=using,
         ),
     )
@@ -326,8 +327,17 @@ def _charge_interruption(
     return SliceOutcome.INTERRUPTED
 
 
+def claimed_at(control: SliceControl) -> Any:
+    """When the slice's claim took the lease: the claim's own ``heartbeat_at``, as it
+    returned it (the database's clock; the row object is not refreshed by heartbeats)."""
+    return control.row.heartbeat_at
+
+
 def _fail(control: SliceControl, ran: Ran, using: str) -> SliceOutcome:
-    """Count a failed slice; on a verdict, record it with the terminal transaction."""
+    """Count a failed slice; on a verdict, record it with the terminal transaction.
+
+    Invariant 32: ``fail_slice`` records the attempt (a time limit's as ``time_limit``).
+    """
     handler, lease, job = control.handler, control.lease, control.row
     reply = _guarded(
         using,
@@ -339,6 +349,9 @@ def _fail(control: SliceControl, ran: Ran, using: str) -> SliceOutcome:
             max_failures=handler.setting_for(job, "MAX_CONSECUTIVE_FAILURES"),
             backoff_base_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_BASE")),
             backoff_max_ms=conf.ms(handler.setting_for(job, "RETRY_BACKOFF_MAX")),
+            outcome="time_limit" if ran.end is SliceEnd.TIME_LIMIT else "failed",
+            traceback=ran.traceback,
+            started_at=claimed_at(control),
             using=using,
         ),
     )

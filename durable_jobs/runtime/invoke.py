@@ -9,6 +9,7 @@ one ``SliceEnd`` here; ``executor.record`` then writes the one transition it cal
 from __future__ import annotations
 
 import dataclasses
+import traceback as traceback_module
 from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS
@@ -39,6 +40,9 @@ class Ran:
     error_class: str | None = None  # failed
     code: str | None = None  # failed
     message: str | None = None  # failed, interrupted, time_limit
+    #: failed, interrupted: the formatted traceback of what the handler raised, redacted
+    #: (REDACT_ERROR) where it was formatted; the store caps its size.
+    traceback: str | None = None
     #: The run's own length, by the handler process's clock (process execution only).
     seconds: float | None = None
 
@@ -46,7 +50,7 @@ class Ran:
         """The fields that are set, for the pipe from a handler process (``_ran_of`` reads
         them back). Not ``dataclasses.asdict``, a deep copy: this runs once per slice."""
         fields: dict[str, Any] = {"end": self.end.value}
-        for name in ("result_json", "error_class", "code", "message"):
+        for name in ("result_json", "error_class", "code", "message", "traceback"):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value
@@ -81,6 +85,7 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
             return Ran(
                 end=SliceEnd.INTERRUPTED,
                 message=f"interrupted: database connection lost ({describe(error)})"[:2000],
+                traceback=format_traceback(error),
             )
         db.leave_broken_transaction(using)
         if isinstance(error, InvalidInput):
@@ -92,12 +97,14 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
                 error_class=ErrorClass.TERMINAL.value,
                 code=error_code(error),
                 message=describe(error),
+                traceback=format_traceback(error),
             )
         return Ran(
             end=SliceEnd.FAILED,
             error_class=handler.error_class_of(error),
             code=error_code(error),
             message=describe(error),
+            traceback=format_traceback(error),
         )
     if isinstance(returned, Done) or _is(returned, Outcome.DONE):
         result = returned.result if isinstance(returned, Done) else None
@@ -129,10 +136,13 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
 
 
 def time_limit_failure(control: SliceControl) -> Ran:
-    """The failure charged to a slice that ran past its kind's time limit."""
+    """The failure charged to a slice that ran past its kind's time limit.
+
+    Its end is ``TIME_LIMIT`` (recorded as a failed slice whose attempt says ``time_limit``).
+    """
     limit = control.handler.time_limit_seconds()
     return Ran(
-        end=SliceEnd.FAILED,
+        end=SliceEnd.TIME_LIMIT,
         error_class=ErrorClass.TRANSIENT.value,
         code="time_limit",
         message=(
@@ -173,4 +183,15 @@ def error_code(error: BaseException) -> str:
 
 
 def describe(error: BaseException) -> str:
-    return validation.printable(f"{type(error).__name__}: {error}", limit=2000)
+    """``Class: message`` of an exception, redacted (REDACT_ERROR), then made printable and
+    cut: the hook sees the whole text, so a cut never splits what it would mask."""
+    return validation.printable(conf.redact(f"{type(error).__name__}: {error}") or "", limit=2000)
+
+
+def format_traceback(error: BaseException) -> str | None:
+    """The formatted traceback of ``error``, redacted (REDACT_ERROR); None if it cannot be formatted."""
+    try:
+        text = "".join(traceback_module.format_exception(error))
+    except Exception:  # noqa: BLE001 - an exception whose __str__ raises, a broken frame
+        return None
+    return conf.redact(text)

@@ -540,6 +540,7 @@ def _ran_of(answer: dict[str, Any]) -> Ran:
         error_class=answer.get("error_class"),
         code=answer.get("code"),
         message=answer.get("message"),
+        traceback=answer.get("traceback"),
         interrupted=bool(answer.get("interrupted")),
         seconds=seconds,
     )

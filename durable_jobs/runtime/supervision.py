@@ -23,7 +23,7 @@ from django.db import DatabaseError, InterfaceError
 
 from durable_jobs import conf, db, store
 from durable_jobs.runtime.control import SliceControl
-from durable_jobs.runtime.executor import complete_deferred
+from durable_jobs.runtime.executor import claimed_at, complete_deferred
 from durable_jobs.runtime.invoke import time_limit_failure
 from durable_jobs.states import ErrorClass
 
@@ -126,6 +126,9 @@ class Supervision:
                     max_failures=handler.setting("MAX_CONSECUTIVE_FAILURES"),
                     backoff_base_ms=conf.ms(handler.setting("RETRY_BACKOFF_BASE")),
                     backoff_max_ms=conf.ms(handler.setting("RETRY_BACKOFF_MAX")),
+                    # Invariant 32: the same statement records the attempt.
+                    outcome="time_limit",
+                    started_at=claimed_at(control),
                     using=self.using,
                 )
         else:

@@ -304,6 +304,14 @@ def task_result(job: Any, attempts: list[Any], *, task: Task | None = None) -> T
 
 
 def _errors(job: Any, attempts: list[Any], status: TaskResultStatus) -> list[TaskError]:
+    from durable_jobs.models import JobAttempt
+
+    # The job's own attempt history (invariant 32) names what ended each interrupted or
+    # lost attempt; the epoch is the same slice's in both tables.
+    history = {
+        a.epoch: a
+        for a in JobAttempt.objects.using(job._state.db or "default").filter(job_id=job.id)
+    }
     errors = []
     for position, attempt in enumerate(attempts):
         if attempt.exception_class_path:
@@ -319,7 +327,10 @@ def _errors(job: Any, attempts: list[Any], status: TaskResultStatus) -> list[Tas
             last = position == len(attempts) - 1
             if last and job.status == "cancelled":
                 continue  # ended by the cancellation, reported below
-            text = job.error_message if last and job.error_message else INTERRUPTED_TEXT
+            recorded = history.get(attempt.epoch)
+            text = (recorded.error_message if recorded is not None else None) or (
+                job.error_message if last and job.error_message else INTERRUPTED_TEXT
+            )
             errors.append(TaskError(exception_class_path=INTERRUPTED_PATH, traceback=text))
     ended_by_attempt = bool(attempts) and (
         attempts[-1].exception_class_path or attempts[-1].finished_at is None

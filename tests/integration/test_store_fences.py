@@ -312,7 +312,14 @@ def test_assert_lease__locks_the_row_so_nobody_takes_the_job_over_meanwhile(othe
     once it has taken the job the old holder's next fenced transaction lands nothing."""
     job = running(lease_expires_at=-120)
     lease = lease_of(job)
-    take = {"id": job.id, "grace_ms": 0, "backoff_ms": 0, "max_redrives": None, "reason": None}
+    take = {
+        "id": job.id,
+        "grace_ms": 0,
+        "backoff_ms": 0,
+        "max_redrives": None,
+        "reason": None,
+        "keep": 20,
+    }
 
     with transaction.atomic():
         assert store.assert_lease(lease) is True
