@@ -165,7 +165,7 @@ def test_a_take_that_does_not_apply__records_nothing():
 
 
 def _claim_one():
-    claimed = store.dequeue(["default"], "slot", conf.ms(conf.get().LEASE_TTL), limit=1)
+    claimed = store.dequeue(["default"], "slot", conf.ms(conf.get().LEASE_TTL), kinds=None, limit=1)
     assert len(claimed) == 1
     return claimed
 
