@@ -464,3 +464,49 @@ class JobAttempt(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
+
+
+WORKER_TABLE = "durable_jobs_worker"
+
+
+class WorkerProcess(models.Model):
+    """A worker process as it registered itself: what it serves, and when it last beat.
+
+    Liveness of *jobs* is their lease, never this row (a pruned or stale worker row can
+    orphan nothing). This row is for operators and ``explain``: ``durable_jobs workers``,
+    the admin's worker list, and "no live worker serves queue 'reprots'". A worker
+    writes it when it starts, beats it every heartbeat interval and deletes it when it
+    stops; a row whose beat is older than ``LEASE_TTL`` is a worker that died and is
+    listed by nobody (and pruned by the next worker that starts). Written only by
+    ``store.register_worker`` / ``beat_worker`` / ``unregister_worker``.
+    """
+
+    #: ``host:pid:token``, the prefix of every lease owner this process writes.
+    identity = models.CharField(max_length=200, primary_key=True)
+    host = models.CharField(max_length=200)
+    pid = models.IntegerField()
+    version = models.CharField(max_length=50)
+    queues = models.JSONField()
+    kinds = models.JSONField()
+    slots = models.IntegerField()
+    execution = models.CharField(max_length=20)
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField()
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = WORKER_TABLE
+        ordering = ["host", "pid"]
+        default_permissions = ("view",)
+        base_manager_name = "objects"
+        verbose_name = "worker"
+
+    def __str__(self) -> str:
+        return self.identity
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)

@@ -70,6 +70,7 @@ from durable_jobs.models import (
     TABLE,
     TASK_ATTEMPT_TABLE,
     WAIT_KEY_INDEX,
+    WORKER_TABLE,
     Job,
 )
 from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
@@ -2219,6 +2220,77 @@ def end_task_attempt(
         )
         is not None
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Live workers (durable_jobs.models.WorkerProcess): the operators' list, never a job's
+# liveness (that is its lease). A row whose beat is older than its TTL is a worker that
+# died: the next registration prunes such rows, so the table stays as small as the fleet.
+# ---------------------------------------------------------------------------------------
+
+REGISTER_WORKER = f"""
+WITH pruned AS (
+    DELETE FROM {WORKER_TABLE} WHERE beat_at < clock_timestamp() - {_ms("ttl_ms")}
+)
+INSERT INTO {WORKER_TABLE}
+    (identity, host, pid, version, queues, kinds, slots, execution, started_at, beat_at)
+VALUES (%(identity)s, %(host)s, %(pid)s, %(version)s, %(queues)s::jsonb, %(kinds)s::jsonb,
+        %(slots)s, %(execution)s, clock_timestamp(), clock_timestamp())
+ON CONFLICT (identity) DO UPDATE
+   SET queues = EXCLUDED.queues, kinds = EXCLUDED.kinds, beat_at = EXCLUDED.beat_at
+"""
+
+
+def register_worker(
+    identity: str,
+    *,
+    host: str,
+    pid: int,
+    version: str,
+    queues: Sequence[str],
+    kinds: Sequence[str],
+    slots: int,
+    execution: str,
+    ttl_ms: int,
+    using: str = DEFAULT_DB_ALIAS,
+) -> None:
+    """Say that this worker process is up and what it serves; prune workers that died."""
+    params = {
+        "identity": identity,
+        "host": host[:200],
+        "pid": pid,
+        "version": version[:50],
+        "queues": dump_json(sorted(queues)),
+        "kinds": dump_json(sorted(kinds)),
+        "slots": slots,
+        "execution": execution,
+        "ttl_ms": ttl_ms,
+    }
+    with execute(using, REGISTER_WORKER, params):
+        pass
+
+
+BEAT_WORKER = f"""
+UPDATE {WORKER_TABLE} SET beat_at = clock_timestamp(), kinds = %(kinds)s::jsonb
+ WHERE identity = %(identity)s
+"""
+
+
+def beat_worker(identity: str, *, kinds: Sequence[str], using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Renew this worker's row (and the kinds it can run now); False when it is gone."""
+    with execute(
+        using, BEAT_WORKER, {"identity": identity, "kinds": dump_json(sorted(kinds))}
+    ) as cursor:
+        return cursor.rowcount == 1
+
+
+UNREGISTER_WORKER = f"DELETE FROM {WORKER_TABLE} WHERE identity = %(identity)s"
+
+
+def unregister_worker(identity: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Remove this worker from the list as it stops."""
+    with execute(using, UNREGISTER_WORKER, {"identity": identity}):
+        pass
 
 
 # ---------------------------------------------------------------------------------------

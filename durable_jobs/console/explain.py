@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from durable_jobs import conf, db, registry
+from durable_jobs.console import workers
 from durable_jobs.models import Job
 from durable_jobs.states import Status
 from durable_jobs.waits.explain import explain_hold
@@ -102,12 +103,15 @@ def explain(job: Job, *, now: datetime | None = None) -> list[str]:
             f"It is not due until {job.next_run_at:%Y-%m-%d %H:%M:%S %Z} "
             f"(in {_duration((job.next_run_at - now).total_seconds())}), {waiting}."
         )
-    if registry.get(job.kind) is None:
+    unserved = workers.who_serves(job, workers.live_workers())
+    if unserved is not None:
+        reasons.append(unserved)
+    elif registry.get(job.kind) is None:
         reasons.append(
-            f"No handler for kind {job.kind!r} is registered in this process: a worker that knows "
-            "it may still run it; one that does not backs off and ends it retry_exhausted."
+            f"No handler for kind {job.kind!r} is registered in this process; a live worker "
+            "that knows it claims it."
         )
-    if job.queue_name != settings.DEFAULT_QUEUE:
+    if unserved is None and job.queue_name != settings.DEFAULT_QUEUE:
         reasons.append(
             f"It is on queue {job.queue_name!r}, not the default queue ({settings.DEFAULT_QUEUE!r}): "
             f"only workers started with --queues including {job.queue_name!r} claim it."

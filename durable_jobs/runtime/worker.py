@@ -55,6 +55,7 @@ from durable_jobs.runtime.pacing import (
     prefetch_ceiling,
     slice_seconds,
 )
+from durable_jobs.runtime.registration import Registration
 from durable_jobs.runtime.runner import ChildRunner
 from durable_jobs.runtime.supervision import Supervision
 from durable_jobs.runtime.wakeups import WakeUps
@@ -210,6 +211,14 @@ class Worker(Supervision, WakeUps):
             "on" if self.reconcile else "off",
         )
         self._heartbeater.start()
+        registration = Registration(
+            self.identity,
+            queues=self.queues,
+            slots=self.concurrency,
+            execution=self.execution,
+            using=self.using,
+        )
+        registration.start()
         if settings.NOTIFY_CHANNEL and not self.burst:
             threading.Thread(
                 target=self._listen,
@@ -257,6 +266,7 @@ class Worker(Supervision, WakeUps):
             self.stopping.set()
             self._hand_back_everything()
             self._heartbeater.stop()
+            registration.stop()
             if reconciler is not None:
                 reconciler.join(timeout=2)  # let a leader resign, so leadership moves at once
             if self.execution == "process":

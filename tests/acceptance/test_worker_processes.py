@@ -399,3 +399,35 @@ def test_a_burst_run_says_what_still_waits_out_a_backoff_and_can_wait_for_it(pro
     assert second.wait(timeout=60) == 0
     assert status_of(job) == "completed" and reload(job).result == {"attempts": 2}
     assert "still waiting out a retry backoff" not in second.output()
+
+
+def test_a_worker_is_listed_while_it_lives_and_gone_after_a_stop_or_a_kill(processes):
+    """``durable_jobs workers`` lists each worker process with its queues and slots, and
+    what it runs now; a stopped worker leaves the list at once, a SIGKILLed one once its
+    beat is older than LEASE_TTL (3 s here)."""
+    from durable_jobs.console import workers
+
+    def listed() -> dict[str, workers.LiveWorker]:
+        return {w.identity: w for w in workers.live_workers()}
+
+    job = durable.start("demo.sleep", input={"seconds": 30})
+    first = processes.worker("--concurrency", "2", "--queues", "default,reports")
+    second = processes.worker(app_name="durable-test-worker-2")
+    wait_until(lambda: len(listed()) == 2, message="both workers to register")
+    by_pid = {w.pid: w for w in listed().values()}
+    assert by_pid[first.pid].queues == ["default", "reports"] and by_pid[first.pid].slots == 2
+    assert "demo.sleep" in by_pid[first.pid].kinds
+    wait_until(
+        lambda: sum(w.running.get("demo.sleep", 0) for w in listed().values()) == 1,
+        message="the sleeping job to show as running on one of them",
+    )
+    holder = next(w for w in listed().values() if w.running)
+    other, stopped_first = (second, first) if holder.pid == first.pid else (first, second)
+    other.signal(signal.SIGTERM)
+    assert other.wait(timeout=30) == 0
+    assert other.pid not in {w.pid for w in listed().values()}, "a clean stop unregisters"
+    stopped_first.signal(signal.SIGKILL)
+    stopped_first.wait(timeout=30)
+    assert stopped_first.pid in {w.pid for w in listed().values()}, "listed until its beat expires"
+    wait_until(lambda: not listed(), timeout=15, message="the killed worker's beat to expire")
+    assert reload(job).status == "running", "its job is the reconciler's to re-drive, by its lease"

@@ -9,7 +9,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 import durable_jobs as durable
-from durable_jobs import testing
+from durable_jobs import store, testing
 from durable_jobs.console import admin as console_admin
 from durable_jobs.console import changelist, explain
 from durable_jobs.runtime.reconciler import Reconciler
@@ -158,12 +158,27 @@ def test_the_detail_page_groups_fields_caps_payloads_and_escapes(client, operato
 
 def test_explain_names_each_reason_a_pending_job_waits(settings):
     due = JobFactory(kind="demo.flaky")
+    assert any("No live worker is running" in r for r in explain.explain(reload(due)))
+    store.register_worker(
+        "host:1:abcdef",
+        host="host",
+        pid=1,
+        version="test",
+        queues=["default"],
+        kinds=["demo.flaky"],
+        slots=1,
+        execution="process",
+        ttl_ms=60_000,
+    )
     assert any("due since" in r for r in explain.explain(reload(due)))
     later = JobFactory(kind="demo.flaky", next_run_at=600)
     assert any("not due until" in r for r in explain.explain(reload(later)))
     unknown = JobFactory(kind="nobody.knows", queue_name="side")
     reasons = " ".join(explain.explain(reload(unknown)))
-    assert "No handler for kind 'nobody.knows'" in reasons and "queue 'side'" in reasons
+    assert "No live worker serves queue 'side'; workers serve 'default'." in reasons
+    stray = JobFactory(kind="nobody.knows")
+    reasons = " ".join(explain.explain(reload(stray)))
+    assert "No live worker serving 'default' can run kind 'nobody.knows'" in reasons
     held = JobFactory(
         kind="demo.flaky",
         held_since=-120,

@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 
 from durable_jobs import conf, service
-from durable_jobs.console import stats
+from durable_jobs.console import stats, workers
 from durable_jobs.exceptions import DurableJobsError, InvalidInput
 from durable_jobs.management import preflight
 from durable_jobs.models import Job
@@ -175,6 +175,11 @@ class Command(BaseCommand):
                 )
 
         p = sub.add_parser(
+            "workers", help="the live worker processes, what each serves and runs now"
+        )
+        p.add_argument("--json", action="store_true", help="machine-readable output")
+
+        p = sub.add_parser(
             "stats", help="counts, backlog age, expired leases, parked jobs, throughput"
         )
         scoped(p)
@@ -284,6 +289,22 @@ class Command(BaseCommand):
         self._emit(
             options, as_dict(job), f"re-driven {job.id}: pending again (redrive #{job.redrives})"
         )
+
+    def do_workers(self, **options: Any) -> None:
+        live = workers.live_workers()
+        if options["json"]:
+            self._emit(options, [dataclasses.asdict(w) for w in live], "")
+            return
+        if not live:
+            self.stdout.write("no live worker (none has beaten within LEASE_TTL)")
+            return
+        for w in live:
+            running = ", ".join(f"{kind} x{n}" for kind, n in sorted(w.running.items())) or "idle"
+            self.stdout.write(
+                f"{w.identity}  version {w.version}, {w.slots} slot(s), {w.execution}; "
+                f"queues {','.join(w.queues)}; {len(w.kinds)} kind(s); started "
+                f"{w.started_at:%Y-%m-%d %H:%M:%S %Z}, beat {w.beat_at:%H:%M:%S}; running: {running}"
+            )
 
     def do_stats(self, **options: Any) -> None:
         if options["all_tenants"]:
