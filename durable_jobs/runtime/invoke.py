@@ -47,7 +47,7 @@ class Ran:
     seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """The fields that are set, for the pipe from a handler process (``_ran_of`` reads
+        """The fields that are set, for the pipe from a handler process (``from_dict`` reads
         them back). Not ``dataclasses.asdict``, a deep copy: this runs once per slice."""
         fields: dict[str, Any] = {"end": self.end.value}
         for name in ("result_json", "error_class", "code", "message", "traceback"):
@@ -57,6 +57,36 @@ class Ran:
         if self.interrupted:
             fields["interrupted"] = True
         return fields
+
+    @classmethod
+    def from_dict(cls, answer: dict[str, Any]) -> Ran:
+        """Read back what ``as_dict`` put on the pipe (plus the handler process's clock
+        readings ``began`` and ``at``). An end this version does not know is a transient
+        ``child_error``, never a transition nobody wrote."""
+        end = answer.get("end")
+        if end not in ENDS:
+            return cls(
+                end=SliceEnd.FAILED,
+                error_class="transient",
+                code="child_error",
+                message=f"the handler process answered {str(end)[:100]!r}",
+            )
+        began, ended = answer.get("began"), answer.get("at")
+        seconds = (
+            ended - began
+            if isinstance(began, (int, float)) and isinstance(ended, (int, float))
+            else None
+        )
+        return cls(
+            end=SliceEnd(end),
+            result_json=answer.get("result_json"),
+            error_class=answer.get("error_class"),
+            code=answer.get("code"),
+            message=answer.get("message"),
+            traceback=answer.get("traceback"),
+            interrupted=bool(answer.get("interrupted")),
+            seconds=seconds,
+        )
 
 
 #: The ends of ``Ran``, by value: what ``record`` knows how to write (the pipe's check).

@@ -41,7 +41,7 @@ from durable_jobs import conf
 from durable_jobs.runtime import zygote
 from durable_jobs.runtime.child import encode_row
 from durable_jobs.runtime.control import SliceControl
-from durable_jobs.runtime.invoke import ENDS, Ran, time_limit_failure
+from durable_jobs.runtime.invoke import Ran, time_limit_failure
 from durable_jobs.states import Lease, SliceEnd
 
 log = logging.getLogger("durable_jobs.worker")
@@ -339,7 +339,7 @@ class ChildRunner:
         lost_seen: float | None = None
         while True:
             if sent.answer is not None:
-                return _ran_of(sent.answer)
+                return Ran.from_dict(sent.answer)
             if not any(other is sent for other in self._inflight):
                 # The child withdrew it before starting it: a withdrawal it answered late
                 # (after ``take_back`` gave up waiting), or one that reached it between the
@@ -517,30 +517,3 @@ class _Sent:
     started_at: float | None  # monotonic; None while it waits behind another run
     answer: dict[str, Any] | None = None  # how it ended, once the child said so
     dead: bool = False  # the child died with it started: ``run`` charges it
-
-
-def _ran_of(answer: dict[str, Any]) -> Ran:
-    end = answer.get("end")
-    if end not in ENDS:
-        return Ran(
-            end=SliceEnd.FAILED,
-            error_class="transient",
-            code="child_error",
-            message=f"the handler process answered {str(end)[:100]!r}",
-        )
-    began, ended = answer.get("began"), answer.get("at")
-    seconds = (
-        ended - began
-        if isinstance(began, (int, float)) and isinstance(ended, (int, float))
-        else None
-    )
-    return Ran(
-        end=SliceEnd(end),
-        result_json=answer.get("result_json"),
-        error_class=answer.get("error_class"),
-        code=answer.get("code"),
-        message=answer.get("message"),
-        traceback=answer.get("traceback"),
-        interrupted=bool(answer.get("interrupted")),
-        seconds=seconds,
-    )

@@ -181,13 +181,21 @@ class Worker(Supervision, WakeUps):
         self._failed = False
 
     # --- signals: handlers only set flags ---
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def stop(self) -> None:
+        """Ask the worker to stop, as a first SIGTERM does; a second call stops it at once.
+
+        For a worker run in a thread of its own (embedded, or a test), where no signal
+        reaches it: running slices yield, unstarted claims are handed back.
+        """
         if self.stopping.is_set():
             self.hard_stop.set()
-        else:
+        self.stopping.set()
+        self._wake_all()  # idle slots need not wait out their poll
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stopping.is_set():
             log.info("signal %d: finishing running slices (again to stop at once)", signum)
-            self.stopping.set()
-        self._wake_all()
+        self.stop()
 
     def install_signal_handlers(self) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -48,9 +48,7 @@ def idle_worker(settings, monkeypatch):
     _wait_quiet(calls, "the wake-up pass after LISTEN to end")
     calls.clear()
     yield worker, calls
-    worker.stopping.set()
-    # No public way to stop a worker run in a thread (its SIGTERM handler needs the main one).
-    worker._wake_all()
+    worker.stop()
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert exit_code == [0], "the worker stopped cleanly"
