@@ -41,12 +41,12 @@ def project(tmp_path, db_url):
                 "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
             }
 
-        def run(self, *args: str) -> subprocess.CompletedProcess:
+        def run(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
             return subprocess.run(
                 [sys.executable, str(ROOT / "manage.py"), *args],
                 check=False,
                 cwd=ROOT,
-                env=self.env(),
+                env=env or self.env(),
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -212,16 +212,7 @@ def test_worker_and_stats__before_migrate_say_run_migrate_in_one_line(project, d
         project.settings("")
         env_url = fresh_url
         for command in (["durable_worker", "--burst"], ["durable_jobs", "stats"]):
-            result = subprocess.run(
-                [sys.executable, str(ROOT / "manage.py"), *command],
-                check=False,
-                cwd=ROOT,
-                env={**project.env(), "DATABASE_URL": env_url},
-                capture_output=True,
-                text=True,
-                timeout=120,
-                stdin=subprocess.DEVNULL,
-            )
+            result = project.run(*command, env={**project.env(), "DATABASE_URL": env_url})
             assert result.returncode != 0, command
             assert "Traceback" not in result.stderr, result.stderr
             [line] = result.stderr.strip().splitlines()
@@ -236,15 +227,8 @@ def test_demo_and_stats__an_unreachable_database_is_one_line_naming_it(project):
     # The project's own settings (manage.py's default), as a newcomer runs the demo.
     env = {k: v for k, v in project.env().items() if k != "DJANGO_SETTINGS_MODULE"}
     for command in (["durable_demo", "--rows", "10"], ["durable_jobs", "stats"]):
-        result = subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), *command],
-            check=False,
-            cwd=ROOT,
-            env={**env, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/nothing"},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            stdin=subprocess.DEVNULL,
+        result = project.run(
+            *command, env={**env, "DATABASE_URL": "postgresql://nobody@127.0.0.1:1/nothing"}
         )
         assert result.returncode != 0, command
         assert "Traceback" not in result.stderr, result.stderr
