@@ -113,10 +113,15 @@ def kind_status_frequencies(*, using: str = DEFAULT_DB_ALIAS) -> list[tuple[str,
 
 # Exact counts of live rows only: each read walks a partial index or the status index's
 # live entries, so its cost follows the live backlog, never the finished history.
+#: A ``running`` row without a lease is not running: its claim was handed back unstarted
+#: (a shutdown, the prefetch window) or its failed slice waits out a retry backoff. The
+#: console, ``stats`` and the metrics all call it ``waiting`` (``SHOWN_STATUS``).
+SHOWN_STATUS = "CASE WHEN status = 'running' AND lease_owner IS NULL THEN 'waiting' ELSE status END"
+
 LIVE_COUNTS = f"""
-SELECT kind, status, count(*) FROM {TABLE}
+SELECT kind, {SHOWN_STATUS}, count(*) FROM {TABLE}
  WHERE status IN {LIVE} {{scope}}
- GROUP BY kind, status
+ GROUP BY 1, 2
 """
 
 PARKED_COUNTS = f"""

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
-from django.db.models import Count, QuerySet
+from django.db.models import Case, Count, F, QuerySet, Value, When
 
 from durable_jobs.console import live as console
-from durable_jobs.console import queries
+from durable_jobs.console import queries, workers
 from durable_jobs.models import Job
 from durable_jobs.states import Scope
 
@@ -28,6 +28,9 @@ def collect(
     *, tenant: str | None = None, scope: Scope | None = None, using: str = DEFAULT_DB_ALIAS
 ) -> dict[str, Any]:
     """Counts by kind and status, the pending backlog's age, expired leases, parked jobs, rates.
+
+    Statuses are as the console shows them: a ``running`` row without a lease is
+    ``waiting`` (queries.SHOWN_STATUS), so monitors never count it as running.
 
     ``scope`` counts that scope's jobs only (a None organization is tenant-wide, as
     everywhere); ``tenant`` counts a whole tenant; neither counts every job. Every age is
@@ -59,26 +62,45 @@ def collect(
         )
         by_kind = {kind: dict(sorted(counts.items())) for kind, counts in sorted(by_kind.items())}
     else:
-        for row in jobs.values("kind", "status").annotate(n=Count("id")).order_by("kind", "status"):
-            by_kind.setdefault(row["kind"], {})[row["status"]] = row["n"]
+        shown = jobs.annotate(
+            shown=Case(
+                When(status="running", lease_owner__isnull=True, then=Value("waiting")),
+                default=F("status"),
+            )
+        )
+        for row in shown.values("kind", "shown").annotate(n=Count("id")).order_by("kind", "shown"):
+            by_kind.setdefault(row["kind"], {})[row["shown"]] = row["n"]
     # The clock, the backlog's figures, held jobs and the throughput windows: one statement.
     figures = queries.stats_figures(WINDOWS, tenant=tenant, scope=scope, using=using)
     parked = queries.parked_counts(tenant=tenant, scope=scope, using=using)
     now, oldest = figures["now"], figures["oldest_pending"]
     throughput = {f"{minutes}m": counts for minutes, counts in figures["finished"].items()}
-    live = {status: 0 for status in ("pending", "running")}
+    live = {status: 0 for status in ("pending", "waiting", "running")}
     for counts in by_kind.values():
         for status in live:
             live[status] += counts.get(status, 0)
+    # Kinds with live jobs that no live worker can run (invariant 14b: they wait, uncharged).
+    known = {kind for worker in workers.live_workers(using=using) for kind in worker.kinds}
+    unserved = {
+        kind: counts.get("pending", 0) + counts.get("waiting", 0)
+        for kind, counts in by_kind.items()
+        if kind != "*" and kind not in known and counts.get("pending", 0) + counts.get("waiting", 0)
+    }
     return {
         "database_time": now.isoformat(),
         "estimated": estimated,
         "by_kind": by_kind,
         "pending": live["pending"],
         "oldest_pending_seconds": round((now - oldest).total_seconds(), 1) if oldest else None,
+        # Holding a live lease. A running row without one is "waiting" (handed back
+        # unstarted, or a failed slice waiting out its retry backoff), never counted here.
         "running": live["running"],
+        "waiting": live["waiting"],
         "running_expired_leases": figures["expired"],
+        # The waiting rows whose failed slice waits out its backoff (a subset of waiting).
         "retrying": figures["retrying"],
+        # Kinds with pending or waiting jobs that no live worker can run, and how many.
+        "unserved_kinds": unserved,
         # Held by a wait condition (a subset of pending): read off durable_jobs_held.
         "held": figures["held"],
         "parked_by_reason": parked,

@@ -103,7 +103,11 @@ def test_the_backlog_figures_and_throughput_windows_come_from_one_statement(
         "15m": {"completed": 1, "failed": 1, "cancelled": 1},
     }
     assert data["retrying"] == 1 and data["held"] == 1 and data["running_expired_leases"] == 0
-    assert data["pending"] == 1 and data["running"] == 1
+    # The retrying row holds no lease: it is waiting, not running (monitors must not count it).
+    assert data["pending"] == 1 and data["running"] == 0 and data["waiting"] == 1
+    assert (
+        data["by_kind"]["tests.a"]["waiting"] == 1 and "running" not in data["by_kind"]["tests.a"]
+    )
     assert stats.collect()["finished_last"]["1m"]["completed"] == 2
     assert data["finished_last_estimated"] == []
 
@@ -143,3 +147,30 @@ def test_a_busy_window_is_the_newest_rows_rate_not_a_read_of_every_row(monkeypat
         300,
     )  # the clock moved a few ms since the insert
     assert data["finished_last"]["15m"]["completed"] == 600
+
+
+@pytest.mark.django_db
+def test_a_claim_handed_back_or_retrying_is_waiting_and_kinds_no_live_worker_runs_are_named():
+    """A running row without a lease (handed back unstarted, or a failed slice in its
+    backoff) is waiting in the counts; a kind with live jobs that no live worker can run
+    is named with how many wait for it (invariant 14b)."""
+    from durable_jobs import store
+
+    running(kind="tests.a")  # a live lease: running
+    running(kind="tests.a", lease_owner=None, lease_expires_at=None, next_run_at=-1)  # handed back
+    JobFactory(kind="tests.new")
+    store.register_worker(
+        "host:1:abcdef",
+        host="host",
+        pid=1,
+        version="test",
+        queues=["default"],
+        kinds=["tests.a"],
+        slots=1,
+        execution="process",
+        ttl_ms=60_000,
+    )
+    data = stats.collect()
+    assert data["by_kind"] == {"tests.a": {"running": 1, "waiting": 1}, "tests.new": {"pending": 1}}
+    assert (data["running"], data["waiting"], data["pending"]) == (1, 1, 1)
+    assert data["unserved_kinds"] == {"tests.new": 1}

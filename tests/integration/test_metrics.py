@@ -72,10 +72,14 @@ def test_the_scrape_view_refuses_strangers_and_a_wrong_token(client, settings):
 def test_the_scrape_view_answers_the_bearer_token(client, settings):
     settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "METRICS_TOKEN": "s3cret-token-0123456789"}
     JobFactory(kind="demo.flaky")
+    running(kind="demo.flaky", lease_owner=None, lease_expires_at=None, next_run_at=30)
     text = client.get(
         "/metrics/durable-jobs", HTTP_AUTHORIZATION="Bearer s3cret-token-0123456789"
     ).content.decode()
     assert 'durable_jobs_jobs{kind="demo.flaky",status="pending"} 1.0' in text
+    # A failed slice waiting out its backoff holds no lease: waiting, not running.
+    assert 'durable_jobs_jobs{kind="demo.flaky",status="waiting"} 1.0' in text
+    assert 'status="running"' not in text
 
 
 def test_the_scrape_view_reports_database_gauges(client):

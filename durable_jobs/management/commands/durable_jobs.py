@@ -325,7 +325,7 @@ class Command(BaseCommand):
         if options["json"]:
             self._emit(options, data, "")
             return
-        statuses = [s.value for s in Status]
+        statuses = ["pending", "waiting", "running", "completed", "failed", "cancelled"]
         lines = [f"scope: {label}", f"{'kind':<28}" + "".join(f"{s:>11}" for s in statuses)]
         if data["estimated"]:
             lines.insert(
@@ -339,12 +339,16 @@ class Command(BaseCommand):
         lines += [
             "",
             f"pending: {data['pending']} (oldest {'-' if oldest is None else f'{oldest:.1f}s'})",
+            f"running: {data['running']} ({data['running_expired_leases']} with expired leases)",
             (
-                f"running: {data['running']} "
-                f"({data['running_expired_leases']} with expired leases, "
-                f"{data['retrying']} waiting for a retry)"
+                f"waiting: {data['waiting']} (claimed before, no lease now: "
+                f"{data['retrying']} waiting out a retry backoff, the rest handed back)"
             ),
             f"held by a wait condition: {data['held']} (of the pending)",
+            "no live worker can run: "
+            + (
+                ", ".join(f"{kind} ({n} jobs)" for kind, n in data["unserved_kinds"].items()) or "-"
+            ),
             "parked: "
             + (
                 ", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items())
