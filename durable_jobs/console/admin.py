@@ -367,6 +367,9 @@ class JobAdmin(admin.ModelAdmin):
         obj: Job | None = None,
     ) -> HttpResponse:
         context["job_actions"] = [] if obj is None else self._job_page_actions(request, obj)
+        if obj is not None:
+            # The heading and the breadcrumb name the status as the badge does.
+            context["subtitle"] = f"{obj.kind} {obj.id} ({display_status(obj)})"
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def _job_page_actions(self, request: HttpRequest, job: Job) -> list[tuple[str, str]]:

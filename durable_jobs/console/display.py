@@ -135,20 +135,24 @@ def progress_html(job: Job) -> SafeString:
     if job.total_count:
         percent = round(100 * (job.progress or 0))
         return format_html(
-            "<progress data-dj-progress='{}' value='{}' max='100' style='width:8em'></progress> "
-            "<span data-dj-count='{}'>{}/{}</span>",
+            "<progress class='dj-progress' data-dj-progress='{}' value='{}' max='100'></progress> "
+            "<span class='dj-count' data-dj-count='{}'>{}/{}</span>",
             job.id,
             percent,
             job.id,
-            job.processed_count,
-            job.total_count,
+            f"{job.processed_count:,}",
+            f"{job.total_count:,}",
         )
-    count = format_html("<span data-dj-count='{}'>{} processed</span>", job.id, job.processed_count)
+    count = format_html(
+        "<span class='dj-count' data-dj-count='{}'>{} processed</span>",
+        job.id,
+        f"{job.processed_count:,}",
+    )
     if not job.is_live:
         return count
     # Unknown total while live: an indeterminate bar (a progress element without a value).
     return format_html(
-        "<progress data-dj-progress='{}' style='width:8em'></progress> {}", job.id, count
+        "<progress class='dj-progress' data-dj-progress='{}'></progress> {}", job.id, count
     )
 
 

@@ -387,6 +387,7 @@ def test_a_released_lease_shows_waiting_and_an_expired_one_lease_expired_everywh
         assert badge(page, job) == word, job
         detail = client.get(f"{CHANGELIST}{job.id}/change/").content.decode()
         assert badge(detail, job) == word, job
+        assert f"{job.id} ({word})" in detail, "the heading names the same word"
     ids = "&".join(f"id={job.id}" for job in words)
     live = json.loads(client.get(f"{CHANGELIST}live/?{ids}").content)["jobs"]
     assert {job: live[str(job.id)]["status"] for job in words} == words

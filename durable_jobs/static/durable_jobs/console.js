@@ -34,7 +34,9 @@
       else if (!job.live) { el.remove(); }
     });
     document.querySelectorAll("[data-dj-count='" + id + "']").forEach(function (el) {
-      el.textContent = job.total ? job.processed + "/" + job.total : job.processed + " processed";
+      // Thousands separated as the server writes them (f"{n:,}").
+      var n = function (value) { return Number(value).toLocaleString("en-US"); };
+      el.textContent = job.total ? n(job.processed) + "/" + n(job.total) : n(job.processed) + " processed";
     });
   }
 
