@@ -131,8 +131,8 @@ def _subject_route(site: admin.AdminSite, request: HttpRequest, subject_type: st
 
 def _missing_tables(using: str) -> list[str]:
     """durable_jobs' tables the database ``using`` lacks (empty once migrated)."""
-    with connections[using].cursor() as cursor:
-        present = set(connections[using].introspection.table_names(cursor))
+    # Django's schema introspection (its own catalogue read), not SQL of this app's.
+    present = set(connections[using].introspection.table_names())
     wanted = [model._meta.db_table for model in apps.get_app_config("durable_jobs").get_models()]
     return [table for table in wanted if table not in present]
 
