@@ -9,18 +9,25 @@ that works through the matches in fenced chunks, so the request returns at once.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import quote
+from django.contrib.admin.views.main import ChangeList
+from django.db import DatabaseError, ProgrammingError, connections, router, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from durable_jobs import conf, service
 from durable_jobs.console import changelist, explain
@@ -47,14 +54,19 @@ from durable_jobs.console.changelist import (
     TenantFilter,
 )
 from durable_jobs.console.display import (
+    LEASE_EXPIRED,
     PAYLOAD_DISPLAY_LIMIT,
+    breakable,
     db_now,
+    display_status,
     first_few,
     format_age,
     job_attempts_html,
+    job_id_html,
     pretty_json,
     progress_html,
     status_badge,
+    subject_html,
 )
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
@@ -70,13 +82,68 @@ if TYPE_CHECKING:
 LIVE_MAX_IDS = 200
 __all__ = ["BULK_KIND", "LIVE_MAX_IDS", "JobAdmin"]
 _LIST_DEFERRED = ("input", "checkpoint", "meta", "result", "wait_for", "error_message")
+#: What the admin's job pages say on a database ``migrate`` has not brought up to date.
+MISSING_TABLES = "durable_jobs' tables are missing: run python manage.py migrate"
+#: Where ``_link_subjects`` leaves a job's subject link for this request's user.
+_SUBJECT_URL = "console_subject_url"
+
+
+def _link_subjects(site: admin.AdminSite, request: HttpRequest, jobs: Iterable[Job]) -> None:
+    """Give each job the admin URL of its subject, where there is one this user may open.
+
+    A subject type is ``app_label.model_name`` (``service.start(subject=instance)``
+    records ``_meta.label_lower``); it links when that model is registered on this admin
+    site and the user may view it there. Anything else stays plain text. One decision per
+    subject type, and no read of the subjects themselves.
+    """
+    decided: dict[str, str | None] = {}
+    for job in jobs:
+        kind = job.subject_type
+        if not kind or job.subject_id is None:
+            continue
+        if kind not in decided:
+            decided[kind] = _subject_route(site, request, kind)
+        route = decided[kind]
+        if route is not None:
+            url = reverse(route, args=[quote(job.subject_id)], current_app=site.name)
+            setattr(job, _SUBJECT_URL, url)
+
+
+def _subject_route(site: admin.AdminSite, request: HttpRequest, subject_type: str) -> str | None:
+    """The change view's URL name for ``subject_type``, or None when it gets no link."""
+    try:
+        model = apps.get_model(subject_type)
+    except (LookupError, ValueError):
+        return None
+    if not site.is_registered(model):
+        return None
+    model_admin = site.get_model_admin(model)
+    if not model_admin.has_view_or_change_permission(request):
+        return None
+    opts = model._meta
+    route = f"{site.name}:{opts.app_label}_{opts.model_name}_change"
+    try:
+        reverse(route, args=["0"], current_app=site.name)
+    except NoReverseMatch:
+        return None
+    return route
+
+
+def _missing_tables(using: str) -> list[str]:
+    """durable_jobs' tables the database ``using`` lacks (empty once migrated)."""
+    # Django's schema introspection (its own catalogue read), not SQL of this app's.
+    present = set(connections[using].introspection.table_names())
+    wanted = [model._meta.db_table for model in apps.get_app_config("durable_jobs").get_models()]
+    return [table for table in wanted if table not in present]
 
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
+    # Fits a 1366 px laptop beside the filters: a short id, values that wrap at their
+    # separators, and the error code and the wait's label under the status badge.
     list_display = (
-        "id",
-        "kind",
+        "id_col",
+        "kind_col",
         "status_col",
         "progress_col",
         "subject_col",
@@ -84,9 +151,8 @@ class JobAdmin(admin.ModelAdmin):
         "age_col",
         "heartbeat_col",
         "attempts_col",
-        "error_code",
-        "held_col",
     )
+    list_display_links = None  # the id column links itself, beside its copy button
     list_filter = (
         StatusFilter,
         KindFilter,
@@ -129,6 +195,7 @@ class JobAdmin(admin.ModelAdmin):
     )
 
     class Media:
+        css = {"all": ("durable_jobs/console.css",)}
         js = ("durable_jobs/console.js",)
 
     # Facet counts would count the whole table once per filter choice (Django 5.0+).
@@ -276,6 +343,118 @@ class JobAdmin(admin.ModelAdmin):
         ]
         return groups
 
+    # --- per-request reads: subject links, the job page's buttons, a missing schema ---
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        changelist_ = super().get_changelist_instance(request)
+        _link_subjects(self.admin_site, request, changelist_.result_list)
+        return changelist_
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> Job | None:
+        job = super().get_object(request, object_id, from_field)
+        if job is not None:
+            _link_subjects(self.admin_site, request, [job])
+        return job
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Job | None = None,
+    ) -> HttpResponse:
+        context["job_actions"] = [] if obj is None else self._job_page_actions(request, obj)
+        if obj is not None:
+            # The heading and the breadcrumb name the status as the badge does.
+            context["subtitle"] = f"{obj.kind} {obj.id} ({display_status(obj)})"
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _job_page_actions(self, request: HttpRequest, job: Job) -> list[tuple[str, str]]:
+        """The list actions this user may apply to ``job`` from its page: (name, title).
+
+        Offered by the same rule as the list (``get_actions``: the action's permission)
+        and posted to the list's action endpoint, so the confirmation, the service call
+        and the refusals are the list action's own.
+        """
+        offered = self.get_actions(request)
+        wanted = []
+        if job.is_live and job.cancel_requested_at is None:
+            wanted.append("cancel_jobs")
+        if job.status == Status.FAILED.value:
+            wanted.append("redrive_jobs")
+            if "unrecoverable" in (job.error_class, job.error_code):
+                wanted.append("force_redrive_jobs")
+        found = [(name, offered.get(name)) for name in wanted]
+        return [(name, str(entry[2])) for name, entry in found if entry is not None]
+
+    def _from_job(self, request: HttpRequest) -> str | None:
+        """The job whose page asked for this action (its only selected job), if any."""
+        raw = request.POST.get("from_job", "")
+        selected = request.POST.getlist(ACTION_CHECKBOX_NAME)
+        try:
+            wanted = str(uuid.UUID(raw))
+        except ValueError:
+            return None
+        return wanted if selected == [wanted] or selected == [raw] else None
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        return self._unless_schema_missing(
+            request, lambda: super(JobAdmin, self).changelist_view(request, extra_context)
+        )
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return self._unless_schema_missing(
+            request,
+            lambda: super(JobAdmin, self).change_view(request, object_id, form_url, extra_context),
+        )
+
+    def _unless_schema_missing(
+        self, request: HttpRequest, view: Callable[[], HttpResponse]
+    ) -> HttpResponse:
+        """Run ``view``; before ``migrate``, one clear page instead of a ProgrammingError.
+
+        A read (GET) is rendered here, in a savepoint: its columns and the attempt history
+        read the database while rendering, and the savepoint keeps the connection usable
+        after a failed read, to find out whether the tables are there. An action (POST) is
+        not wrapped: each job's action commits on its own, as from code.
+        """
+        using = router.db_for_read(Job)
+        reading = request.method in ("GET", "HEAD")
+        try:
+            with transaction.atomic(using=using) if reading else contextlib.nullcontext():
+                response = view()
+                if reading and isinstance(response, TemplateResponse):
+                    response.render()
+        except ProgrammingError:
+            try:
+                missing = _missing_tables(using)
+            except DatabaseError:
+                missing = []  # the transaction is aborted: not ours to diagnose
+            if not missing:
+                raise
+            context = {
+                **self.admin_site.each_context(request),
+                "title": "durable_jobs' tables are missing",
+                "opts": self.model._meta,
+                "missing": missing,
+                "database": using,
+            }
+            return TemplateResponse(
+                request, "admin/durable_jobs/job/missing_tables.html", context, status=503
+            )
+        return response
+
     # --- columns ---
     def action_checkbox(self, obj: Job) -> SafeString:
         # Django renders a form widget through a template per row, a third of the page's
@@ -288,22 +467,45 @@ class JobAdmin(admin.ModelAdmin):
             obj,
         )
 
+    @admin.display(description="id", ordering="id")
+    def id_col(self, job: Job) -> SafeString:
+        url = reverse(
+            f"{self.admin_site.name}:durable_jobs_job_change",
+            args=[job.pk],
+            current_app=self.admin_site.name,
+        )
+        return job_id_html(job, url)
+
+    @admin.display(description="kind", ordering="kind")
+    def kind_col(self, job: Job) -> SafeString:
+        return breakable(job.kind)
+
     @admin.display(description="status")
     def status_col(self, job: Job) -> SafeString:
-        return status_badge(job)
+        notes: list[SafeString | str] = []
+        if job.error_code:
+            notes.append(
+                format_html("<small class='dj-note'>{}</small>", breakable(job.error_code))
+            )
+        if console.is_held(job):
+            notes.append(self.held_col(job))
+        return format_html(
+            "{}{}", status_badge(job), format_html_join("", "<br>{}", ((n,) for n in notes))
+        )
 
     @admin.display(description="progress")
     def progress_col(self, job: Job) -> SafeString:
         return progress_html(job)
 
     @admin.display(description="subject")
-    def subject_col(self, job: Job) -> str:
-        return f"{job.subject_type}:{job.subject_id}" if job.subject_type else "-"
+    def subject_col(self, job: Job) -> SafeString | str:
+        # The link was worked out for this request's user (``_link_subjects``).
+        return subject_html(job, getattr(job, _SUBJECT_URL, None))
 
     @admin.display(description="scope")
-    def scope_col(self, job: Job) -> str:
-        return job.tenant_id + (
-            f"/{job.organization_id}" if job.organization_id is not None else ""
+    def scope_col(self, job: Job) -> SafeString:
+        return breakable(
+            job.tenant_id + (f"/{job.organization_id}" if job.organization_id is not None else "")
         )
 
     @admin.display(description="age")
@@ -323,24 +525,22 @@ class JobAdmin(admin.ModelAdmin):
             and job.lease_expires_at < now
         )
         if expired:
+            # The badge says "lease expired"; the age of the last beat is marked with it.
             return format_html(
-                "<span class='dj-lease-expired' style='color:#b91c1c;font-weight:bold' "
-                "title='lease expired'>{} (lease expired)</span>",
-                age,
+                "<span class='dj-lease-expired' title='{}'>{}</span>", LEASE_EXPIRED, age
             )
         return age
 
-    @admin.display(description="seq / redrives / fails")
+    @admin.display(description=mark_safe("seq /<wbr> redrives /<wbr> fails"))
     def attempts_col(self, job: Job) -> str:
         return f"{job.continuation_seq} / {job.redrives} / {job.consecutive_failures}"
 
     @admin.display(description="held by")
-    def held_col(self, job: Job) -> str:
+    def held_col(self, job: Job) -> SafeString | str:
         if not console.is_held(job):
             return "-"
         return format_html(
-            "<span class='dj-held' style='background:#7c3aed;color:#fff;border-radius:3px;"
-            "padding:1px 6px;font-size:11px'>{}</span>",
+            "<span class='dj-held'>{}</span>",
             # Rebuilt from the validated conditions, never the stored label (invariant 23).
             wait_grammar.label(job.wait_for) or "a condition this version cannot read",
         )
@@ -431,6 +631,16 @@ class JobAdmin(admin.ModelAdmin):
     def live_view(self, request: HttpRequest) -> JsonResponse:
         if not self.has_view_permission(request):
             return JsonResponse({"error": "permission denied"}, status=403)
+        using = router.db_for_read(Job)
+        try:
+            with transaction.atomic(using=using):
+                return self._live(request)
+        except ProgrammingError:
+            if not _missing_tables(using):
+                raise
+            return JsonResponse({"error": MISSING_TABLES}, status=503)
+
+    def _live(self, request: HttpRequest) -> JsonResponse:
         ids = []
         for raw in request.GET.getlist("id")[:LIVE_MAX_IDS]:
             try:
@@ -440,7 +650,9 @@ class JobAdmin(admin.ModelAdmin):
         jobs = {}
         for job in self.get_queryset(request).filter(pk__in=ids):
             jobs[str(job.id)] = {
-                "status": job.status,
+                # The badge's word (display_status), and the row's own for scripts.
+                "status": display_status(job),
+                "stored_status": job.status,
                 "processed": job.processed_count,
                 "total": job.total_count,
                 "percent": None if job.progress is None else round(100 * job.progress),
@@ -451,7 +663,7 @@ class JobAdmin(admin.ModelAdmin):
     # --- actions: a confirmation page, then service functions and a count ---
     def _confirm_or_apply(
         self, request: HttpRequest, queryset: QuerySet[Job], action: str, title: str
-    ) -> TemplateResponse | None:
+    ) -> HttpResponse | None:
         by = requester(request.user)
         select_across = request.POST.get("select_across") == "1"
         if request.POST.get("confirm") != "yes":
@@ -470,19 +682,35 @@ class JobAdmin(admin.ModelAdmin):
                 "count": count if exact else Estimate(count),
                 "select_across": select_across,
                 "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-                "sample": list(queryset.order_by("-created_at", "-id")[:10]),
+                "sample": [
+                    (job, display_status(job))
+                    for job in queryset.order_by("-created_at", "-id")[:10]
+                ],
                 "index": request.POST.get("index", "0"),
+                "from_job": self._from_job(request),
             }
             return TemplateResponse(request, "admin/durable_jobs/job/confirm_action.html", context)
+        back = self._from_job(request)
         if select_across:
             self._start_bulk(request, queryset, action, by)
             return None
+        self._apply_selected(request, queryset, action, by)
+        if back is not None:
+            return HttpResponseRedirect(
+                reverse(f"{self.admin_site.name}:durable_jobs_job_change", args=[back])
+            )
+        return None
+
+    def _apply_selected(
+        self, request: HttpRequest, queryset: QuerySet[Job], action: str, by: str
+    ) -> None:
+        """Apply ``action`` to the selected jobs one by one, and say what changed."""
         rows = list(queryset.values_list("id", "tenant_id", "organization_id", "kind"))
         if len(rows) > conf.get().ADMIN_ACTION_MAX_ROWS:
             # Past the bound one request would hold the operator (and a server thread) for
             # seconds: the same background job as "all matching", over exactly these ids.
             self._start_bulk(request, queryset, action, by, ids=[row[0] for row in rows])
-            return None
+            return
         done = 0
         refused: Counter[str] = Counter()
         busy: list[str] = []
@@ -516,7 +744,6 @@ class JobAdmin(admin.ModelAdmin):
                 f"Busy, not changed, try again: {len(busy)}: {first_few(busy)}",
                 messages.WARNING,
             )
-        return None
 
     def _start_bulk(
         self,
@@ -555,19 +782,17 @@ class JobAdmin(admin.ModelAdmin):
         )
 
     @admin.action(description="Request cancellation", permissions=["cancel"])
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> TemplateResponse | None:
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         return self._confirm_or_apply(request, queryset, "cancel", "Request cancellation")
 
     @admin.action(description="Re-drive failed jobs", permissions=["redrive"])
-    def redrive_jobs(
-        self, request: HttpRequest, queryset: QuerySet[Job]
-    ) -> TemplateResponse | None:
+    def redrive_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         return self._confirm_or_apply(request, queryset, "redrive", "Re-drive failed jobs")
 
     @admin.action(description="Force re-drive (also unrecoverable)", permissions=["force_redrive"])
     def force_redrive_jobs(
         self, request: HttpRequest, queryset: QuerySet[Job]
-    ) -> TemplateResponse | None:
+    ) -> HttpResponse | None:
         return self._confirm_or_apply(
             request, queryset, "force_redrive", "Force re-drive (also unrecoverable)"
         )

@@ -6,7 +6,7 @@ list shows)."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from django.contrib import admin
 from django.core.paginator import EmptyPage, Paginator
@@ -16,11 +16,8 @@ from django.utils.functional import cached_property
 
 from durable_jobs import conf
 from durable_jobs.console import live as console
+from durable_jobs.console.display import DISPLAY_STATUSES, LEASE_EXPIRED
 from durable_jobs.models import Job
-from durable_jobs.states import Status
-
-if TYPE_CHECKING:
-    pass
 
 #: Count exactly when the planner expects fewer rows than this; estimate beyond it.
 EXACT_COUNT_BELOW = 10_000
@@ -83,7 +80,9 @@ class StatusFilter(_ConsoleFilter):
     def lookups(
         self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
     ) -> list[tuple[str, str]]:
-        return [(s.value, s.value) for s in Status]
+        # The words the badges show (console.display.display_status), not the stored
+        # statuses: "running" is a held lease, "waiting" a released one.
+        return [(word.replace(" ", "_"), word) for word in DISPLAY_STATUSES]
 
 
 class KindFilter(_ConsoleFilter):
@@ -123,7 +122,7 @@ class LeaseExpiredFilter(_ConsoleFilter):
     def lookups(
         self, request: HttpRequest, model_admin: admin.ModelAdmin[Any]
     ) -> list[tuple[str, str]]:
-        return [("yes", "running, lease expired")]
+        return [("yes", LEASE_EXPIRED)]
 
 
 class HeldFilter(_ConsoleFilter):

@@ -4,13 +4,16 @@ bounded), and the first few reasons of an explanation."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
 from durable_jobs.models import Job, JobAttempt
+from durable_jobs.states import Status
 
 if TYPE_CHECKING:
     from django.utils.safestring import SafeString
@@ -24,45 +27,132 @@ _PRETTY_GROWTH_LIMIT = 3
 
 # --- display helpers ---------------------------------------------------------------------
 
-_BADGE_COLOURS = {
-    "pending": "#6b7280",
-    "running": "#2563eb",
-    "completed": "#15803d",
-    "failed": "#b91c1c",
-    "cancelled": "#92400e",
+#: What the console calls a job, beside its stored status: a ``running`` row is one of
+#: three things to an operator. The words are also the status filter's choices.
+WAITING = "waiting"
+RUNNING = "running"
+LEASE_EXPIRED = "lease expired"
+#: Every word ``display_status`` returns, in the order the status filter offers them.
+DISPLAY_STATUSES = (
+    Status.PENDING.value,
+    WAITING,
+    RUNNING,
+    LEASE_EXPIRED,
+    Status.COMPLETED.value,
+    Status.FAILED.value,
+    Status.CANCELLED.value,
+)
+_EXPLAINED = {
+    WAITING: "stored as running, but no worker holds it: its lease was released (a failed "
+    "slice waiting out its backoff, or a claim handed back unstarted at a shutdown) and it "
+    "runs again when due",
+    LEASE_EXPIRED: "stored as running, but its worker stopped heartbeating: the lease has "
+    "expired and the reconciler takes the job over after the orphan grace",
 }
 
 
-def status_badge(job: Job) -> SafeString:
-    colour = _BADGE_COLOURS.get(job.status, "#6b7280")
+def display_status(job: Job, now: datetime | None = None) -> str:
+    """Return the one word the console shows for ``job``'s status.
+
+    A stored status other than ``running`` is shown as it is. A ``running`` row is
+    ``"waiting"`` when no lease is held (``lease_owner`` is NULL: a failed slice waiting
+    out its backoff, a claim released unstarted), ``"lease expired"`` when a lease is held
+    but ``lease_expires_at`` is before ``now`` (its worker stopped or stalled; the takeover
+    is due), and ``"running"`` otherwise. ``now`` is the database's clock (invariant 2):
+    by default the ``db_now`` the admin annotates on every row, else read from the database.
+    ``console.live.display_status_q`` is the same definition as a queryset filter.
+    """
+    if job.status != Status.RUNNING.value:
+        return job.status
+    if job.lease_owner is None:
+        return WAITING
+    if now is None:
+        now = getattr(job, "db_now", None)
+    if now is None:
+        from durable_jobs import db  # a row read without the admin's annotation
+
+        now = db.database_now(using=job._state.db or "default")
+    if job.lease_expires_at is not None and job.lease_expires_at < now:
+        return LEASE_EXPIRED
+    return RUNNING
+
+
+def status_class(word: str) -> str:
+    """The badge's CSS class for a display status (``console.css`` colours it)."""
+    return "dj-status dj-status-" + word.replace(" ", "-")
+
+
+def status_badge(job: Job, now: datetime | None = None) -> SafeString:
+    word = display_status(job, now)
     return format_html(
-        "<span class='dj-status' data-dj-status='{}' "
-        "style='background:{};color:#fff;border-radius:3px;"
-        "padding:1px 6px;font-size:11px'>{}</span>",
+        "<span class='{}' data-dj-status='{}' data-dj-live='{}'{}>{}</span>",
+        status_class(word),
         job.id,
-        colour,
-        job.status,
+        "true" if job.is_live else "false",
+        format_html(" title='{}'", _EXPLAINED[word]) if word in _EXPLAINED else "",
+        word,
     )
+
+
+#: How many characters of a job id the change list shows (the full id is one click away).
+SHORT_ID = 8
+
+
+def job_id_html(job: Job, url: str) -> SafeString:
+    """A job id as the change list shows it: its first ``SHORT_ID`` characters linking to
+    the job's page, the full id as the link's title and behind a copy button."""
+    full = str(job.id)
+    return format_html(
+        "<a href='{}' class='dj-id' title='{}'>{}</a>"
+        "<button type='button' class='dj-copy' data-dj-copy='{}' title='Copy the full id'"
+        " aria-label='Copy the full id {}'>copy</button>",
+        url,
+        full,
+        full[:SHORT_ID],
+        full,
+        full,
+    )
+
+
+def breakable(text: str) -> SafeString:
+    """``text`` escaped, with a line-break opportunity after each ``.``, ``_``, ``:``, ``/``
+    and ``-``, so a long kind, subject or scope wraps at a separator, not mid-word."""
+    pieces = re.split(r"(?<=[._:/-])", text)
+    return format_html_join(mark_safe("<wbr>"), "{}", ((piece,) for piece in pieces if piece))
+
+
+def subject_html(job: Job, url: str | None) -> SafeString | str:
+    """The job's subject, linked to its admin page when ``url`` is given."""
+    if not job.subject_type:
+        return "-"
+    text = breakable(f"{job.subject_type}:{job.subject_id}")
+    if url is None:
+        return text
+    return format_html("<a href='{}' class='dj-subject'>{}</a>", url, text)
 
 
 def progress_html(job: Job) -> SafeString:
     if job.total_count:
         percent = round(100 * (job.progress or 0))
         return format_html(
-            "<progress data-dj-progress='{}' value='{}' max='100' style='width:8em'></progress> "
-            "<span data-dj-count='{}'>{}/{}</span>",
+            "<progress class='dj-progress' data-dj-progress='{}' value='{}' max='100'></progress> "
+            "<span class='dj-count' data-dj-count='{}'>{}/{}</span>",
             job.id,
             percent,
             job.id,
-            job.processed_count,
-            job.total_count,
+            f"{job.processed_count:,}",
+            f"{job.total_count:,}",
         )
-    count = format_html("<span data-dj-count='{}'>{} processed</span>", job.id, job.processed_count)
+    count = format_html(
+        "<span class='dj-count' data-dj-count='{}'>{} processed</span>",
+        job.id,
+        f"{job.processed_count:,}",
+    )
     if not job.is_live:
         return count
     # Unknown total while live: an indeterminate bar (a progress element without a value).
     return format_html(
-        "<progress data-dj-progress='{}' style='width:8em'></progress> {}", job.id, count
+        "<progress class='dj-progress' data-dj-progress='{}'></progress> {}", job.id, count
     )
 
 

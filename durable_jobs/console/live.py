@@ -63,6 +63,29 @@ def lease_expired_q() -> Q:
     return Q(status=Status.RUNNING.value, lease_owner__isnull=False, lease_expires_at__lt=Now())
 
 
+def display_status_q(word: str) -> Q:
+    """The rows ``console.display.display_status`` calls ``word``, as a filter (one
+    definition: the status filter, the bulk action and the badge cannot disagree).
+
+    ``running`` is a held lease that has not expired, ``waiting`` a running row with no
+    lease (released: a retry waiting out its backoff, a claim handed back unstarted),
+    ``lease expired`` (or ``lease_expired``) a held lease past its expiry; a stored
+    status is itself. Any other word matches nothing.
+    """
+    running = Q(status=Status.RUNNING.value)
+    if word == "waiting":
+        return running & Q(lease_owner__isnull=True)
+    if word == "running":
+        return (
+            running
+            & Q(lease_owner__isnull=False)
+            & (Q(lease_expires_at__gte=Now()) | Q(lease_expires_at__isnull=True))
+        )
+    if word in ("lease expired", "lease_expired"):
+        return lease_expired_q()
+    return Q(status=word)
+
+
 #: How many of the newest jobs the organization filter looks at for its choices.
 ORGANIZATION_SAMPLE = 10_000
 
@@ -106,7 +129,7 @@ def apply(queryset: QuerySet, name: str, value: str | None) -> QuerySet:
     if value in (None, ""):
         return queryset
     if name == "status":
-        return queryset.filter(status=value)
+        return queryset.filter(display_status_q(value))
     if name == "kind":
         return queryset.filter(kind=value)
     if name == "queue":

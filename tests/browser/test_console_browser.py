@@ -22,7 +22,7 @@ from django.db import connections
 
 import durable_jobs as durable
 from durable_jobs import testing
-from tests.factories import JobFactory, reload
+from tests.factories import JobFactory, reload, running
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -94,6 +94,11 @@ def log_in(page, live_server, name: str) -> None:
     page.wait_for_url(f"**{CHANGELIST}")
 
 
+def id_link(job) -> str:
+    """The change list's link to ``job``: its short id, the full one as the title."""
+    return f"a.dj-id[title='{job.id}']"
+
+
 def run_slices_in_background() -> threading.Thread:
     """Run due slices on another thread (its own connection), as a worker slot would."""
 
@@ -158,12 +163,12 @@ def test_log_in_filter_open_a_job_and_watch_its_progress_move(page, live_server)
 
     page.click("#changelist-filter a[href*='status=running']")
     page.wait_for_url("**status=running**")
-    page.wait_for_selector(f"text={job.id}")
+    page.wait_for_selector(id_link(job))
     assert page.locator("#result_list tbody tr").count() == 1, (
         "the filter shows only the running job"
     )
     screenshot_changelist = page.url
-    page.click(f"a:has-text('{job.id}')")
+    page.click(id_link(job))
     page.wait_for_url(re.compile(f"{job.id}/change/"))
     count = page.locator(f"[data-dj-count='{job.id}']")
     first = count.inner_text()
@@ -194,7 +199,7 @@ def test_cancel_a_running_job_and_see_it_end_cancelled(page, live_server):
     worker = run_slices_in_background()
     log_in(page, live_server, "canceller")
     page.goto(f"{live_server.url}{CHANGELIST}?status=running")
-    page.wait_for_selector(f"text={job.id}")
+    page.wait_for_selector(id_link(job))
     page.check(f"input[name=_selected_action][value='{job.id}']")
     page.select_option("select[name=action]", "cancel_jobs")
     page.click("button[name=index]")
@@ -265,3 +270,78 @@ def test_without_the_redrive_permission_the_action_is_neither_shown_nor_accepted
     )
     assert response.status in (200, 302)
     assert reload(parked).status == "failed" and reload(parked).redrives == 0
+
+
+def test_at_1366_px_the_change_list_fits_and_ids_are_short_with_a_copy(browser, live_server):
+    make_operator("laptop")
+    long_kind = "reports.quarterly_reconciliation_rebuild"
+    for n in range(4):
+        JobFactory(
+            kind=long_kind,
+            status="failed",
+            parked_at=-30,
+            finished_at=-30,
+            error_code="mirror_failed",
+            pending_since=None,
+            next_run_at=None,
+            subject_type="billing.customer_invoice",
+            subject_id=f"inv-2024-{n:06d}-eu-west",
+            tenant_id="acme-industries-international",
+            organization_id="europe-west-finance-department",
+            total_count=1_000_000,
+            processed_count=123_456,
+        )
+    JobFactory(
+        kind="demo.noop",
+        held_since=-600,
+        wait_for=[{"profile": "inventory-ready"}],
+        wait_label="inventory-ready",
+        next_run_at=240,
+    )
+    running(lease_expires_at=-60, heartbeat_at=-90, consecutive_failures=3, redrives=12)
+    newest = running(lease_owner=None, next_run_at=30, consecutive_failures=1)
+    context = browser.new_context(viewport={"width": 1366, "height": 768})
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=live_server.url)
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    try:
+        log_in(page, live_server, "laptop")
+        fit = page.evaluate(
+            """() => {
+              const table = document.querySelector('#result_list');
+              const box = table.parentElement;
+              const clipped = [...table.querySelectorAll('th, td')]
+                .filter(cell => cell.scrollWidth > cell.clientWidth + 1)
+                .map(cell => cell.className + ': ' + cell.textContent.trim());
+              return {table: table.scrollWidth, box: box.clientWidth, clipped,
+                      page: document.documentElement.scrollWidth, viewport: window.innerWidth};
+            }"""
+        )
+        assert fit["table"] <= fit["box"], f"the table scrolls sideways: {fit}"
+        assert fit["clipped"] == [], f"cut off: {fit['clipped']}"
+        assert fit["page"] <= fit["viewport"], f"the page scrolls sideways: {fit}"
+        screenshot(page, "console-changelist-1366.png")
+
+        link = page.locator(id_link(newest))
+        assert link.inner_text() == str(newest.id)[:8]
+        page.click(f"button[data-dj-copy='{newest.id}']")
+        page.wait_for_selector(f"button[data-dj-copy='{newest.id}'].dj-copied")
+        assert page.evaluate("() => navigator.clipboard.readText()") == str(newest.id)
+        assert page.locator(f"[data-dj-status='{newest.id}']").inner_text() == "waiting"
+    finally:
+        context.close()
+
+
+def test_cancel_from_the_job_page_after_the_confirmation(page, live_server):
+    make_operator("pager", "cancel_job")
+    job = JobFactory(kind="demo.noop", next_run_at=3600)
+    log_in(page, live_server, "pager")
+    page.goto(f"{live_server.url}{CHANGELIST}{job.id}/change/")
+    page.click("button[name=dj_job_action][value=cancel_jobs]")
+    page.wait_for_selector("text=Request cancellation: 1 job")
+    assert reload(job).cancel_requested_at is None, "nothing happens before the confirmation"
+    page.click("input[type=submit][value^='Yes']")
+    page.wait_for_url(re.compile(f"{job.id}/change/"))
+    page.wait_for_selector("text=Cancellation requested for 1 job(s).")
+    assert reload(job).cancel_requested_at is not None
+    assert page.locator("button[name=dj_job_action]").count() == 0, "requested: no button"

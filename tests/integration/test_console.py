@@ -4,6 +4,7 @@ payloads, confirmed actions, the background bulk action, the live view, explain(
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -79,7 +80,10 @@ def test_filters_narrow_the_list_to_what_they_name(client, operator):
         "the label is rebuilt from the validated conditions (invariant 23)"
     )
     page = listed(client, "?status=running")
-    assert str(expired.id) in page and str(pending.id) not in page
+    assert str(alive.id) in page and str(pending.id) not in page
+    assert str(expired.id) not in page, "running means a lease that has not expired"
+    page = listed(client, "?status=lease_expired")
+    assert str(expired.id) in page and str(alive.id) not in page
 
 
 def test_filter_choices_include_kinds_in_the_table_and_registered_ones(client, operator):
@@ -288,6 +292,7 @@ def test_the_live_view_reports_progress_and_honours_permissions(client, operator
     data = json.loads(client.get(f"{CHANGELIST}live/?id={job.id}").content)
     assert data["jobs"][str(job.id)] == {
         "status": "pending",
+        "stored_status": "pending",
         "processed": 3,
         "total": 10,
         "percent": 30,
@@ -346,3 +351,76 @@ def test_request_cancel_many_matches_each_job_by_its_own_scope_and_live_status()
         reload(tenant_wide).cancel_requested_at is None
         and reload(finished).cancel_requested_at is None
     )
+
+
+def badge(page: str, job) -> str:
+    """The word the status badge of ``job`` shows on ``page``."""
+    found = re.search(rf"data-dj-status='{job.id}'[^>]*>([^<]*)</span>", page)
+    assert found, f"no status badge for {job.id}"
+    return found.group(1)
+
+
+def test_a_released_lease_shows_waiting_and_an_expired_one_lease_expired_everywhere(
+    client, operator
+):
+    """A running row without a lease (a failed slice waiting out its backoff, a claim
+    handed back unstarted) is "waiting"; a held lease past its expiry, during a takeover,
+    is "lease expired": the same word on the badge, the job page, the live view, the
+    confirmation page and the status filter."""
+    operator("cancel_job")
+    retrying = running(
+        lease_owner=None, lease_expires_at=-5, next_run_at=30, consecutive_failures=1
+    )
+    handed_back = running(lease_owner=None, lease_expires_at=-1, next_run_at=-1)
+    expired = running(lease_expires_at=-60, heartbeat_at=-90)
+    alive = running()
+    pending = JobFactory()
+    words = {
+        retrying: "waiting",
+        handed_back: "waiting",
+        expired: "lease expired",
+        alive: "running",
+        pending: "pending",
+    }
+    page = listed(client)
+    for job, word in words.items():
+        assert badge(page, job) == word, job
+        detail = client.get(f"{CHANGELIST}{job.id}/change/").content.decode()
+        assert badge(detail, job) == word, job
+        assert f"{job.id} ({word})" in detail, "the heading names the same word"
+    ids = "&".join(f"id={job.id}" for job in words)
+    live = json.loads(client.get(f"{CHANGELIST}live/?{ids}").content)["jobs"]
+    assert {job: live[str(job.id)]["status"] for job in words} == words
+    assert live[str(retrying.id)]["stored_status"] == "running"
+    for word in ("waiting", "running", "lease_expired", "pending"):
+        page = listed(client, f"?status={word}")
+        shown = {job for job in words if str(job.id) in page}
+        assert shown == {job for job, w in words.items() if w == word.replace("_", " ")}, word
+    assert "?status=waiting" in listed(client), "the status filter offers waiting"
+    confirm = client.post(
+        CHANGELIST, {"action": "cancel_jobs", "_selected_action": [str(retrying.id)]}
+    ).content.decode()
+    assert "(waiting)" in confirm
+
+
+def test_display_status_and_its_filter_are_one_definition():
+    from durable_jobs.console.display import DISPLAY_STATUSES, display_status
+    from durable_jobs.console.live import display_status_q
+    from durable_jobs.models import Job
+
+    rows = [
+        running(lease_owner=None, next_run_at=30),
+        running(lease_expires_at=-60),
+        running(),
+        JobFactory(),
+        JobFactory(status="completed", finished_at=-1, pending_since=None),
+        JobFactory(status="failed", finished_at=-1, pending_since=None),
+        JobFactory(status="cancelled", finished_at=-1, pending_since=None),
+    ]
+    ids = [job.id for job in rows]
+    for word in DISPLAY_STATUSES:
+        filtered = set(
+            Job.objects.filter(display_status_q(word), id__in=ids).values_list("id", flat=True)
+        )
+        shown = {job.id for job in map(reload, rows) if display_status(job) == word}
+        assert filtered == shown and len(shown) == 1, word

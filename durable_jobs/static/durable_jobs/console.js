@@ -1,6 +1,8 @@
 // Live progress for the durable_jobs admin: poll the JSON view for the jobs on the page
 // and update their progress bars, counts and status badges without reloading. Paused
-// while the tab is hidden; stops polling once no job on the page is live.
+// while the tab is hidden; stops polling once no job on the page is live. The badge
+// shows the word the server chose (console.display.display_status); console.css colours it.
+// Also: the change list's copy buttons put a job's full id on the clipboard.
 (function () {
   "use strict";
   var INTERVAL_MS = 2000;
@@ -8,10 +10,8 @@
 
   function jobIds() {
     var seen = {};
-    document.querySelectorAll("[data-dj-status]").forEach(function (el) {
-      if (el.textContent === "pending" || el.textContent === "running") {
-        seen[el.getAttribute("data-dj-status")] = true;
-      }
+    document.querySelectorAll("[data-dj-status][data-dj-live='true']").forEach(function (el) {
+      seen[el.getAttribute("data-dj-status")] = true;
     });
     return Object.keys(seen);
   }
@@ -24,18 +24,19 @@
 
   function apply(id, job) {
     document.querySelectorAll("[data-dj-status='" + id + "']").forEach(function (el) {
+      if (el.textContent !== job.status) { el.removeAttribute("title"); }  // it explained the old word
       el.textContent = job.status;
-      el.className = "dj-status dj-status-" + job.status;
-      var colours = {pending: "#6b7280", running: "#2563eb", completed: "#15803d", failed: "#b91c1c",
-                     cancelled: "#92400e"};
-      el.style.background = colours[job.status] || "#6b7280";
+      el.className = "dj-status dj-status-" + job.status.replace(/ /g, "-");
+      el.setAttribute("data-dj-live", job.live ? "true" : "false");
     });
     document.querySelectorAll("[data-dj-progress='" + id + "']").forEach(function (el) {
       if (job.percent !== null) { el.max = 100; el.value = job.percent; }
       else if (!job.live) { el.remove(); }
     });
     document.querySelectorAll("[data-dj-count='" + id + "']").forEach(function (el) {
-      el.textContent = job.total ? job.processed + "/" + job.total : job.processed + " processed";
+      // Thousands separated as the server writes them (f"{n:,}").
+      var n = function (value) { return Number(value).toLocaleString("en-US"); };
+      el.textContent = job.total ? n(job.processed) + "/" + n(job.total) : n(job.processed) + " processed";
     });
   }
 
@@ -65,6 +66,38 @@
       if (timer !== null) { window.clearTimeout(timer); timer = null; }
     } else {
       schedule();
+    }
+  });
+  function copied(button) {
+    button.classList.add("dj-copied");
+    button.textContent = "copied";
+    window.setTimeout(function () { button.classList.remove("dj-copied"); button.textContent = "copy"; },
+                      1500);
+  }
+
+  function copyFallback(text, button) {
+    // No clipboard API (a page served over plain HTTP to another host): select a copy.
+    var field = document.createElement("textarea");
+    field.value = text;
+    field.setAttribute("readonly", "");
+    field.style.position = "fixed";
+    field.style.opacity = "0";
+    document.body.appendChild(field);
+    field.select();
+    try { if (document.execCommand("copy")) { copied(button); } } catch (e) {}
+    document.body.removeChild(field);
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest ? event.target.closest("[data-dj-copy]") : null;
+    if (!button) { return; }
+    event.preventDefault();
+    var text = button.getAttribute("data-dj-copy");
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(function () { copied(button); },
+                                               function () { copyFallback(text, button); });
+    } else {
+      copyFallback(text, button);
     }
   });
   document.addEventListener("DOMContentLoaded", schedule);
