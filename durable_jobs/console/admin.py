@@ -12,25 +12,23 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.db import DatabaseError, ProgrammingError, connections, router, transaction
 from django.db.models import QuerySet
 from django.db.models.functions import Now
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
-from django.urls import NoReverseMatch, path, reverse
-from django.utils.html import format_html, format_html_join
-from django.utils.safestring import mark_safe
+from django.urls import path, reverse
+from django.utils.html import format_html
 
 from durable_jobs import conf, service
-from durable_jobs.console import changelist, explain
+from durable_jobs.console import changelist
 from durable_jobs.console import live as console
 from durable_jobs.console.actions import (
     ACTIONS,
@@ -41,6 +39,7 @@ from durable_jobs.console.actions import (
     requester,
     user_ref,
 )
+from durable_jobs.console.admin_columns import JobColumns
 from durable_jobs.console.changelist import (
     ConsolePaginator,
     Estimate,
@@ -54,29 +53,17 @@ from durable_jobs.console.changelist import (
     TenantFilter,
 )
 from durable_jobs.console.display import (
-    LEASE_EXPIRED,
-    PAYLOAD_DISPLAY_LIMIT,
-    breakable,
-    db_now,
     display_status,
     first_few,
-    format_age,
-    job_attempts_html,
-    job_id_html,
-    pretty_json,
-    progress_html,
-    status_badge,
-    subject_html,
 )
+from durable_jobs.console.subjects import link_subjects
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
-from durable_jobs.waits import grammar as wait_grammar
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldOpts, _FieldsetSpec
     from django.urls import URLPattern
     from django.utils.functional import _StrOrPromise
-    from django.utils.safestring import SafeString
 
 #: Most jobs the live-progress view answers for in one poll.
 LIVE_MAX_IDS = 200
@@ -84,49 +71,6 @@ __all__ = ["BULK_KIND", "LIVE_MAX_IDS", "JobAdmin"]
 _LIST_DEFERRED = ("input", "checkpoint", "meta", "result", "wait_for", "error_message")
 #: What the admin's job pages say on a database ``migrate`` has not brought up to date.
 MISSING_TABLES = "durable_jobs' tables are missing: run python manage.py migrate"
-#: Where ``_link_subjects`` leaves a job's subject link for this request's user.
-_SUBJECT_URL = "console_subject_url"
-
-
-def _link_subjects(site: admin.AdminSite, request: HttpRequest, jobs: Iterable[Job]) -> None:
-    """Give each job the admin URL of its subject, where there is one this user may open.
-
-    A subject type is ``app_label.model_name`` (``service.start(subject=instance)``
-    records ``_meta.label_lower``); it links when that model is registered on this admin
-    site and the user may view it there. Anything else stays plain text. One decision per
-    subject type, and no read of the subjects themselves.
-    """
-    decided: dict[str, str | None] = {}
-    for job in jobs:
-        kind = job.subject_type
-        if not kind or job.subject_id is None:
-            continue
-        if kind not in decided:
-            decided[kind] = _subject_route(site, request, kind)
-        route = decided[kind]
-        if route is not None:
-            url = reverse(route, args=[quote(job.subject_id)], current_app=site.name)
-            setattr(job, _SUBJECT_URL, url)
-
-
-def _subject_route(site: admin.AdminSite, request: HttpRequest, subject_type: str) -> str | None:
-    """The change view's URL name for ``subject_type``, or None when it gets no link."""
-    try:
-        model = apps.get_model(subject_type)
-    except (LookupError, ValueError):
-        return None
-    if not site.is_registered(model):
-        return None
-    model_admin = site.get_model_admin(model)
-    if not model_admin.has_view_or_change_permission(request):
-        return None
-    opts = model._meta
-    route = f"{site.name}:{opts.app_label}_{opts.model_name}_change"
-    try:
-        reverse(route, args=["0"], current_app=site.name)
-    except NoReverseMatch:
-        return None
-    return route
 
 
 def _missing_tables(using: str) -> list[str]:
@@ -138,7 +82,7 @@ def _missing_tables(using: str) -> list[str]:
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(JobColumns, admin.ModelAdmin):
     # Fits a 1366 px laptop beside the filters: a short id, values that wrap at their
     # separators, and the error code and the wait's label under the status badge.
     list_display = (
@@ -346,7 +290,7 @@ class JobAdmin(admin.ModelAdmin):
     # --- per-request reads: subject links, the job page's buttons, a missing schema ---
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         changelist_ = super().get_changelist_instance(request)
-        _link_subjects(self.admin_site, request, changelist_.result_list)
+        link_subjects(self.admin_site, request, changelist_.result_list)
         return changelist_
 
     def get_object(
@@ -354,7 +298,7 @@ class JobAdmin(admin.ModelAdmin):
     ) -> Job | None:
         job = super().get_object(request, object_id, from_field)
         if job is not None:
-            _link_subjects(self.admin_site, request, [job])
+            link_subjects(self.admin_site, request, [job])
         return job
 
     def render_change_form(
@@ -454,172 +398,6 @@ class JobAdmin(admin.ModelAdmin):
                 request, "admin/durable_jobs/job/missing_tables.html", context, status=503
             )
         return response
-
-    # --- columns ---
-    def action_checkbox(self, obj: Job) -> SafeString:
-        # Django renders a form widget through a template per row, a third of the page's
-        # time at 50 rows; the same markup, written out.
-        return format_html(
-            "<input type='checkbox' name='{}' value='{}' class='action-select' "
-            "aria-label='Select this object for an action - {}'>",
-            ACTION_CHECKBOX_NAME,
-            obj.pk,
-            obj,
-        )
-
-    @admin.display(description="id", ordering="id")
-    def id_col(self, job: Job) -> SafeString:
-        url = reverse(
-            f"{self.admin_site.name}:durable_jobs_job_change",
-            args=[job.pk],
-            current_app=self.admin_site.name,
-        )
-        return job_id_html(job, url)
-
-    @admin.display(description="kind", ordering="kind")
-    def kind_col(self, job: Job) -> SafeString:
-        return breakable(job.kind)
-
-    @admin.display(description="status")
-    def status_col(self, job: Job) -> SafeString:
-        notes: list[SafeString | str] = []
-        if job.error_code:
-            notes.append(
-                format_html("<small class='dj-note'>{}</small>", breakable(job.error_code))
-            )
-        if console.is_held(job):
-            notes.append(self.held_col(job))
-        return format_html(
-            "{}{}", status_badge(job), format_html_join("", "<br>{}", ((n,) for n in notes))
-        )
-
-    @admin.display(description="progress")
-    def progress_col(self, job: Job) -> SafeString:
-        return progress_html(job)
-
-    @admin.display(description="subject")
-    def subject_col(self, job: Job) -> SafeString | str:
-        # The link was worked out for this request's user (``_link_subjects``).
-        return subject_html(job, getattr(job, _SUBJECT_URL, None))
-
-    @admin.display(description="scope")
-    def scope_col(self, job: Job) -> SafeString:
-        return breakable(
-            job.tenant_id + (f"/{job.organization_id}" if job.organization_id is not None else "")
-        )
-
-    @admin.display(description="age")
-    def age_col(self, job: Job) -> str:
-        return format_age((db_now(job) - job.created_at).total_seconds())
-
-    @admin.display(description="heartbeat")
-    def heartbeat_col(self, job: Job) -> str:
-        if job.heartbeat_at is None:
-            return "-"
-        now = db_now(job)
-        age = format_age((now - job.heartbeat_at).total_seconds())
-        expired = (
-            job.status == Status.RUNNING.value
-            and job.lease_owner is not None
-            and job.lease_expires_at is not None
-            and job.lease_expires_at < now
-        )
-        if expired:
-            # The badge says "lease expired"; the age of the last beat is marked with it.
-            return format_html(
-                "<span class='dj-lease-expired' title='{}'>{}</span>", LEASE_EXPIRED, age
-            )
-        return age
-
-    @admin.display(description=mark_safe("seq /<wbr> redrives /<wbr> fails"))
-    def attempts_col(self, job: Job) -> str:
-        return f"{job.continuation_seq} / {job.redrives} / {job.consecutive_failures}"
-
-    @admin.display(description="held by")
-    def held_col(self, job: Job) -> SafeString | str:
-        if not console.is_held(job):
-            return "-"
-        return format_html(
-            "<span class='dj-held'>{}</span>",
-            # Rebuilt from the validated conditions, never the stored label (invariant 23).
-            wait_grammar.label(job.wait_for) or "a condition this version cannot read",
-        )
-
-    # --- detail ---
-    @admin.display(description="why isn't it running?")
-    def why_not_running(self, job: Job) -> str:
-        reasons = explain.explain(job, now=getattr(job, "db_now", None))
-        if not reasons:
-            return "It is running."
-        return format_html(
-            "<ul class='dj-why' style='margin:0'>{}</ul>",
-            format_html_join("", "<li>{}</li>", ((r,) for r in reasons)),
-        )
-
-    @admin.display(description="timeline")
-    def timeline(self, job: Job) -> SafeString:
-        points = [
-            (getattr(job, name), label)
-            for name, label in (
-                ("created_at", "created"),
-                ("held_since", "held by a wait"),
-                ("wait_satisfied_at", "wait satisfied"),
-                ("started_at", "first slice started"),
-                ("last_committed_at", "last committed unit"),
-                ("heartbeat_at", "last heartbeat"),
-                ("cancel_requested_at", "cancellation requested"),
-                ("parked_at", "parked"),
-                ("finished_at", "finished"),
-                ("domain_mirrored_at", "outcome mirrored"),
-                ("updated_at", "row last changed"),
-            )
-            if getattr(job, name) is not None
-        ]
-        points.sort(key=lambda point: point[0])
-        return format_html(
-            "<ol class='dj-timeline' style='margin:0'>{}</ol>",
-            format_html_join(
-                "",
-                "<li><code>{}</code> {}</li>",
-                ((f"{at:%Y-%m-%d %H:%M:%S.%f}"[:-3] + f" {at:%Z}", label) for at, label in points),
-            ),
-        )
-
-    @admin.display(description="attempts (newest first)")
-    def attempt_history(self, job: Job) -> str:
-        return job_attempts_html(job)
-
-    @admin.display(description="error message")
-    def error_message_capped(self, job: Job) -> str:
-        if not job.error_message:
-            return "-"
-        if len(job.error_message) > PAYLOAD_DISPLAY_LIMIT:
-            return format_html(
-                "<pre style='white-space:pre-wrap'>{}</pre><strong class='dj-truncated'>truncated"
-                "</strong>",
-                job.error_message[:PAYLOAD_DISPLAY_LIMIT],
-            )
-        return format_html("<pre style='white-space:pre-wrap;margin:0'>{}</pre>", job.error_message)
-
-    @admin.display(description="input")
-    def input_pretty(self, job: Job) -> str:
-        return pretty_json(job.input)
-
-    @admin.display(description="checkpoint")
-    def checkpoint_pretty(self, job: Job) -> str:
-        return pretty_json(job.checkpoint)
-
-    @admin.display(description="meta")
-    def meta_pretty(self, job: Job) -> str:
-        return pretty_json(job.meta)
-
-    @admin.display(description="result")
-    def result_pretty(self, job: Job) -> str:
-        return pretty_json(job.result)
-
-    @admin.display(description="wait for")
-    def wait_for_pretty(self, job: Job) -> str:
-        return pretty_json(job.wait_for)
 
     # --- live progress: a JSON view under the admin's own permission checks ---
     def get_urls(self) -> list[URLPattern]:
