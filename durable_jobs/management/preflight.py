@@ -26,6 +26,13 @@ def unreachable(using: str = DEFAULT_DB_ALIAS) -> str | None:
 
 def database_problem(using: str = DEFAULT_DB_ALIAS) -> str | None:
     """Return one line saying why durable_jobs cannot use ``using``, or None when it can."""
+    return unreachable(using) or unmigrated(using)
+
+
+def unmigrated(using: str = DEFAULT_DB_ALIAS) -> str | None:
+    """Return one line saying durable_jobs' migrations are not all applied on ``using``, or
+    None when they are, or when the database cannot be asked (that is ``unreachable``'s
+    answer: a standing worker waits an outage out instead of refusing to start)."""
     connection = connections[using]
     try:
         connection.ensure_connection()
@@ -36,8 +43,8 @@ def database_problem(using: str = DEFAULT_DB_ALIAS) -> str | None:
             for migration, backwards in executor.migration_plan(targets)
             if not backwards and migration.app_label == APP
         ]
-    except DatabaseError as error:
-        return _cannot_reach(using, error)
+    except DatabaseError:
+        return None
     if missing:
         return (
             f"database {using!r} lacks durable_jobs' tables or their latest changes "

@@ -27,11 +27,11 @@ class SettingsFirst(BaseCommand):
             raise CommandError(str(error).replace("\n", "; ")) from None
         if checks.HANDLER_ERRORS:
             raise CommandError("; ".join(checks.HANDLER_ERRORS))
-        if preflight.unreachable() is None:
-            # Reachable: refuse an unmigrated database in one line. Unreachable: a standing
-            # worker or reconciler waits the outage out (one warning), as it would one that
-            # begins later; a one-shot run (--burst, --once) says so when it gives up.
-            problem = preflight.database_problem()
-            if problem is not None:
-                raise CommandError(problem)
+        # An unmigrated database is refused in one line. An unreachable one (now, or cut
+        # while this asks) is not: a standing worker or reconciler waits an outage out
+        # (one warning), as it would one that begins later; a one-shot run (--burst,
+        # --once) says so when it gives up.
+        problem = preflight.unmigrated()
+        if problem is not None:
+            raise CommandError(problem)
         return super().execute(*args, **options)
