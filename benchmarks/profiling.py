@@ -225,7 +225,7 @@ _CATEGORIES = [
     (
         "connection upkeep: health check (SELECT 1) / reconnect",
         (
-            "keep_connection_healthy (durable_jobs/worker.py)",
+            "keep_connection_healthy (durable_jobs/db.py)",
             "close_old_connections (django/db/__init__.py)",
             "close_if_health_check_failed",
             "BaseDatabaseWrapper.connect ",
@@ -254,17 +254,17 @@ _CATEGORIES = [
     ("terminal txn: MARK_MIRRORED", ("mark_mirrored (durable_jobs/store.py)",), "_finish"),
     (
         "terminal txn: other (atomic enter, signals, metrics)",
-        ("_finish (durable_jobs/executor.py)",),
+        ("_finish (durable_jobs/runtime/executor.py)",),
         None,
     ),
     (
         "slice bookkeeping: _report (log line, metrics)",
-        ("_report (durable_jobs/executor.py)",),
+        ("_report (durable_jobs/runtime/executor.py)",),
         None,
     ),
     (
         "slice setup: Slice(), heartbeater track/untrack, signals",
-        ("run_slice (durable_jobs/executor.py)",),
+        ("run_slice (durable_jobs/runtime/executor.py)",),
         None,
     ),
 ]
