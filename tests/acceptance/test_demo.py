@@ -92,7 +92,7 @@ def test_demo__kills_its_worker_mid_import_and_the_import_resumes_with_every_row
     assert len(live) == 1, result.stdout
     (killed,) = [
         re.fullmatch(
-            r"- killed the worker \(SIGKILL\) at row (\d+) of (\d+), and its \d+ child processes",
+            r"- killed the worker \(SIGKILL\) at row (\d+) of (\d+), and the \d+ processes under it",
             line,
         )
         for line in out

@@ -33,7 +33,7 @@ import durable_jobs as durable
 from durable_jobs.management import preflight
 from durable_jobs.models import Job
 from testproject import database
-from testproject.demo import processes, worker_settings
+from testproject.demo import processes
 from testproject.demo.models import Effect, Report
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -49,6 +49,10 @@ WORKER_LEASES = {
     "RECONCILE_INTERVAL": "1",
 }
 FINISHED = ("completed", "failed", "cancelled")
+#: The workers' settings module (never imported here: it is settings code), and the
+#: environment variable through which it extends the settings the demo runs under.
+WORKER_SETTINGS = "testproject.demo.worker_settings"
+BASE_SETTINGS_ENV = "DURABLE_DEMO_BASE_SETTINGS"
 
 
 def row_count(text: str) -> int:
@@ -132,8 +136,8 @@ def worker_environment() -> tuple[dict[str, str], dict[str, float]]:
     env = {
         **os.environ,
         "DURABLE_JOBS_SLICE_BUDGET": "1.0",
-        "DJANGO_SETTINGS_MODULE": worker_settings.__name__,
-        worker_settings.BASE_ENV: settings.SETTINGS_MODULE,
+        "DJANGO_SETTINGS_MODULE": WORKER_SETTINGS,
+        BASE_SETTINGS_ENV: settings.SETTINGS_MODULE,
     }
     leases = {}
     for name, default in WORKER_LEASES.items():
@@ -305,7 +309,7 @@ class Command(BaseCommand):
         cancelled = False
         crash: Crash | None = None
         dead_owners: frozenset[str] = frozenset()
-        drawn = 0
+        self._drawn = 0
         last_plain = 0.0
         while True:
             jobs = {job.id: job for job in Job.objects.filter(id__in=list(labels))}
@@ -314,7 +318,6 @@ class Command(BaseCommand):
                 cancelled = True
             if crash is None and self._killable(jobs[main]):
                 crash, dead_owners = self._kill_and_restart(main, labels, workers, env)
-                drawn = 0  # the message scrolled the board away: draw it afresh below
                 continue
             if crash is not None and crash.resumed is None:
                 self._follow_recovery(crash, jobs[main])
@@ -323,11 +326,11 @@ class Command(BaseCommand):
                 for job_id in labels
             ]
             if tty:
-                if drawn:
-                    self.stdout.write(f"\x1b[{drawn}F", ending="")
+                if self._drawn:
+                    self.stdout.write(f"\x1b[{self._drawn}F", ending="")
                 for line in lines:
                     self.stdout.write("\x1b[2K" + line)
-                drawn = len(lines)
+                self._drawn = len(lines)
             finished = all(job.status in FINISHED for job in jobs.values())
             if not tty and (finished or time.monotonic() - last_plain > 1.0):
                 # Without a terminal, a board every second, and the final one exactly once.
@@ -354,6 +357,13 @@ class Command(BaseCommand):
             and job.total_count is not None
             and max(1, job.total_count // 3) <= job.processed_count < job.total_count
         )
+
+    def _say(self, message: str) -> None:
+        """One line of news above the board: on a terminal, the board is drawn again below."""
+        if self._drawn:
+            self.stdout.write(f"\x1b[{self._drawn}F\x1b[J", ending="")
+            self._drawn = 0
+        self.stdout.write(message)
 
     def _kill_and_restart(
         self, main, labels: dict, workers: list, env: dict
@@ -388,9 +398,9 @@ class Command(BaseCommand):
             if owner
         )
         workers.append(start_worker(env))
-        self.stdout.write(
+        self._say(
             f"demo: killed the worker (SIGKILL) at row {crash.rows} of {crash.total}, "
-            f"and its {children} child processes; started a new worker, which takes the "
+            f"and the {children} processes under it; started a new worker, which takes the "
             "import over once the dead worker's lease has run out"
         )
         return crash, dead_owners
@@ -416,7 +426,7 @@ class Command(BaseCommand):
             job.status in FINISHED
         ):
             crash.resumed = now
-            self.stdout.write(
+            self._say(
                 f"demo: the new worker took the import over {now - crash.at:.1f}s after the "
                 f"kill, at its checkpoint (row {job.processed_count} of {crash.total})"
             )
@@ -449,14 +459,15 @@ class Command(BaseCommand):
     def _resume_summary(self, label: str, main, crash: Crash | None) -> list[str | None]:
         """The import's crash and resume, from its rows; the reasons it is not right."""
         job = Job.objects.get(id=main)
-        self.stdout.write(self.style.MIGRATE_HEADING(f"\nKilled mid-import: {label}"))
+        self.stdout.write("")
+        self.stdout.write(self.style.MIGRATE_HEADING(f"Killed mid-import: {label}"))
         if crash is None:
             self.stdout.write("- the import ended before the demo could kill its worker")
             return ["the import ended before the demo could kill its worker (try more --rows)"]
         counted = tally(main, crash.total, crash.epoch)
         self.stdout.write(
             f"- killed the worker (SIGKILL) at row {crash.rows} of {crash.total}, "
-            f"and its {crash.children} child processes"
+            f"and the {crash.children} processes under it"
         )
         resumed = "-" if counted.resumed_from is None else str(counted.resumed_from)
         self.stdout.write(
