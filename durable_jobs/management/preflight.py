@@ -7,7 +7,7 @@ the first statement. These checks answer in one line that names what to do.
 
 from __future__ import annotations
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 from django.db.migrations.executor import MigrationExecutor
 
 from durable_jobs import validation
@@ -19,7 +19,7 @@ def unreachable(using: str = DEFAULT_DB_ALIAS) -> str | None:
     """Return one line saying why ``using`` cannot be reached, or None when it answers."""
     try:
         connections[using].ensure_connection()
-    except DatabaseError as error:
+    except (DatabaseError, InterfaceError) as error:
         return _cannot_reach(using, error)
     return None
 
@@ -43,7 +43,7 @@ def unmigrated(using: str = DEFAULT_DB_ALIAS) -> str | None:
             for migration, backwards in executor.migration_plan(targets)
             if not backwards and migration.app_label == APP
         ]
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):
         return None
     if missing:
         return (
@@ -54,7 +54,7 @@ def unmigrated(using: str = DEFAULT_DB_ALIAS) -> str | None:
     return None
 
 
-def _cannot_reach(using: str, error: DatabaseError) -> str:
+def _cannot_reach(using: str, error: DatabaseError | InterfaceError) -> str:
     # The driver's message spans lines ("connection refused\n\tIs the server running"):
     # the first one says it.
     first = (str(error).strip().splitlines() or [type(error).__name__])[0]

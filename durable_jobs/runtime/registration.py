@@ -16,7 +16,7 @@ import socket
 import threading
 from importlib import metadata
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
 from durable_jobs import conf, registry, store
 
@@ -79,7 +79,7 @@ class Registration:
                             using=self.using,
                         )
                         registered = True
-                except DatabaseError as error:
+                except (DatabaseError, InterfaceError) as error:
                     log.debug("worker %s: registration not renewed (%s)", self.identity, error)
                     connections[self.using].close()
                 if self._stop.wait(settings.HEARTBEAT_INTERVAL):
@@ -87,7 +87,7 @@ class Registration:
             if registered:
                 try:
                     store.unregister_worker(self.identity, using=self.using)
-                except DatabaseError:
+                except (DatabaseError, InterfaceError):
                     pass  # its beat expires after LEASE_TTL: listed by nobody
         finally:
             connections[self.using].close()

@@ -289,7 +289,7 @@ class Worker(Supervision, WakeUps):
             count, due_in = reads.waiting_out_a_backoff(
                 self.queues, registry.kinds(), using=self.using
             )
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):
             return None  # the burst ends; the claim loop's own retries cover an outage
         return max(0.0, due_in) if count and due_in is not None else None
 
@@ -299,7 +299,7 @@ class Worker(Supervision, WakeUps):
             count, due_in = reads.waiting_out_a_backoff(
                 self.queues, registry.kinds(), using=self.using
             )
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):
             return
         finally:
             connections[self.using].close()
