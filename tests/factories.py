@@ -12,7 +12,7 @@ import uuid
 import factory
 from django.db import connection
 
-from durable_jobs import db, reads
+from durable_jobs import conf, db, reads, store
 from durable_jobs.models import Job
 
 _TIME_COLUMNS = {
@@ -103,3 +103,25 @@ def shift(job_id, column: str, seconds: float) -> None:
 
 def reload(job: Job | uuid.UUID) -> Job:
     return reads.get_job_unscoped(getattr(job, "id", job))
+
+
+def live_worker(
+    identity: str = "host:1:abcdef",
+    *,
+    queues: tuple[str, ...] = ("default",),
+    kinds: tuple[str, ...] = (),
+    slots: int = 1,
+) -> str:
+    """Register a live worker process (as a worker's registration thread would); its identity."""
+    store.register_worker(
+        identity,
+        host=identity.split(":", 1)[0],
+        pid=int(identity.split(":")[1]),
+        version="0.1.0",
+        queues=list(queues),
+        kinds=list(kinds),
+        slots=slots,
+        execution="process",
+        ttl_ms=conf.ms(conf.get().LEASE_TTL),  # what a worker prunes dead rows by
+    )
+    return identity

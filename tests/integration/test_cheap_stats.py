@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from durable_jobs.console import queries, stats
-from tests.factories import JobFactory, running
+from tests.factories import JobFactory, live_worker, running
 
 pytestmark = pytest.mark.django_db
 
@@ -154,22 +154,11 @@ def test_a_claim_handed_back_or_retrying_is_waiting_and_kinds_no_live_worker_run
     """A running row without a lease (handed back unstarted, or a failed slice in its
     backoff) is waiting in the counts; a kind with live jobs that no live worker can run
     is named with how many wait for it (invariant 14b)."""
-    from durable_jobs import store
 
     running(kind="tests.a")  # a live lease: running
     running(kind="tests.a", lease_owner=None, lease_expires_at=None, next_run_at=-1)  # handed back
     JobFactory(kind="tests.new")
-    store.register_worker(
-        "host:1:abcdef",
-        host="host",
-        pid=1,
-        version="test",
-        queues=["default"],
-        kinds=["tests.a"],
-        slots=1,
-        execution="process",
-        ttl_ms=60_000,
-    )
+    live_worker(kinds=("tests.a",))
     data = stats.collect()
     assert data["by_kind"] == {"tests.a": {"running": 1, "waiting": 1}, "tests.new": {"pending": 1}}
     assert (data["running"], data["waiting"], data["pending"]) == (1, 1, 1)

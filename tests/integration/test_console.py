@@ -14,7 +14,7 @@ from durable_jobs import store, testing
 from durable_jobs.console import admin as console_admin
 from durable_jobs.console import changelist, explain
 from durable_jobs.runtime.reconciler import Reconciler
-from tests.factories import JobFactory, reload, running
+from tests.factories import JobFactory, live_worker, reload, running
 
 pytestmark = pytest.mark.django_db
 
@@ -163,17 +163,7 @@ def test_the_detail_page_groups_fields_caps_payloads_and_escapes(client, operato
 def test_explain_names_each_reason_a_pending_job_waits(settings):
     due = JobFactory(kind="demo.flaky")
     assert any("No live worker is running" in r for r in explain.explain(reload(due)))
-    store.register_worker(
-        "host:1:abcdef",
-        host="host",
-        pid=1,
-        version="test",
-        queues=["default"],
-        kinds=["demo.flaky"],
-        slots=1,
-        execution="process",
-        ttl_ms=60_000,
-    )
+    live_worker(kinds=("demo.flaky",))
     assert any("due since" in r for r in explain.explain(reload(due)))
     later = JobFactory(kind="demo.flaky", next_run_at=600)
     assert any("not due until" in r for r in explain.explain(reload(later)))
@@ -332,7 +322,6 @@ def test_the_bulk_cancel_skips_a_row_a_worker_holds_and_counts_it_busy(
 
 
 def test_request_cancel_many_matches_each_job_by_its_own_scope_and_live_status():
-    from durable_jobs import store
 
     mine = JobFactory(tenant_id="acme", organization_id="eu")
     tenant_wide = JobFactory(tenant_id="acme")

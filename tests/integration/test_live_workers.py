@@ -10,22 +10,13 @@ import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.console import explain, workers
 from durable_jobs.models import WorkerProcess
+from tests.factories import live_worker
 
 pytestmark = pytest.mark.django_db
 
 
 def register(identity: str, *, queues=("default",), kinds=("tests.live",)) -> None:
-    store.register_worker(
-        identity,
-        host="host-a",
-        pid=4242,
-        version="0.1.0",
-        queues=list(queues),
-        kinds=list(kinds),
-        slots=4,
-        execution="process",
-        ttl_ms=3_000,
-    )
+    live_worker(identity, queues=tuple(queues), kinds=tuple(kinds), slots=4)
 
 
 def age_beat(identity: str, seconds: float) -> None:
