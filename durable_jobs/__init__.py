@@ -29,6 +29,7 @@ from durable_jobs.exceptions import (
     LockKeyHeld,
     TerminalError,
     TransientError,
+    UniqueKeyHeld,
     UnknownKind,
     UnrecoverableError,
     WaitKeyHeld,
@@ -36,6 +37,7 @@ from durable_jobs.exceptions import (
 )
 from durable_jobs.registry import handler
 from durable_jobs.states import DONE, YIELD, Done, Outcome, Scope, Status
+from durable_jobs.unique import Unique
 
 if TYPE_CHECKING:
     from durable_jobs.models import Job
@@ -60,6 +62,7 @@ __all__ = [
     "Outcome",
     "Scope",
     "Status",
+    "Unique",
     "handler",
     "CancelRequested",
     "ConfigurationError",
@@ -74,6 +77,7 @@ __all__ = [
     "LockKeyHeld",
     "TerminalError",
     "TransientError",
+    "UniqueKeyHeld",
     "UnknownKind",
     "UnrecoverableError",
     "WaitKeyHeld",

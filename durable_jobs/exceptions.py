@@ -93,6 +93,15 @@ class WaitKeyHeld(DurableJobsError):
         super().__init__(f"wait key {wait_key!r} is held{held_by}")
 
 
+class UniqueKeyHeld(DurableJobsError):
+    """Re-driving this job would make a second job on its unique key (invariant 25):
+    another job of the scope in a covered status holds the key now."""
+
+    def __init__(self, unique_key: str | None) -> None:
+        self.unique_key = unique_key
+        super().__init__(f"unique key {unique_key!r} is held by another job")
+
+
 class IdempotencyConflict(DurableJobsError):
     """The idempotency key was used in this tenant for a different kind or organization."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, NoReturn
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
@@ -21,6 +22,8 @@ LEADER_TABLE = "durable_jobs_leader"
 LOCK_KEY_INDEX = "durable_jobs_lock_key_live"
 IDEMPOTENCY_INDEX = "durable_jobs_idempotency"
 WAIT_KEY_INDEX = "durable_jobs_wait_key_live"
+UNIQUE_LIVE_INDEX = "durable_jobs_unique_live"
+UNIQUE_WINDOW_INDEX = "durable_jobs_unique_window"
 # A null organization ("tenant-wide") is folded to this value in the lock-key index, so
 # tenant-wide is one value there. The service refuses it as a real organization id.
 NO_ORGANIZATION = ""
@@ -178,6 +181,13 @@ class Job(models.Model):
     #: operator sees checks starving for capacity. Reset by any check that runs.
     wait_denials = models.IntegerField(db_default=0)
 
+    # unique jobs by arguments (invariant 25): the key a unique start computed (kind and a
+    # digest of scope and selected input), the window of its period (``period_ms:index``,
+    # from the database clock at the start), and the statuses the key covers there.
+    unique_key = models.CharField(max_length=200, null=True, blank=True)
+    unique_window = models.CharField(max_length=40, null=True, blank=True)
+    unique_states = ArrayField(models.CharField(max_length=16), null=True, blank=True)
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -219,6 +229,15 @@ class Job(models.Model):
                 F("wait_key"),
                 condition=Q(wait_key__isnull=False, status__in=LIVE_STATUSES),
                 name=WAIT_KEY_INDEX,
+            ),
+            # Invariant 25: uniqueness is an index, not a read. At most one live job per
+            # unique key (the key holds kind and scope). Its twin over a period's window,
+            # UNIQUE_WINDOW_INDEX, is partial on ``status = ANY(unique_states)``, which a
+            # Q cannot spell: migration 0010 creates it in SQL.
+            models.UniqueConstraint(
+                F("unique_key"),
+                condition=Q(unique_key__isnull=False, status__in=LIVE_STATUSES),
+                name=UNIQUE_LIVE_INDEX,
             ),
         ]
         # Each candidate query reads an index holding only its candidates, so a table of
@@ -307,6 +326,9 @@ class Job(models.Model):
     #: True on the job ``start()`` returned when the start coalesced onto this job, the
     #: holder of its wait key, instead of creating one (invariant 22).
     coalesced = False
+    #: True on the job ``start()`` returned when a job holding the start's unique key
+    #: answered it instead of a new one (invariant 25).
+    deduplicated = False
 
     # --- derived reads -------------------------------------------------------------
     @property

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from durable_jobs import conf
-from durable_jobs.exceptions import ConfigurationError, JobError
+from durable_jobs import unique as uniqueness
+from durable_jobs.exceptions import ConfigurationError, InvalidInput, JobError
 from durable_jobs.states import ErrorClass
 
 if TYPE_CHECKING:
@@ -57,6 +58,9 @@ class Handler:
     #: tasks backend stores each task's max_attempts and backoff on its job). A key left
     #: out or None falls back to the kind's policy.
     job_policy: Callable[[Job], dict[str, Any]] | None = None
+    #: The kind's default ``unique`` for its starts (a start's own ``unique`` overrides
+    #: it, ``unique=False`` turns it off): see durable_jobs.uniqueness.Unique.
+    unique: uniqueness.Unique | None = None
 
     def setting(self, name: str) -> Any:
         """Return this handler's policy value, or the DURABLE_JOBS default."""
@@ -106,7 +110,8 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
 
     ``policy`` takes the ``Handler`` fields: queue, slice_budget, time_limit, lease_ttl,
     heartbeat_interval, max_consecutive_failures, retry_backoff_base, retry_backoff_max,
-    max_mirror_attempts, classify, mirror.
+    max_mirror_attempts, classify, mirror, unique (True, a list of input keys or a
+    ``durable.Unique``: the default of the kind's starts).
     """
     if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
         raise ConfigurationError(
@@ -174,6 +179,11 @@ def _checked_policy(kind: str, policy: dict[str, Any]) -> dict[str, Any]:
             conf.positive_int(label, value)
         elif name in ("classify", "mirror", "job_policy") and not callable(value):
             raise ConfigurationError(f"{label} must be callable")
+        elif name == "unique":
+            try:
+                checked[name] = uniqueness.coerce(label, value) or None
+            except InvalidInput as error:
+                raise ConfigurationError(str(error)) from None
         elif name == "queue" and (not isinstance(value, str) or not conf.NAME_PATTERN.match(value)):
             raise ConfigurationError(
                 f"{label} must be 1-100 characters of letters, digits, _ . : -"

@@ -18,6 +18,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, models, transaction
 
 from durable_jobs import conf, db, ids, metrics, reads, registry, signals, store, validation
+from durable_jobs import unique as uniqueness
 from durable_jobs.exceptions import (
     BatchTooLarge,
     IdempotencyConflict,
@@ -130,8 +131,12 @@ def _prepare(
     created_by: str | None = None,
     wait_for: list[dict[str, str]] | None = None,
     wait_key: str | None = None,
+    unique: uniqueness.Unique | bool | list[str] | tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
-    """Validate one start's arguments into the insert's fields; InvalidInput names the field."""
+    """Validate one start's arguments into the insert's fields; InvalidInput names the field.
+
+    The unique key needs the scope too: ``_set_unique_key`` completes it.
+    """
     settings = conf.get()
     validation.name("kind", kind)
     handler = registry.get(kind)
@@ -173,6 +178,10 @@ def _prepare(
         "run_at": run_at,
         "delay_ms": delay_ms,
         **_wait_fields(wait_for, wait_key),
+        "unique": _unique_of(handler, unique),
+        "unique_key": None,
+        "unique_period_ms": None,
+        "unique_states": None,
     }
 
 
@@ -212,6 +221,27 @@ def _wait_fields(wait_for: Any, wait_key: Any) -> dict[str, Any]:
     }
 
 
+def _unique_of(handler: registry.Handler | None, given: Any) -> uniqueness.Unique | None:
+    """A start's uniqueness: its own ``unique`` (False: none), else its kind's default."""
+    own = uniqueness.coerce("unique", given)
+    if own is None:
+        return handler.unique if handler is not None else None
+    return own or None
+
+
+def _set_unique_key(fields: dict[str, Any], scope: Scope) -> None:
+    """Fill a prepared start's unique columns from its ``Unique`` and its scope (invariant 25)."""
+    rule = fields["unique"]
+    if rule is None:
+        return
+    given = None if fields["input"] is None else json.loads(fields["input"])
+    fields["unique_key"] = uniqueness.key(
+        rule, fields["kind"], scope.tenant, scope.organization, given
+    )
+    fields["unique_period_ms"] = rule.period_ms
+    fields["unique_states"] = list(rule.states)
+
+
 def start(
     kind: str,
     *,
@@ -228,6 +258,7 @@ def start(
     created_by: str | None = None,
     wait_for: list[dict[str, str]] | None = None,
     wait_key: str | None = None,
+    unique: uniqueness.Unique | bool | list[str] | tuple[str, ...] | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
     """Start a job in the caller's transaction and return it.
@@ -242,6 +273,11 @@ def start(
     (``{"after": instant}``, ``{"profile": name}``; see docs/waits.rst). A start whose
     ``wait_key`` a live job of the scope holds returns that job with ``coalesced`` True
     instead of starting a second run (invariant 22); every returned job has the flag.
+
+    ``unique`` (True, a list of input keys, or a ``durable.Unique``; default: the kind's
+    registration, ``False`` to turn that off) makes the start answer with the job of the
+    same kind, scope and selected input that its key covers, flagged ``deduplicated``,
+    instead of creating a second (invariant 25; see docs/unique.rst).
     """
     settings = conf.get()
     scope = scope_of(scope)
@@ -259,11 +295,14 @@ def start(
         created_by=created_by,
         wait_for=wait_for,
         wait_key=wait_key,
+        unique=unique,
     )
+    _set_unique_key(fields, scope)
     _bound_instants([fields], using)
     result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
     job = result.job
     job.coalesced = result.coalesced
+    job.deduplicated = result.deduplicated
     if result.coalesced and job.kind != kind:
         # One target, one kind: answering a start of another kind with this job would
         # hide a caller's bug as surely as an idempotency key reused across kinds.
@@ -275,6 +314,7 @@ def start(
     if (
         not result.created
         and not result.coalesced
+        and not result.deduplicated
         and (job.kind != kind or job.organization_id != scope.organization)
     ):
         # The key is tenant-wide; answering with another organization's job would leak
@@ -286,6 +326,7 @@ def start(
     if (
         not result.created
         and not result.coalesced
+        and not result.deduplicated
         and settings.IDEMPOTENCY_CHECKS_INPUT
         and not _same_input(job.input, fields["input"])
     ):
@@ -310,7 +351,9 @@ def start_many(
     ``LockKeyHeld``, an idempotency key naming another kind or organization's job raises
     ``IdempotencyConflict``, and either leaves no row and wakes nobody, while the caller's
     transaction stays usable. An idempotency key already used, even by a start racing
-    this one, returns the existing job in its place. A batch bigger than
+    this one, returns the existing job in its place; so does a unique key (``unique``, as
+    for ``start()``) that a job holds, and a repeat of a key inside the batch answers with
+    its first row's job. A batch bigger than
     ``MAX_BATCH_BYTES`` serialised raises ``BatchTooLarge`` before anything is written.
     """
     settings = conf.get()
@@ -331,6 +374,7 @@ def start_many(
                 "coalescing needs its own statement",
             )
         fields = _prepare(spec.pop("kind"), **spec)
+        _set_unique_key(fields, scope)
         # Counted as the batch is read, so an oversized one is refused while holding no
         # more than the limit in memory. One job alone is never refused: start() takes it.
         size += _serialised_bytes(fields)
@@ -348,6 +392,8 @@ def start_many(
             prepared, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using
         )
         for fields, result in zip(prepared, results, strict=True):
+            if result.deduplicated:
+                continue  # the holder of its unique key: same kind and scope by the key
             if not result.created and (
                 result.kind != fields["kind"] or result.organization_id != scope.organization
             ):
@@ -386,6 +432,7 @@ _KEY_FIELDS = (
     "subject_type",
     "subject_id",
     "created_by",
+    "unique_key",
 )
 
 

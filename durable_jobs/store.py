@@ -60,7 +60,7 @@ from durable_jobs.db import (
     start_cursor,
     with_lock_timeout,
 )
-from durable_jobs.exceptions import JobBusy, LockKeyHeld, WaitKeyHeld
+from durable_jobs.exceptions import JobBusy, LockKeyHeld, UniqueKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     ATTEMPT_TABLE,
     IDEMPOTENCY_INDEX,
@@ -69,6 +69,8 @@ from durable_jobs.models import (
     NO_ORGANIZATION,
     TABLE,
     TASK_ATTEMPT_TABLE,
+    UNIQUE_LIVE_INDEX,
+    UNIQUE_WINDOW_INDEX,
     WAIT_KEY_INDEX,
     WORKER_TABLE,
     Job,
@@ -210,14 +212,18 @@ def _new_job(row: Sequence[Any], params: dict[str, Any], using: str) -> Job:
 
 class InsertResult:
     """The job a start produced or found, whether this call created it, and whether it
-    was found as the holder of the start's wait key (coalesced, invariant 22)."""
+    was found as the holder of the start's wait key (coalesced, invariant 22) or of its
+    unique key (deduplicated, invariant 25)."""
 
-    __slots__ = ("coalesced", "created", "job")
+    __slots__ = ("coalesced", "created", "deduplicated", "job")
 
-    def __init__(self, job: Job, created: bool, coalesced: bool = False) -> None:
+    def __init__(
+        self, job: Job, created: bool, coalesced: bool = False, deduplicated: bool = False
+    ) -> None:
         self.job = job
         self.created = created
         self.coalesced = coalesced
+        self.deduplicated = deduplicated
 
 
 def insert_job(
@@ -239,7 +245,11 @@ def insert_job(
 
     A start with a wait key that a live job holds (or whose wait cleared within
     ``fields["wait_window_ms"]``) returns that job, flagged coalesced; the wait-key index
-    settles the race between two such starts the same way (invariant 22).
+    settles the race between two such starts the same way (invariant 22). A start with a
+    unique key that a job in a covered status holds returns that job, flagged
+    deduplicated, its two indexes settling the race (invariant 25). Precedence: the
+    idempotency key's job, then the unique key's holder, then the wait key's, then the
+    lock key's refusal.
 
     Raises ``LockKeyHeld`` when a live job holds the lock key.
     """
@@ -248,7 +258,8 @@ def insert_job(
     key = fields.get("idempotency_key")
     lock_key = fields.get("lock_key")
     wait_key = fields.get("wait_key")
-    if key is None and lock_key is None and wait_key is None:
+    unique_key = fields.get("unique_key")
+    if key is None and lock_key is None and wait_key is None and unique_key is None:
         # No unique key to race on: one statement, atomic by itself, in the caller's
         # transaction when there is one.
         job = _insert_new(using, insert, params)
@@ -258,6 +269,11 @@ def insert_job(
             existing = find_by_idempotency_key(scope, key, using=using)
             if existing is not None:
                 return InsertResult(existing, created=False)
+        if unique_key is not None:
+            holder = find_unique_holder(scope, fields, using=using)
+            if holder is not None:
+                return InsertResult(holder, created=False, deduplicated=True)
+            insert = INSERT_UNIQUE_JOB_AND_NOTIFY if notify_channel else INSERT_UNIQUE_JOB
         if wait_key is not None:
             holder = find_wait_holder(
                 scope, wait_key, window_ms=fields.get("wait_window_ms", 0), using=using
@@ -270,16 +286,24 @@ def insert_job(
                 raise LockKeyHeld(lock_key, holder.id)
         try:
             with transaction.atomic(using=using):
-                job = _insert_new(using, insert, params)
+                job = (_insert_new if unique_key is None else _insert_unique_new)(
+                    using, insert, params
+                )
         except IntegrityError as error:
             constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
             # Whichever index refused, a job under this idempotency key is the answer: a
             # retried request racing its original loses on the lock key it also carries,
             # yet must get the original back, exactly as when the two run one after another.
-            if constraint in (IDEMPOTENCY_INDEX, LOCK_KEY_INDEX) and key is not None:
+            if constraint in _START_INDEXES and key is not None:
                 existing = find_by_idempotency_key(scope, key, using=using)
                 if existing is not None:
                     return InsertResult(existing, created=False)
+            if constraint in _START_INDEXES and unique_key is not None:
+                # Lost to a start that committed meanwhile (our insert waited for it): a
+                # fresh statement sees it. One that rolled back let our insert through.
+                holder = find_unique_holder(scope, fields, using=using)
+                if holder is not None:
+                    return InsertResult(holder, created=False, deduplicated=True)
             if constraint == WAIT_KEY_INDEX and wait_key is not None:
                 # Lost the race for the target to a start that committed meanwhile: our
                 # insert waited for it, and a fresh statement now sees it.
@@ -294,6 +318,16 @@ def insert_job(
             raise
     assert job is not None
     return InsertResult(job, created=True)
+
+
+#: The start's unique indexes: losing a race on any of them may mean another start of
+#: the same intent won, so each is answered the same way (see insert_job).
+_START_INDEXES = (
+    IDEMPOTENCY_INDEX,
+    LOCK_KEY_INDEX,
+    UNIQUE_LIVE_INDEX,
+    UNIQUE_WINDOW_INDEX,
+)
 
 
 def _insert_new(using: str, sql: str, params: dict[str, Any]) -> Job:
@@ -340,15 +374,22 @@ SELECT {COLUMNS} FROM {TABLE}
 class BulkInsertResult:
     """One row of a bulk start: the job's id, whether this call created it, and, for a
     job found by its idempotency key, that job's kind, organization and input (to check
-    them)."""
+    them); ``deduplicated`` when the holder of the row's unique key answered it."""
 
-    __slots__ = ("created", "id", "input", "kind", "organization_id")
+    __slots__ = ("created", "deduplicated", "id", "input", "kind", "organization_id")
 
     def __init__(
-        self, id: Any, created: bool, kind: str, organization_id: str | None, input: Any = None
+        self,
+        id: Any,
+        created: bool,
+        kind: str,
+        organization_id: str | None,
+        input: Any = None,
+        deduplicated: bool = False,
     ) -> None:
         self.id, self.created, self.kind, self.organization_id = id, created, kind, organization_id
         self.input = input
+        self.deduplicated = deduplicated
 
 
 def insert_jobs(
@@ -367,24 +408,30 @@ def insert_jobs(
     on a key makes our insert wait for it and then fail at the index: the insert is then
     planned again from a fresh look, which sees the winner (its transaction has ended),
     so a batch losing an idempotency race answers with the winner's job exactly as
-    ``insert_job`` does, and one losing a lock-key race names the holder.
+    ``insert_job`` does, and one losing a lock-key race names the holder. Unique keys
+    likewise (invariant 25): a row whose key is held answers with the holder, flagged
+    deduplicated, and a repeat of a key inside the batch with the key's first row.
     """
+    unique = any(row.get("unique_key") is not None for row in rows)
+    sql, columns = (
+        (INSERT_UNIQUE_JOBS, _BULK_UNIQUE_FIELDS) if unique else (INSERT_JOBS, _BULK_FIELDS)
+    )
     with transaction.atomic(using=using):
         for attempt in range(1, _RACE_ATTEMPTS + 1):
-            existing, to_insert = _plan_bulk_insert(rows, scope, using)
+            answers, to_insert = _plan_bulk_insert(rows, scope, using)
             try:
                 with transaction.atomic(using=using):
                     inserted: set[Any] = set()
                     if to_insert:
-                        params = {**scope_params(scope), "rows": _rows_json(to_insert)}
-                        with execute(using, INSERT_JOBS, params) as cursor:
+                        params = {**scope_params(scope), "rows": _rows_json(to_insert, columns)}
+                        with execute(using, sql, params) as cursor:
                             inserted = {row[0] for row in cursor}
                 break
             except IntegrityError as error:
                 constraint = getattr(
                     getattr(error.__cause__, "diag", None), "constraint_name", None
                 )
-                if constraint in (IDEMPOTENCY_INDEX, LOCK_KEY_INDEX) and attempt < _RACE_ATTEMPTS:
+                if constraint in _START_INDEXES and attempt < _RACE_ATTEMPTS:
                     continue  # lost a race: look again (the winner is visible now) and retry
                 if constraint == LOCK_KEY_INDEX:
                     raise LockKeyHeld("(one of the batch's lock keys)") from error
@@ -393,26 +440,12 @@ def insert_jobs(
             for queue in sorted({row["queue"] for row in to_insert}):
                 fetch_value(using, NOTIFY, {"channel": notify_channel, "queue": queue})
     assert len(inserted) == len(to_insert)
-    first = {row["idempotency_key"]: row for row in to_insert if row["idempotency_key"] is not None}
-    results = []
-    for row in rows:
-        key = row["idempotency_key"]
-        if key is not None and key in existing:
-            results.append(existing[key])
-        elif row["id"] in inserted:
-            results.append(BulkInsertResult(row["id"], True, row["kind"], scope.organization))
-        else:  # a repeat of a key first used earlier in this batch: answer with that job
-            earlier = first[key]
-            results.append(
-                BulkInsertResult(
-                    earlier["id"],
-                    False,
-                    earlier["kind"],
-                    scope.organization,
-                    _json(earlier["input"]),
-                )
-            )
-    return results
+    return [
+        answers[row["id"]]
+        if row["id"] in answers
+        else BulkInsertResult(row["id"], True, row["kind"], scope.organization)
+        for row in rows
+    ]
 
 
 def _json(value: Any) -> Any:
@@ -428,11 +461,14 @@ _RACE_ATTEMPTS = 3
 
 def _plan_bulk_insert(
     rows: list[dict[str, Any]], scope: Scope, using: str
-) -> tuple[dict[str, BulkInsertResult], list[dict[str, Any]]]:
-    """Return the jobs the batch's idempotency keys already name, and the rows to insert.
+) -> tuple[dict[Any, BulkInsertResult], list[dict[str, Any]]]:
+    """Return the answers of the batch's rows that insert nothing (by row id), and the
+    rows to insert.
 
-    Raises ``LockKeyHeld`` when a row to insert carries a lock key held by a live job or
-    by another row of the batch.
+    A row whose idempotency key names a job answers with it; then a row whose unique key
+    a job holds answers with the holder. A key's first occurrence in the batch is
+    inserted and its repeats answer with it. Raises ``LockKeyHeld`` when a row to insert
+    carries a lock key held by a live job or by another row of the batch.
     """
     keys = [row["idempotency_key"] for row in rows if row["idempotency_key"] is not None]
     existing: dict[str, BulkInsertResult] = {}
@@ -444,26 +480,58 @@ def _plan_bulk_insert(
                 key: BulkInsertResult(job_id, False, kind, org, _json(value))
                 for key, job_id, kind, org, value in cursor
             }
-    # A key's first occurrence is inserted; a repeat later in the batch answers with it.
-    to_insert, first_of_key = [], set()
+    unique_rows = [row for row in rows if row.get("unique_key") is not None]
+    holders = find_unique_holders(scope, unique_rows, using=using) if unique_rows else {}
+    answers: dict[Any, BulkInsertResult] = {}
+    to_insert: list[dict[str, Any]] = []
+    # A key's answer, once its first row has one: its repeats get the same.
+    by_key: dict[str, BulkInsertResult] = dict(existing)
+    by_unique: dict[str, BulkInsertResult] = {}
     for row in rows:
-        key = row["idempotency_key"]
-        if key is not None and (key in existing or key in first_of_key):
+        key, unique_key = row["idempotency_key"], row.get("unique_key")
+        if key is not None and key in by_key:
+            answers[row["id"]] = by_key[key]
             continue
+        if unique_key is not None and unique_key in holders:
+            holder = holders[unique_key]
+            answer = BulkInsertResult(
+                holder.id, False, holder.kind, holder.organization_id, holder.input, True
+            )
+            answers[row["id"]] = by_unique[unique_key] = answer
+        elif unique_key is not None and unique_key in by_unique:
+            answers[row["id"]] = answer = by_unique[unique_key]
+        else:
+            to_insert.append(row)
+            answer = _answer_with(row, scope)
+            if unique_key is not None:
+                by_unique[unique_key] = _answer_with(row, scope, deduplicated=True)
         if key is not None:
-            first_of_key.add(key)
-        to_insert.append(row)
+            by_key[key] = answer
     lock_keys = [row["lock_key"] for row in to_insert if row["lock_key"] is not None]
     if len(lock_keys) != len(set(lock_keys)):
         twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
         raise LockKeyHeld(twice)
     if lock_keys:
-        holders = fetch_jobs(
+        lock_holders = fetch_jobs(
             using, FIND_LIVE_BY_LOCK_KEYS, {**scope_params(scope), "lock_keys": lock_keys}
         )
-        if holders:
-            raise LockKeyHeld(holders[0].lock_key, holders[0].id)
-    return existing, to_insert
+        if lock_holders:
+            raise LockKeyHeld(lock_holders[0].lock_key, lock_holders[0].id)
+    return answers, to_insert
+
+
+def _answer_with(
+    earlier: dict[str, Any], scope: Scope, deduplicated: bool = False
+) -> BulkInsertResult:
+    """A repeat's answer: the job the batch's earlier row with the same key creates."""
+    return BulkInsertResult(
+        earlier["id"],
+        False,
+        earlier["kind"],
+        scope.organization,
+        _json(earlier["input"]),
+        deduplicated,
+    )
 
 
 _BULK_FIELDS = (
@@ -482,11 +550,11 @@ _BULK_FIELDS = (
 )
 
 
-def _rows_json(rows: list[dict[str, Any]]) -> str:
+def _rows_json(rows: list[dict[str, Any]], columns: Sequence[str] = _BULK_FIELDS) -> str:
     """The batch as one JSON array; ``input`` and ``meta`` are already serialised JSON text."""
     parts = []
     for row in rows:
-        plain = {name: _jsonable(row[name]) for name in _BULK_FIELDS}
+        plain = {name: _jsonable(row[name]) for name in columns}
         text = json.dumps(plain, ensure_ascii=False)
         embedded = "".join(
             f',"{name}":{row[name]}' for name in ("input", "meta") if row[name] is not None
@@ -530,6 +598,118 @@ def find_live_by_lock_key(
 ) -> Job | None:
     """Return the live (pending or running) job holding ``lock_key`` in ``scope``."""
     return fetch_job(using, FIND_LIVE_BY_LOCK_KEY, {**scope_params(scope), "lock_key": lock_key})
+
+
+# ---------------------------------------------------------------------------------------
+# 1b. Unique jobs by arguments (invariant 25: uniqueness is an index, not a read)
+# ---------------------------------------------------------------------------------------
+# A unique start writes three more columns: ``unique_key`` (computed in Python by
+# durable_jobs.unique from kind, scope and the selected input), ``unique_states`` (the
+# statuses it covers) and, when it has a period, ``unique_window``: the period and the
+# index of the period's window holding the database's now(), computed here in SQL so a
+# worker's clock never chooses a window (invariant 2). Two partial unique indexes are the
+# authority: one live job per key (durable_jobs_unique_live), and one job per key and
+# window among the statuses the row covers (durable_jobs_unique_window, predicate
+# ``status = ANY(unique_states)``), so a job leaves it by itself when it moves to a status
+# its key does not cover, and a start that rolls back leaves no entry behind. A start
+# without ``unique`` runs INSERT_JOB, untouched: these columns cost it nothing.
+
+
+def _window(period_ms: str) -> str:
+    """The window of the database's now() for a period (milliseconds, an SQL expression)."""
+    return f"({period_ms} || ':' || floor(extract(epoch FROM now()) * 1000 / {period_ms})::bigint)"
+
+
+_UNIQUE_COLUMNS = "wait_for, wait_key, wait_label, unique_key, unique_window, unique_states\n)"
+_UNIQUE_VALUES = (
+    "%(wait_key)s, %(wait_label)s, %(unique_key)s,"
+    f" {_window('%(unique_period_ms)s::bigint')}, %(unique_states)s::varchar(16)[]\n)"
+)
+#: INSERT_JOB with the three unique columns: the same statement otherwise, built from it
+#: so the two never drift (checked at import).
+INSERT_UNIQUE_JOB = INSERT_JOB.replace(
+    "wait_for, wait_key, wait_label\n)", _UNIQUE_COLUMNS
+).replace("%(wait_key)s, %(wait_label)s\n)", _UNIQUE_VALUES)
+assert INSERT_UNIQUE_JOB.count("unique_") == 7, INSERT_UNIQUE_JOB
+_UNIQUE_RETURNING = "\nRETURNING " + ", ".join((*START_RETURNING, "unique_window")) + "\n"
+INSERT_UNIQUE_NEW_JOB = INSERT_UNIQUE_JOB.rstrip() + _UNIQUE_RETURNING
+INSERT_UNIQUE_JOB_AND_NOTIFY = (
+    INSERT_UNIQUE_NEW_JOB.rstrip() + ", pg_notify(%(channel)s, %(queue)s)\n"
+)
+
+#: INSERT_JOBS with the three unique columns, built from it the same way.
+INSERT_UNIQUE_JOBS = (
+    INSERT_JOBS.replace(
+        "next_run_at, pending_since\n)",
+        "next_run_at, pending_since,\n    unique_key, unique_window, unique_states\n)",
+    )
+    .replace(
+        "interval '1 millisecond'), now()\n",
+        "interval '1 millisecond'), now(),\n"
+        f"       r.unique_key, {_window('r.unique_period_ms')}, r.unique_states\n",
+    )
+    .replace(
+        "run_at timestamptz, delay_ms bigint)",
+        "run_at timestamptz, delay_ms bigint,\n"
+        "       unique_key text, unique_period_ms bigint, unique_states varchar(16)[])",
+    )
+)
+assert INSERT_UNIQUE_JOBS.count("unique_") == 10, INSERT_UNIQUE_JOBS
+_BULK_UNIQUE_FIELDS = (*_BULK_FIELDS, "unique_key", "unique_period_ms", "unique_states")
+
+
+def _insert_unique_new(using: str, sql: str, params: dict[str, Any]) -> Job:
+    """``_insert_new`` for a unique start: the same Job, with its unique columns."""
+    with start_cursor(using) as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    assert row is not None
+    job = _new_job(row, params, using)
+    job.unique_key = params["unique_key"]
+    job.unique_states = list(params["unique_states"])
+    job.unique_window = row[len(START_RETURNING)]
+    return job
+
+
+# The holders of some unique keys, one per key: a live job (the live index's predicate,
+# spelled as it is, so the planner reads that index), else a job of the current window in
+# a status its key covers (the window index's predicate). The two branches are a UNION
+# rather than one OR so each reads its own partial index, proportional to the key's
+# jobs, never to the table. The scope is checked as well (invariant 10), though the key's
+# digest holds it already.
+FIND_UNIQUE_HOLDERS = f"""
+WITH wanted AS (
+    SELECT * FROM jsonb_to_recordset(%(keys)s::jsonb) AS w(unique_key text, period_ms bigint)
+)
+SELECT DISTINCT ON (unique_key) {COLUMNS} FROM (
+    SELECT j.*, 0 AS covered_by FROM {TABLE} j
+     WHERE j.unique_key IN (SELECT unique_key FROM wanted)
+       AND j.unique_key IS NOT NULL AND j.status IN {LIVE}
+    UNION ALL
+    SELECT j.*, 1 FROM wanted w JOIN {TABLE} j ON j.unique_key = w.unique_key
+     WHERE j.unique_window = {_window("w.period_ms")}
+       AND j.unique_window IS NOT NULL AND j.status = ANY(j.unique_states)
+) AS holder
+ WHERE {SCOPE}
+ ORDER BY unique_key, covered_by, created_at DESC
+"""
+
+
+def find_unique_holders(
+    scope: Scope, rows: Sequence[dict[str, Any]], *, using: str = DEFAULT_DB_ALIAS
+) -> dict[str, Job]:
+    """Return, by unique key, the job holding each of ``rows``' unique keys in ``scope``."""
+    wanted = {row["unique_key"]: row["unique_period_ms"] for row in rows}
+    keys = json.dumps([{"unique_key": k, "period_ms": p} for k, p in wanted.items()])
+    jobs = fetch_jobs(using, FIND_UNIQUE_HOLDERS, {**scope_params(scope), "keys": keys})
+    return {job.unique_key: job for job in jobs if job.unique_key is not None}
+
+
+def find_unique_holder(
+    scope: Scope, fields: dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
+) -> Job | None:
+    """Return the job holding a start's unique key in ``scope``, or None."""
+    return find_unique_holders(scope, [fields], using=using).get(fields["unique_key"])
 
 
 # ---------------------------------------------------------------------------------------
@@ -1703,7 +1883,7 @@ def operator_redrive(
 
     Raises ``LockKeyHeld`` when the failed job's lock key has since been taken by a live
     job: making this one live again would be a second live job on the key (and
-    ``WaitKeyHeld`` likewise for its wait key). The UPDATE runs
+    ``WaitKeyHeld`` likewise for its wait key, ``UniqueKeyHeld`` for its unique key). The UPDATE runs
     in a savepoint, so the refusal leaves the caller's transaction usable. With
     ``lock_timeout_ms``, raises ``JobBusy`` rather than wait longer behind a transaction
     holding the row.
@@ -1729,6 +1909,10 @@ def operator_redrive(
             raise WaitKeyHeld(
                 job.wait_key if job else None, holder.id if holder else None
             ) from error
+        if constraint in (UNIQUE_LIVE_INDEX, UNIQUE_WINDOW_INDEX):
+            # Invariant 25: back to pending would make a second job on its unique key.
+            job = get_job(job_id, scope, using=using)
+            raise UniqueKeyHeld(job.unique_key if job else None) from error
         if constraint != LOCK_KEY_INDEX:
             raise
         job = get_job(job_id, scope, using=using)
