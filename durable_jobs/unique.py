@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from durable_jobs.exceptions import InvalidInput
 
@@ -103,13 +103,15 @@ def _states(value: Any, period: timedelta | None) -> tuple[str, ...]:
     return tuple(s for s in (*LIVE, *FINISHED) if s in states)
 
 
-def coerce(field: str, value: Any) -> Unique | bool | None:
+def coerce(field: str, value: Any) -> Unique | Literal[False] | None:
     """Read a ``unique=`` argument: None (not given), False (off), or a ``Unique``.
 
     ``True`` is the whole input; a list or tuple of strings is those fields.
     """
-    if value is None or value is False or isinstance(value, Unique):
+    if value is None or isinstance(value, Unique):
         return value
+    if value is False:
+        return False
     if value is True:
         return Unique()
     if isinstance(value, (list, tuple)):

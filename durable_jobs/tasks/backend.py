@@ -56,12 +56,14 @@ from durable_jobs import conf, registry
 from durable_jobs.exceptions import (
     CancelRequested,
     ConfigurationError,
+    InvalidInput,
     InvalidJobData,
     LeaseLost,
     TaskAttemptInterrupted,
     TaskUnavailable,
 )
 from durable_jobs.states import Done
+from durable_jobs.unique import Unique, coerce
 
 log = logging.getLogger("durable_jobs.tasks")
 
@@ -92,6 +94,11 @@ class DurableTask(Task):
     max_attempts: int | None = None
     retry_backoff_base: float | None = None  # seconds, or a timedelta
     retry_backoff_max: float | None = None
+    #: ``@task(unique=True)``: an enqueue while the same task with the same arguments is
+    #: queued or running returns that task's result instead of a second run (a
+    #: ``durable.Unique`` without fields adds a period; False turns the backend's
+    #: ``OPTIONS["UNIQUE"]`` off). See docs/unique.rst.
+    unique: Unique | bool | None = None
 
 
 #: The backend's OPTIONS, and what each defaults to.
@@ -104,7 +111,14 @@ OPTIONS = {
     # Retry backoff of tasks that do not set their own; None: DURABLE_JOBS' values.
     "RETRY_BACKOFF_BASE": None,
     "RETRY_BACKOFF_MAX": None,
+    # Uniqueness of tasks that do not say: None (none), True (the same task and arguments
+    # while one is queued or running), a durable.Unique without fields, or a dict of its
+    # arguments ({"period": 3600}: also one that completed in the same hour).
+    "UNIQUE": None,
 }
+
+#: What a task's uniqueness compares: the task and its arguments, nothing else of the job.
+TASK_UNIQUE_FIELDS = ("args", "kwargs", "task")
 
 
 class DurableBackend(BaseTaskBackend):
@@ -144,6 +158,11 @@ class DurableBackend(BaseTaskBackend):
         self.retry_backoff_max = _seconds(
             f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_MAX']", options["RETRY_BACKOFF_MAX"]
         )
+        label = f"TASKS[{alias!r}]['OPTIONS']['UNIQUE']"
+        try:
+            self.unique = _task_unique(label, options["UNIQUE"])
+        except InvalidInput as error:
+            raise ConfigurationError(str(error)) from None
         try:
             register()
         except ConfigurationError:
@@ -163,7 +182,8 @@ class DurableBackend(BaseTaskBackend):
                 _attempts("max_attempts", task.max_attempts)
                 _seconds("retry_backoff_base", task.retry_backoff_base)
                 _seconds("retry_backoff_max", task.retry_backoff_max)
-            except ConfigurationError as error:
+                _task_unique("unique", task.unique)
+            except (ConfigurationError, InvalidInput) as error:
                 raise InvalidTask(f"task {task.module_path}: {error}") from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
@@ -179,14 +199,21 @@ class DurableBackend(BaseTaskBackend):
             "run_after": task.run_after.isoformat() if task.run_after is not None else None,
             **self._policy(task),
         }
+        own = _task_unique("unique", task.unique) if isinstance(task, DurableTask) else None
         job = service.start(
             TASK_KIND,
             input=payload,
             queue=task.queue_name,
             priority=task.priority,
             run_after=task.run_after,
+            unique=self.unique if own is None else own,
             using=self.database,
         )
+        if job.deduplicated:
+            # The same task with the same arguments is already queued or running (or
+            # finished within the period): its result is the answer, and nothing was
+            # enqueued, so no task_enqueued.
+            return self.get_result(str(job.id))
         result = task_result(job, [], task=task)
         _send(task_enqueued, self, result)
         return result
@@ -238,6 +265,22 @@ class DurableBackend(BaseTaskBackend):
                 f"retry_backoff_base ({effective_base:g}s)"
             )
         return {"max_attempts": max_attempts, "retry_backoff_base": base, "retry_backoff_max": cap}
+
+
+def _task_unique(label: str, value: Any) -> Unique | bool | None:
+    """A task's ``unique`` (or the backend's OPTIONS["UNIQUE"]): over the task and its
+    arguments, so a ``Unique`` naming fields is refused (a task has no named input)."""
+    if isinstance(value, dict):
+        try:
+            value = Unique(**value)
+        except TypeError:
+            raise InvalidInput(label, f"takes period and states, got {sorted(value)}") from None
+    rule = coerce(label, value)
+    if isinstance(value, (list, tuple)) or (isinstance(rule, Unique) and rule.fields is not None):
+        raise InvalidInput(label, "a task is unique by its arguments: fields are not supported")
+    if isinstance(rule, Unique):
+        return Unique(fields=TASK_UNIQUE_FIELDS, period=rule.period, states=rule.states)
+    return rule
 
 
 def _attempts(label: str, value: Any) -> int | None:

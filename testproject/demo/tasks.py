@@ -76,3 +76,9 @@ def connect_raising_receivers() -> None:
 
     for signal in (task_enqueued, task_started, task_finished):
         signal.connect(raising, weak=False, dispatch_uid="demo.raising_receiver")
+
+
+@task(unique=True)
+def refresh_feed(feed):
+    """Unique by its arguments: an enqueue while one is queued or running returns it."""
+    return feed

@@ -264,3 +264,62 @@ def test_unique__the_holder_lookup_reads_the_two_partial_indexes(kind):
         plan = "\n".join(row[0] for row in cursor.fetchall())
         transaction.set_rollback(True)
     assert "durable_jobs_unique_live" in plan and "durable_jobs_unique_window" in plan, plan
+
+
+# ---------------------------------------------------------------------------------------
+# start_many
+# ---------------------------------------------------------------------------------------
+
+
+def test_start_many__repeats_answer_with_the_first_row_and_held_keys_with_the_holder(kind):
+    holder = durable.start(kind, input={"n": 0}, unique=True)
+    ids = durable.start_many(
+        [
+            {"kind": kind, "input": {"n": 1}, "unique": True},
+            {"kind": kind, "input": {"n": 0}, "unique": True},
+            {"kind": kind, "input": {"n": 1}, "unique": True},
+            {"kind": kind, "input": {"n": 1}},
+        ]
+    )
+    assert ids[1] == holder.id
+    assert ids[2] == ids[0] != holder.id
+    assert ids[3] not in (ids[0], holder.id), "a row without unique is its own job"
+    assert Job.objects.count() == 3
+
+
+def test_start_many__takes_the_kinds_default_and_each_rows_override(kind):
+    by_customer = "tests.unique_by_customer"
+    ids = durable.start_many(
+        [
+            {"kind": by_customer, "input": {"customer": 1, "note": "a"}},
+            {"kind": by_customer, "input": {"customer": 1, "note": "b"}},
+            {"kind": by_customer, "input": {"customer": 1, "note": "c"}, "unique": False},
+        ]
+    )
+    assert ids[0] == ids[1] != ids[2]
+
+
+def test_start_many__is_all_or_nothing_with_unique_rows(kind):
+    durable.start(kind, lock_key="report:1")
+    with transaction.atomic():
+        with pytest.raises(durable.LockKeyHeld):
+            durable.start_many(
+                [
+                    {"kind": kind, "input": {"n": 1}, "unique": True},
+                    {"kind": kind, "input": {"n": 2}, "unique": True, "lock_key": "report:1"},
+                ]
+            )
+        Report.objects.create(name="still usable")
+    assert Job.objects.count() == 1
+
+
+def test_start_many__an_idempotency_key_repeated_in_the_batch_gets_one_answer(kind):
+    holder = durable.start(kind, input={"n": 1}, unique=True)
+    ids = durable.start_many(
+        [
+            {"kind": kind, "input": {"n": 1}, "unique": True, "idempotency_key": "r"},
+            {"kind": kind, "input": {"n": 9}, "idempotency_key": "r"},
+        ]
+    )
+    assert ids == [holder.id, holder.id]
+    assert Job.objects.count() == 1
