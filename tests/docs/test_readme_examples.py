@@ -102,6 +102,9 @@ EXPECTED = {
         {"rows": len(SOURCE_ROWS)},
         {"cursor": SOURCE_ROWS[-1], "rows": len(SOURCE_ROWS)},
     ),
+    # docs/unique.rst: handlers that return DONE
+    "search.refresh": (None, None),
+    "billing.sync_customer": (None, None),
     # Django's Tasks framework: every task is a job of kind django.tasks; keyed by task.
     "docs_examples.send_welcome": ({"sent_to": 42}, None),
 }
