@@ -482,6 +482,28 @@ def _plan_bulk_insert(
             }
     unique_rows = [row for row in rows if row.get("unique_key") is not None]
     holders = find_unique_holders(scope, unique_rows, using=using) if unique_rows else {}
+    answers, to_insert = _answer_rows(rows, existing, holders, scope)
+    lock_keys = [row["lock_key"] for row in to_insert if row["lock_key"] is not None]
+    if len(lock_keys) != len(set(lock_keys)):
+        twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
+        raise LockKeyHeld(twice)
+    if lock_keys:
+        lock_holders = fetch_jobs(
+            using, FIND_LIVE_BY_LOCK_KEYS, {**scope_params(scope), "lock_keys": lock_keys}
+        )
+        if lock_holders:
+            raise LockKeyHeld(lock_holders[0].lock_key, lock_holders[0].id)
+    return answers, to_insert
+
+
+def _answer_rows(
+    rows: list[dict[str, Any]],
+    existing: dict[str, BulkInsertResult],
+    holders: dict[str, Job],
+    scope: Scope,
+) -> tuple[dict[Any, BulkInsertResult], list[dict[str, Any]]]:
+    """Walk the batch in order: each row is answered (by its idempotency key's job, its
+    unique key's holder, or an earlier row with the same key) or inserted."""
     answers: dict[Any, BulkInsertResult] = {}
     to_insert: list[dict[str, Any]] = []
     # A key's answer, once its first row has one: its repeats get the same.
@@ -507,16 +529,6 @@ def _plan_bulk_insert(
                 by_unique[unique_key] = _answer_with(row, scope, deduplicated=True)
         if key is not None:
             by_key[key] = answer
-    lock_keys = [row["lock_key"] for row in to_insert if row["lock_key"] is not None]
-    if len(lock_keys) != len(set(lock_keys)):
-        twice = next(key for key in lock_keys if lock_keys.count(key) > 1)
-        raise LockKeyHeld(twice)
-    if lock_keys:
-        lock_holders = fetch_jobs(
-            using, FIND_LIVE_BY_LOCK_KEYS, {**scope_params(scope), "lock_keys": lock_keys}
-        )
-        if lock_holders:
-            raise LockKeyHeld(lock_holders[0].lock_key, lock_holders[0].id)
     return answers, to_insert
 
 
