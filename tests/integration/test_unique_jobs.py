@@ -323,3 +323,19 @@ def test_start_many__an_idempotency_key_repeated_in_the_batch_gets_one_answer(ki
     )
     assert ids == [holder.id, holder.id]
     assert Job.objects.count() == 1
+
+
+def test_unique__a_unique_holder_answers_before_a_wait_key(kind):
+    after = {"after": "2020-01-01T00:00:00Z"}
+    first = durable.start(kind, input={"n": 1}, unique=True, wait_for=[after], wait_key="t/1")
+    again = durable.start(kind, input={"n": 1}, unique=True, wait_for=[after], wait_key="t/1")
+    assert again.id == first.id and again.deduplicated and not again.coalesced
+
+    other = durable.start(kind, input={"n": 2}, unique=True, wait_for=[after], wait_key="t/1")
+    assert other.id == first.id and other.coalesced and not other.deduplicated
+
+
+def test_unique__without_an_input_a_kind_has_one_live_job_per_scope(kind):
+    singleton = durable.start(kind, unique=True)
+    assert durable.start(kind, unique=True).id == singleton.id
+    assert durable.start(kind, unique=True, scope="tenant-b").id != singleton.id
