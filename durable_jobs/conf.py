@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import math
 import re
 from collections.abc import Callable
@@ -149,6 +150,22 @@ class Settings:
     #: or returns something that is not a string replaces the text with a marker: the
     #: unredacted text is never stored.
     REDACT_ERROR: Any = None
+
+    # --- transports (durable_jobs.transports; docs/transports.rst) ---
+    #: Which transport delivers a queue's jobs: "database" (the job table, woken by
+    #: LISTEN/NOTIFY, polled as the floor), "rabbitmq" or "redis" (Redis Streams). A string
+    #: for every queue, or a dict ``{queue: transport}`` naming the queues that move (the
+    #: others stay on the database): a project moves one queue at a time.
+    TRANSPORT: Any = "database"
+    #: Broker URLs by transport: ``{"rabbitmq": "amqp://user:pass@host:5672/vhost",
+    #: "redis": "redis://host:6379/0"}``; required for every broker transport in use.
+    BROKER_URLS: Any = None
+    #: Prefix of every name this app makes on a broker (queues, streams, delay queues,
+    #: the Redis schedule), so projects sharing one broker never see each other's messages.
+    BROKER_PREFIX: str = "durable_jobs"
+    #: Bound on connecting to a broker and on one publish's confirmation; a publish past it
+    #: is given up and left to the stale-pending re-drive (nothing is lost).
+    BROKER_TIMEOUT: float = 5.0
 
     # --- wait conditions (durable_jobs.waits; docs/waits.rst) ---
     #: Declared wait checks: ``"name:/absolute/path,other:/absolute/path"`` or a
@@ -295,6 +312,7 @@ class Settings:
             raise ConfigurationError(
                 "DURABLE_JOBS['RETRY_BACKOFF_MAX'] must be >= RETRY_BACKOFF_BASE"
             )
+        _check_transports(self)
         # Read once, here: the system check and the worker's refusal to start both come
         # from this line, so a garbled declaration can never reach the gate.
         object.__setattr__(
@@ -311,6 +329,69 @@ class Settings:
             raise ConfigurationError(
                 f"DURABLE_JOBS['WAIT_AFTER_MAX_AHEAD'] must be at most {MAX_RUN_AFTER_CEILING:.0f} seconds (100 years)"
             )
+
+
+#: The transports a queue may use (docs/transports.rst), and the client library each needs.
+TRANSPORTS = ("database", "rabbitmq", "redis")
+_BROKER_CLIENTS = {"rabbitmq": "pika", "redis": "redis"}
+_BROKER_SCHEMES = {"rabbitmq": ("amqp", "amqps"), "redis": ("redis", "rediss", "unix")}
+
+
+def _check_transports(settings: Settings) -> None:
+    """Refuse a transport setting that cannot deliver, one line naming what is wrong."""
+    chosen = settings.TRANSPORT
+    if isinstance(chosen, str):
+        used = {chosen}
+    elif isinstance(chosen, dict):
+        bad = [q for q in chosen if not isinstance(q, str) or not NAME_PATTERN.match(q)]
+        if bad:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['TRANSPORT'] names queues that are no queue names: {sorted(map(repr, bad))}"
+            )
+        for queue in chosen:
+            undeclared = undeclared_queue(queue, settings)
+            if undeclared:
+                raise ConfigurationError(f"DURABLE_JOBS['TRANSPORT']: {undeclared}")
+        used = set(chosen.values())
+        object.__setattr__(settings, "TRANSPORT", MappingProxyType(dict(chosen)))
+    else:
+        raise ConfigurationError(
+            "DURABLE_JOBS['TRANSPORT'] must be a transport name or a dict {queue: transport}, "
+            f"got {type(chosen).__name__}"
+        )
+    unknown = sorted(map(repr, used - set(TRANSPORTS)))
+    if unknown:
+        raise ConfigurationError(
+            f"DURABLE_JOBS['TRANSPORT'] must use {', '.join(map(repr, TRANSPORTS))}; got {', '.join(unknown)}"
+        )
+    urls = settings.BROKER_URLS or {}
+    if not isinstance(urls, dict):
+        raise ConfigurationError("DURABLE_JOBS['BROKER_URLS'] must be None or a dict {transport: url}")
+    for transport in sorted(used - {"database"}):
+        url = urls.get(transport)
+        schemes = _BROKER_SCHEMES[transport]
+        if not isinstance(url, str) or url.split("://", 1)[0] not in schemes:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['BROKER_URLS'][{transport!r}] must be a URL with scheme {' or '.join(schemes)} "
+                f"(the {transport} transport is in use), got {url!r}"
+            )
+        if importlib.util.find_spec(_BROKER_CLIENTS[transport]) is None:
+            raise ConfigurationError(
+                f"DURABLE_JOBS['TRANSPORT'] uses {transport!r} but its client library "
+                f"{_BROKER_CLIENTS[transport]!r} is not installed: install durable-jobs[{transport}]"
+            )
+    if not NAME_PATTERN.match(settings.BROKER_PREFIX or ""):
+        raise ConfigurationError(
+            "DURABLE_JOBS['BROKER_PREFIX'] must be 1-100 characters of letters, digits, _ . : -"
+        )
+
+
+def transport_of(queue: str, settings: Settings) -> str:
+    """The transport that delivers ``queue``'s jobs ("database" unless the setting moves it)."""
+    chosen = settings.TRANSPORT
+    if isinstance(chosen, str):
+        return chosen
+    return str(chosen.get(queue, "database"))
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Settings))

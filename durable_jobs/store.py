@@ -829,6 +829,7 @@ UPDATE {TABLE}
    AND status IN {LIVE}
    AND continuation_seq = %(seq)s AND redrives = %(redrives)s
    AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
+   AND cancel_requested_at IS NULL
 RETURNING {COLUMNS}
 """
 
@@ -849,6 +850,11 @@ def claim(
     again. It reads no scheduled time: a broker's clock scheduled the delivery, and a
     ``next_run_at <= now()`` clause would refuse (and so lose) a retry arriving a few
     milliseconds early. ``next_run_at`` is cleared: the delivery is consumed.
+
+    A job whose cancellation was requested claims nothing, as the dequeue refuses it:
+    a broker transport cannot always take back a message it holds, so a cancelled job's
+    delivery must fail the claim and leave the job to the reconciler's cancel step
+    (invariant 8; invariant 31: the broker only says "look now").
     """
     return fetch_job(
         using,
@@ -1805,14 +1811,20 @@ def charge_interruption(
     )
 
 
+# Awaiting a delivery a broker may have lost: pending, or a released lease (a failed slice
+# waiting for its retry, whose delayed delivery is as losable as a start's), and due for
+# longer than the pending TTL. A running job under a live claim is the orphan take's.
+_AWAITING_DELIVERY = """(status = 'pending' OR (status = 'running' AND lease_owner IS NULL))
+   AND cancel_requested_at IS NULL
+   AND greatest(pending_since, coalesce(next_run_at, pending_since))
+       < clock_timestamp() - """ + _ms("pending_ttl_ms")
+
 REDRIVE_PENDING = f"""
 UPDATE {TABLE}
    SET {_REDRIVE_CORE},
        redrives_since_commit = redrives_since_commit + 1,
        next_run_at = clock_timestamp()
- WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL
-   AND greatest(pending_since, coalesce(next_run_at, pending_since))
-       < clock_timestamp() - {_ms("pending_ttl_ms")}
+ WHERE id = %(id)s AND {_AWAITING_DELIVERY}
 RETURNING {COLUMNS}
 """
 
@@ -1820,7 +1832,14 @@ RETURNING {COLUMNS}
 def redrive_pending(
     job_id: object, *, pending_ttl_ms: int, using: str = DEFAULT_DB_ALIAS
 ) -> Job | None:
-    """Re-issue a pending job whose delivery a broker lost (for broker transports only).
+    """Re-issue a job whose delivery a broker lost under a new pair (broker transports only).
+
+    Invariant 31: a start whose publish never reached the broker (a crash between commit
+    and publish, a broker down, a publish timed out) is found here and published again
+    under ``(seq, redrives + 1)``, so a late copy of the lost message is a straggler.
+    Charged to ``redrives_since_commit``, the seed's budget for lost deliveries; the
+    caller parks the job (``park``) once that budget is spent. Covers a released lease
+    too: a failed slice's delayed retry is a delivery the broker can lose as well.
 
     The database transport never calls this: a pending row cannot lose its delivery, and
     spending budget because no worker ran would park healthy jobs (DESIGN §6).
@@ -1937,23 +1956,40 @@ def operator_redrive(
 
 
 RECORD_ENQUEUE = f"""
-UPDATE {TABLE} SET queue_job_id = %(queue_job_id)s, queue_name = %(queue)s, updated_at = now()
- WHERE id = %(id)s AND status IN {LIVE} AND lease_owner IS NULL
+UPDATE {TABLE} SET queue_job_id = %(queue_job_id)s, updated_at = now()
+ WHERE id = %(id)s AND queue_name = %(queue)s AND status IN {LIVE} AND lease_owner IS NULL
+   AND continuation_seq = %(seq)s AND redrives = %(redrives)s
 RETURNING 1
 """
 
 
 def record_enqueue(
-    job_id: object, queue_job_id: str, queue: str, *, using: str = DEFAULT_DB_ALIAS
+    job_id: object,
+    queue_job_id: str,
+    queue: str,
+    delivery: Delivery,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> bool:
     """Record the message id a broker transport accepted, so a later cancel can remove it.
 
-    Only for a job awaiting delivery (pending, or a released lease): a job under a live
-    claim keeps the queue it was claimed from.
+    Only for a job still awaiting *that* delivery (pending, or a released lease, with the
+    pair the message carries): a slow publish of an older pair, finishing after the
+    stale-pending re-drive published the current one, must not overwrite the current
+    message's id, or a cancel would remove the straggler and leave the live message.
+    False when the job moved on (claimed, re-driven, finished): nothing to remove then.
     """
     return (
         fetch_value(
-            using, RECORD_ENQUEUE, {"id": job_id, "queue_job_id": queue_job_id, "queue": queue}
+            using,
+            RECORD_ENQUEUE,
+            {
+                "id": job_id,
+                "queue_job_id": queue_job_id,
+                "queue": queue,
+                "seq": delivery.seq,
+                "redrives": delivery.redrives,
+            },
         )
         is not None
     )
@@ -2127,24 +2163,31 @@ def select_parked_untold(
 
 SELECT_STALE_PENDING = f"""
 SELECT {COLUMNS} FROM {TABLE}
- WHERE status = 'pending' AND cancel_requested_at IS NULL
-   AND greatest(pending_since, coalesce(next_run_at, pending_since))
-       < clock_timestamp() - {_ms("pending_ttl_ms")}
+ WHERE queue_name = ANY(%(queues)s::text[]) AND {_AWAITING_DELIVERY}
    AND {_TENANT_FILTER}
- ORDER BY pending_since
+ ORDER BY next_run_at NULLS FIRST
  LIMIT %(limit)s
  FOR UPDATE SKIP LOCKED
 """
 
 
 def select_stale_pending(
-    *, pending_ttl_ms: int, limit: int, tenant: str | None = None, using: str = DEFAULT_DB_ALIAS
+    *,
+    queues: Sequence[str],
+    pending_ttl_ms: int,
+    limit: int,
+    tenant: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> list[Job]:
-    """Lock and return pending jobs due for longer than the pending TTL."""
+    """Lock and return jobs of ``queues`` awaiting a delivery for longer than the pending TTL.
+
+    Only the broker queues are passed (DESIGN §6): on the database transport a due row is
+    its own delivery, and re-driving it would spend budget because no worker ran.
+    """
     return fetch_jobs(
         using,
         SELECT_STALE_PENDING,
-        {"pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant},
+        {"queues": list(queues), "pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant},
     )
 
 

@@ -378,3 +378,15 @@ def test_a_claimed_batch_reads_its_timestamps_exactly_as_the_orm_does():
             if ours is not None:
                 assert ours.tzinfo is theirs.tzinfo is datetime.timezone.utc, name
     assert claimed[0].started_at is not None and claimed[0].lease_expires_at > claimed[0].started_at
+
+
+@pytest.mark.django_db
+def test_claim__refuses_a_job_whose_cancellation_was_requested():
+    """Invariants 8 and 31: a RabbitMQ message cannot be taken back from its queue, so a
+    cancelled job's delivery must fail the claim; the reconciler's cancel step ends the
+    job. Before this predicate the claim ran a slice of a cancelled job."""
+    job = JobFactory(cancel_requested_at=-1)
+    before = snapshot(job)
+
+    assert store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000) is None
+    assert snapshot(job) == before

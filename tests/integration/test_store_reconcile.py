@@ -17,6 +17,7 @@ from tests.integration.support import (  # noqa: F401  (other_connection: fixtur
     DEFAULT_SCOPE,
     db_now,
     fail,
+    delivery_of,
     lease_of,
     other_connection_fixture,
     snapshot,
@@ -553,8 +554,8 @@ def test_operator_redrive__refused_from_another_scope(scope):
 @pytest.mark.django_db
 def test_record_enqueue__records_the_broker_message_of_a_live_job():
     """DESIGN §6: the broker message id is recorded so a cancel can remove it."""
-    job = JobFactory()
-    assert store.record_enqueue(job.id, "msg-1", "bulk") is True
+    job = JobFactory(queue_name="bulk")
+    assert store.record_enqueue(job.id, "msg-1", "bulk", delivery_of(job)) is True
     row = reload(job)
     assert (row.queue_job_id, row.queue_name) == ("msg-1", "bulk")
 
@@ -562,9 +563,24 @@ def test_record_enqueue__records_the_broker_message_of_a_live_job():
 @pytest.mark.django_db
 def test_record_enqueue__refused_for_a_finished_job():
     """Invariant 13: a finished row is not rewritten."""
-    job = JobFactory(status="completed", next_run_at=None, finished_at=-1)
-    assert store.record_enqueue(job.id, "msg-1", "bulk") is False
+    job = JobFactory(status="completed", next_run_at=None, finished_at=-1, queue_name="bulk")
+    assert store.record_enqueue(job.id, "msg-1", "bulk", delivery_of(job)) is False
     assert reload(job).queue_job_id is None
+
+
+@pytest.mark.django_db
+def test_record_enqueue__a_slow_publish_of_an_older_pair_keeps_the_current_message_id():
+    """Invariant 31: the start's publish timed out, the stale-pending pass re-drove the job
+    and published (seq, redrives + 1); the first publish, finishing late, must not
+    overwrite the current message's id, or a cancel would remove only the straggler."""
+    job = JobFactory(queue_name="bulk", pending_since=-300, next_run_at=-300)
+    first = delivery_of(job)
+    redriven = store.redrive_pending(job.id, pending_ttl_ms=60_000)
+    assert redriven is not None
+    assert store.record_enqueue(job.id, "msg-current", "bulk", delivery_of(redriven)) is True
+
+    assert store.record_enqueue(job.id, "msg-straggler", "bulk", first) is False
+    assert reload(job).queue_job_id == "msg-current"
 
 
 # ---------------------------------------------------------------------------------------
@@ -627,14 +643,47 @@ def test_select_stale_pending__returns_pending_jobs_due_longer_than_the_ttl():
     other_tenant = JobFactory(tenant_id="tenant-b", pending_since=-300, next_run_at=-300)
 
     with transaction.atomic():
-        everyone = {j.id for j in store.select_stale_pending(pending_ttl_ms=60_000, limit=10)}
-        ours = {
-            j.id
-            for j in store.select_stale_pending(pending_ttl_ms=60_000, limit=10, tenant="default")
-        }
+        everyone = {j.id for j in _stale(["default"])}
+        ours = {j.id for j in _stale(["default"], tenant="default")}
 
     assert everyone == {stale.id, other_tenant.id}
     assert ours == {stale.id}
+
+
+@pytest.mark.django_db
+def test_select_stale_pending__only_the_broker_queues_it_is_given():
+    """DESIGN §6: a database-transport row cannot lose its delivery; re-driving it because
+    no worker ran would spend its budget and park a healthy job. Without the queue filter
+    the pass took every stale pending row of every queue."""
+    on_the_broker = JobFactory(queue_name="brokered", pending_since=-300, next_run_at=-300)
+    JobFactory(queue_name="default", pending_since=-300, next_run_at=-300)
+
+    with transaction.atomic():
+        assert {j.id for j in _stale(["brokered"])} == {on_the_broker.id}
+
+
+@pytest.mark.django_db
+def test_select_stale_pending__a_failed_slices_lost_retry_is_found_and_re_driven():
+    """Invariant 14a: a failed slice waits for its retry with a released lease; on a broker
+    its delayed delivery is as losable as a start's, and nothing else would ever re-drive
+    it (the orphan take needs a live claim)."""
+    job = running(queue_name="brokered")
+    assert fail(lease_of(job)) is not None
+    with connection.cursor() as cursor:  # its retry was due five minutes ago
+        cursor.execute(
+            "UPDATE durable_jobs_job SET next_run_at = now() - interval '5 minutes' WHERE id = %s",
+            [job.id],
+        )
+
+    with transaction.atomic():
+        assert {j.id for j in _stale(["brokered"])} == {job.id}
+    redriven = store.redrive_pending(job.id, pending_ttl_ms=60_000)
+    assert redriven is not None
+    assert (redriven.status, redriven.redrives) == ("pending", job.redrives + 1)
+
+
+def _stale(queues, tenant=None):
+    return store.select_stale_pending(queues=queues, pending_ttl_ms=60_000, limit=10, tenant=tenant)
 
 
 def _fail_fast_on_locks() -> None:
@@ -659,8 +708,10 @@ SELECTIONS = {
     "select_stale_pending": (
         lambda: JobFactory(pending_since=-300, next_run_at=-300),
         store.SELECT_STALE_PENDING,
-        lambda limit: store.select_stale_pending(pending_ttl_ms=60_000, limit=limit),
-        {"pending_ttl_ms": 60_000},
+        lambda limit: store.select_stale_pending(
+            queues=["default"], pending_ttl_ms=60_000, limit=limit
+        ),
+        {"pending_ttl_ms": 60_000, "queues": ["default"]},
     ),
     "select_parked_untold": (
         lambda: _parked("poison"),
@@ -696,8 +747,8 @@ def test_selection__two_reconcilers_side_by_side_take_disjoint_rows(name, other_
 def test_record_enqueue__refused_for_a_job_under_a_live_claim():
     """A broker bookkeeping write never touches a job someone is running."""
     job = running()
-    assert store.record_enqueue(job.id, "msg-1", "bulk") is False
-    assert reload(job).queue_name == "default"
+    assert store.record_enqueue(job.id, "msg-1", "default", delivery_of(job)) is False
+    assert reload(job).queue_job_id is None
 
 
 # ---------------------------------------------------------------------------------------

@@ -324,7 +324,9 @@ JOB_STATEMENTS = {
         message=st.sampled_from([None, "mirror failed: KeyError"]),
     ),
     "record_enqueue": dict(
-        queue_job_id=st.sampled_from(["msg-1", "msg-2"]), queue=st.sampled_from(QUEUES[:3])
+        queue_job_id=st.sampled_from(["msg-1", "msg-2"]),
+        queue=st.sampled_from(QUEUES[:3]),
+        stale=st.sampled_from([False, False, True]),
     ),
     "redrive_pending": dict(pending_ttl_ms=GRACES),
     "park": dict(
@@ -640,14 +642,16 @@ class StoreMachine(RuleBasedStateMachine):
             seq -= 1
         elif delivery == "previous_redrives":
             redrives -= 1
-        # CLAIM: scope, live, the delivery pair, and a free (null) or expired lease. It
-        # reads neither the owner, nor next_run_at, nor a cancel request, nor a verdict.
+        # CLAIM: scope, live, the delivery pair, a free (null) or expired lease, and no
+        # cancel request (a broker cannot always take a cancelled job's message back:
+        # the claim refuses it). It reads neither the owner, nor next_run_at, nor a verdict.
         clauses = {
             "scope": scope == "own",
             "live": m.live,
             "seq": seq == m.continuation_seq,
             "redrives": redrives == m.redrives,
             "lease free or expired": m.lease in ("none", "past"),
+            "no cancel request": not m.cancel_requested,
         }
         taking_over = m.lease_owner is not None
         row = store.claim(
@@ -995,7 +999,8 @@ class StoreMachine(RuleBasedStateMachine):
         # pending_since is now(): this test's transaction start, long past. So a pending
         # row is stale exactly when the TTL is 0 and its run time is not in the future.
         clauses = {
-            "pending": m.status == "pending",
+            "pending or a released lease": m.status == "pending"
+            or (m.status == "running" and m.lease_owner is None),
             "no cancel request": not m.cancel_requested,
             "past the TTL": pending_ttl_ms == 0,
             "not scheduled ahead": m.next_run != "future",
@@ -1126,15 +1131,21 @@ class StoreMachine(RuleBasedStateMachine):
             m.error_message = message
         self._same_as_stored(row)
 
-    def record_enqueue(self, m: ModelJob, queue_job_id, queue):
-        """A broker transport's message id: only for a job awaiting delivery."""
-        clauses = {"live": m.live, "no owner": m.lease_owner is None}
-        applied = store.record_enqueue(m.id, queue_job_id, queue)
+    def record_enqueue(self, m: ModelJob, queue_job_id, queue, stale):
+        """A broker transport's message id: only for a job awaiting that very delivery."""
+        seq = m.continuation_seq - 1 if stale else m.continuation_seq
+        clauses = {
+            "live": m.live,
+            "no owner": m.lease_owner is None,
+            "its queue": queue == m.queue,
+            "the current pair": not stale,
+        }
+        delivery = Delivery(seq=seq, redrives=m.redrives)
+        applied = store.record_enqueue(m.id, queue_job_id, queue, delivery)
         assert applied in (True, False)
-        self._check("record_enqueue", applied, clauses, (m.status, m.lease_owner))
+        self._check("record_enqueue", applied, clauses, (m.status, m.lease_owner, queue, stale))
         if applied:
             m.queue_job_id = queue_job_id
-            m.queue = queue
 
     # --- invariants --------------------------------------------------------------------
 
@@ -1244,7 +1255,7 @@ MUST_REACH = (
     "take_orphan:applied",
     "take_orphan:refused-only-by:lease expired",
     "redrive_pending:applied",
-    "redrive_pending:refused-only-by:pending",
+    "redrive_pending:refused-only-by:pending or a released lease",
     "redrive_pending:refused-only-by:past the TTL",
     "park:applied",
     "park:refused-only-by:epoch",
@@ -1258,6 +1269,8 @@ MUST_REACH = (
     "record_enqueue:applied",
     "record_enqueue:refused-only-by:live",
     "record_enqueue:refused-only-by:no owner",
+    "record_enqueue:refused-only-by:the current pair",
+    "claim:refused-only-by:no cancel request",
 )
 #: Hypothesis draws a run's examples partly by mutating earlier ones, so one run of 100
 #: examples can miss a whole region. A run that missed something is followed by another
