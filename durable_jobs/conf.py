@@ -366,7 +366,9 @@ def _check_transports(settings: Settings) -> None:
         )
     urls = settings.BROKER_URLS or {}
     if not isinstance(urls, dict):
-        raise ConfigurationError("DURABLE_JOBS['BROKER_URLS'] must be None or a dict {transport: url}")
+        raise ConfigurationError(
+            "DURABLE_JOBS['BROKER_URLS'] must be None or a dict {transport: url}"
+        )
     for transport in sorted(used - {"database"}):
         url = urls.get(transport)
         schemes = _BROKER_SCHEMES[transport]

@@ -13,7 +13,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 
 from durable_jobs.db import JOB_COLUMNS as COLUMNS
-from durable_jobs.db import execute, fetch_job, fetch_jobs, fetch_value
+from durable_jobs.db import execute, fetch_job, fetch_jobs, fetch_value, job_from_row
 from durable_jobs.models import TABLE, Job
 from durable_jobs.states import Scope
 from durable_jobs.store import SCOPE, scope_params
@@ -85,3 +85,23 @@ def waiting_out_a_backoff(
     with execute(using, WAITING_OUT_A_BACKOFF, {"queues": queues, "kinds": kinds}) as cursor:
         count, seconds = cursor.fetchone()
     return int(count), (None if seconds is None else float(seconds))
+
+
+# A row a worker just ended a slice of, if it now awaits a new delivery (a yield, a
+# failed slice's retry, a hold, a lease handed back), with how far ahead it is due by the
+# database's clock: what a broker transport publishes next (invariant 31).
+AWAITING_DELIVERY = f"""
+SELECT {COLUMNS}, greatest(0, (extract(epoch FROM next_run_at - clock_timestamp()) * 1000))::bigint
+  FROM {TABLE}
+ WHERE id = %(id)s AND status IN ('pending', 'running') AND lease_owner IS NULL
+   AND next_run_at IS NOT NULL AND cancel_requested_at IS NULL
+"""
+
+
+def awaiting_delivery(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> tuple[Job, int] | None:
+    """The job and its delay in milliseconds when it awaits a delivery; None otherwise."""
+    with execute(using, AWAITING_DELIVERY, {"id": job_id}) as cursor:
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return job_from_row(row[:-1], using), int(row[-1])

@@ -17,7 +17,17 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, models, transaction
 
-from durable_jobs import conf, db, ids, metrics, reads, registry, signals, store, validation
+from durable_jobs import (
+    conf,
+    db,
+    ids,
+    metrics,
+    reads,
+    registry,
+    signals,
+    store,
+    validation,
+)
 from durable_jobs import unique as uniqueness
 from durable_jobs.exceptions import (
     BatchTooLarge,
@@ -30,6 +40,7 @@ from durable_jobs.exceptions import (
 )
 from durable_jobs.models import Job
 from durable_jobs.states import LIVE_STATUSES, Scope, Status
+from durable_jobs.transports import publishing as transports
 from durable_jobs.waits import grammar as waits_grammar
 
 MAX_PRIORITY = 100
@@ -332,9 +343,21 @@ def start(
     ):
         raise IdempotencyInputMismatch(idempotency_key or "", job.id)
     if result.created:
+        if transports.is_brokered(job.queue_name, settings):
+            transports.publish_after_commit(job, delay_ms=_delay_ms(job, fields), using=using)
         metrics.emit("jobs_started", kind=kind)
         signals.job_started.send_robust(sender=Job, job=job)
     return job
+
+
+def _delay_ms(job: Job, fields: dict[str, Any]) -> int:
+    """How long after its commit a new job's first message may be delivered: never sooner
+    than its run time, since a claim reads no run time (the seed's reason). A relative
+    delay is the one asked for; an instant is measured from the start's transaction
+    (``created_at``, the database's clock), earlier than the commit, so never early."""
+    if fields["run_at"] is None or job.created_at is None:
+        return int(fields["delay_ms"])
+    return max(0, round((fields["run_at"] - job.created_at).total_seconds() * 1000))
 
 
 def start_many(
@@ -407,6 +430,13 @@ def start_many(
                 and not _same_input(result.input, fields["input"])
             ):
                 raise IdempotencyInputMismatch(fields["idempotency_key"] or "", result.id)
+    brokered = [
+        (fields, result)
+        for fields, result in zip(prepared, results, strict=True)
+        if result.created and transports.is_brokered(fields["queue"], settings)
+    ]
+    if brokered:
+        _publish_started(brokered, scope, using)
     created: dict[str, int] = {}
     for result in results:
         if result.created:
@@ -414,6 +444,28 @@ def start_many(
     for kind, count in created.items():
         metrics.emit("jobs_started", count, kind=kind)
     return [result.id for result in results]
+
+
+def _publish_started(
+    brokered: list[tuple[dict[str, Any], store.BulkInsertResult]], scope: Scope, using: str
+) -> None:
+    """Publish a batch's new broker-queue jobs after commit (invariant 31), each delayed
+    to its run time by the database's clock: a claim reads no run time, so a message
+    delivered early would run its job early."""
+    now = db.database_now(using=using) if any(f["run_at"] for f, _ in brokered) else None
+    for fields, result in brokered:
+        delay_ms = fields["delay_ms"]
+        if fields["run_at"] is not None and now is not None:
+            delay_ms = max(0, round((fields["run_at"] - now).total_seconds() * 1000))
+        transports.publish_new_after_commit(
+            result.id,
+            queue=fields["queue"],
+            kind=fields["kind"],
+            tenant=scope.tenant,
+            organization=scope.organization,
+            delay_ms=delay_ms,
+            using=using,
+        )
 
 
 def _same_input(stored: Any, given_json: str | None) -> bool:
@@ -522,6 +574,8 @@ def cancel(
     if job is None:
         existing = get(parsed, scope=scope, using=using)
         raise WrongState(existing.id, existing.status, "cancel", "it has already finished")
+    if job.queue_job_id and job.lease_owner is None and transports.is_brokered(job.queue_name):
+        transports.remove_after_commit(job, using=using)
     return job
 
 
@@ -550,6 +604,8 @@ def redrive(
         using=using,
     )
     if job is not None:
+        if transports.is_brokered(job.queue_name):
+            transports.publish_after_commit(job, using=using)  # its new pair (invariant 31)
         return job
     existing = get(parsed, scope=scope, using=using)
     if existing.status in (Status.COMPLETED.value, Status.CANCELLED.value):

@@ -2163,7 +2163,8 @@ def select_parked_untold(
 
 SELECT_STALE_PENDING = f"""
 SELECT {COLUMNS} FROM {TABLE}
- WHERE queue_name = ANY(%(queues)s::text[]) AND {_AWAITING_DELIVERY}
+ WHERE (%(queues)s::text[] IS NULL OR queue_name = ANY(%(queues)s::text[]))
+   AND {_AWAITING_DELIVERY}
    AND {_TENANT_FILTER}
  ORDER BY next_run_at NULLS FIRST
  LIMIT %(limit)s
@@ -2173,7 +2174,7 @@ SELECT {COLUMNS} FROM {TABLE}
 
 def select_stale_pending(
     *,
-    queues: Sequence[str],
+    queues: Sequence[str] | None,
     pending_ttl_ms: int,
     limit: int,
     tenant: str | None = None,
@@ -2182,12 +2183,18 @@ def select_stale_pending(
     """Lock and return jobs of ``queues`` awaiting a delivery for longer than the pending TTL.
 
     Only the broker queues are passed (DESIGN §6): on the database transport a due row is
-    its own delivery, and re-driving it would spend budget because no worker ran.
+    its own delivery, and re-driving it would spend budget because no worker ran. None:
+    every queue (one broker carries them all).
     """
     return fetch_jobs(
         using,
         SELECT_STALE_PENDING,
-        {"queues": list(queues), "pending_ttl_ms": pending_ttl_ms, "limit": limit, "tenant": tenant},
+        {
+            "queues": None if queues is None else list(queues),
+            "pending_ttl_ms": pending_ttl_ms,
+            "limit": limit,
+            "tenant": tenant,
+        },
     )
 
 

@@ -23,8 +23,11 @@ Steps:
 3. **Tell parked subjects**: a job parked (``poison``, ``mirror_failed``) never had its
    domain row told; its kind's mirror is called with ``failed`` (the row it gets has
    ``parked_at`` set and ``error_code`` the reason), at most MAX_MIRROR_ATTEMPTS times.
-4. **Stale pending**: counted and reported, never re-driven. With the database as the
-   transport a pending row cannot lose its delivery; work waiting past the pending TTL
+4. **Stale pending**: on a broker queue, a job whose message was lost (its broker
+   answers and holds nothing for the queue) is re-driven and published again, within
+   the seed's budget (``redrive_lost_deliveries``, invariant 31). Everywhere else it is
+   counted and reported, never re-driven: with the database as the transport a pending
+   row cannot lose its delivery; work waiting past the pending TTL
    means no worker serves its queue, and spending budgets or parking jobs for that
    would punish the jobs for an operations problem (DESIGN §6).
 5. **Retention**: finished jobs older than ``RETENTION`` are deleted in bounded
@@ -50,6 +53,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from durable_jobs import conf, faults, metrics, registry, store, validation
 from durable_jobs.models import Job
 from durable_jobs.states import VERDICT_CODES, Lease, ParkReason
+from durable_jobs.transports import publishing as transports
 
 log = logging.getLogger("durable_jobs.reconciler")
 
@@ -72,6 +76,7 @@ class PassReport:
     parked: int = 0
     parked_told: int = 0
     stale_pending: int = 0
+    lost_deliveries: int = 0
     deleted: int = 0
     mirror_failures: int = 0
 
@@ -83,6 +88,7 @@ class PassReport:
                 self.verdicts_recorded,
                 self.parked,
                 self.parked_told,
+                self.lost_deliveries,
                 self.deleted,
                 self.mirror_failures,
             )
@@ -118,6 +124,7 @@ class Reconciler:
         self.end_cancelled(report)
         self.recover_orphans(report)
         self.tell_parked(report)
+        self.redrive_lost_deliveries(report)
         self.count_stale_pending(report)
         self.apply_retention(report)
         if report.acted() or report.stale_pending:
@@ -196,6 +203,9 @@ class Reconciler:
         )
         if taken is None:
             return
+        if taken.status == "pending" and transports.is_brokered(taken.queue_name, settings):
+            # Its new pair (redrives + 1), once this transaction commits (invariant 31).
+            transports.publish_after_commit(taken, delay_ms=conf.ms(backoff), using=self.using)
         report.orphans_taken += 1
         metrics.emit("orphans_taken", kind=job.kind)
         if taken.status == "failed":
@@ -254,6 +264,56 @@ class Reconciler:
             )
 
     # --- step 4 ---
+    def redrive_lost_deliveries(self, report: PassReport) -> None:
+        """Step 4a, broker queues only (invariant 31): re-drive a delivery a broker lost.
+
+        A job of a broker queue due for longer than PENDING_TTL whose broker answers and
+        holds nothing for that queue (no backlog, nothing taken and unacked) lost its
+        message: a crash between commit and publish, a publish that failed or timed out.
+        It is re-driven under a new pair (``redrive_pending``: redrives + 1, charged to
+        ``redrives_since_commit``, the seed's budget) and published again after commit;
+        past MAX_REDRIVES_WITHOUT_COMMIT it is parked ``poison`` (``park``, fenced on the
+        epoch read under this transaction's row lock). A queue whose broker does not
+        answer, or still holds a backlog, is left alone: a message waiting behind others
+        is not lost, and spending budget for a broker outage would park healthy jobs.
+        """
+        settings = conf.get()
+        queues = transports.stale_candidate_queues(settings)
+        if queues == []:
+            return
+        ttl_ms = conf.ms(settings.PENDING_TTL)
+        budget = settings.MAX_REDRIVES_WITHOUT_COMMIT
+        empty: dict[str, bool] = {}
+        with transaction.atomic(using=self.using):
+            for job in store.select_stale_pending(
+                queues=queues,
+                pending_ttl_ms=ttl_ms,
+                limit=BATCH,
+                tenant=self.tenant,
+                using=self.using,
+            ):
+                if job.queue_name not in empty:
+                    empty[job.queue_name] = transports.holds_nothing(job.queue_name)
+                if not empty[job.queue_name]:
+                    continue
+                if job.redrives_since_commit + 1 > budget:
+                    message = (
+                        f"its delivery was lost {job.redrives_since_commit + 1} times without "
+                        f"committing any work (budget {budget})"
+                    )
+                    if store.park(
+                        job.id, job.lease_epoch, ParkReason.POISON.value, message, using=self.using
+                    ):
+                        report.parked += 1
+                        metrics.emit("jobs_parked", kind=job.kind, reason=ParkReason.POISON.value)
+                        log.warning("[%s %s] parked as poison: %s", job.kind, job.id, message)
+                    continue
+                row = store.redrive_pending(job.id, pending_ttl_ms=ttl_ms, using=self.using)
+                if row is not None:
+                    transports.publish_after_commit(row, using=self.using)
+                    report.lost_deliveries += 1
+                    metrics.emit("lost_deliveries_redriven", kind=job.kind)
+
     def count_stale_pending(self, report: PassReport) -> None:
         ttl_ms = conf.ms(conf.get().PENDING_TTL)
         report.stale_pending = store.count_stale_pending(

@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
-from durable_jobs import conf, db, faults, reads, registry, store
-from durable_jobs.runtime import pooling, zygote
+from durable_jobs import conf, db, faults, reads, registry
+from durable_jobs.runtime import intake, pooling, zygote
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import (
     DeferredCompletion,
@@ -165,6 +165,7 @@ class Worker(Supervision, WakeUps):
         self._sleepers: dict[int, None] = {}  # slots asleep waiting for work, oldest first
         self._missed_wakes = 0  # wake-ups that found no slot asleep (guarded by _idle_lock)
         self._heartbeater = Heartbeater(using=using)
+        self._intake = intake.Intake(self.queues, using=using)
         self._outage = OutageLog(log, self.identity)
         # Wait conditions: this worker's bound on checks running at once, and the moments
         # (monotonic) at which jobs it held become due, so an idle slot never sleeps past
@@ -385,13 +386,9 @@ class Worker(Supervision, WakeUps):
                     db.keep_connection_healthy(self.using)
                     if runner is not None:
                         runner.ensure_started()  # before claiming: a claim should not wait for a boot
-                    claimed = store.dequeue(
-                        self.queues,
-                        slot.owner,
-                        ttl_ms,
-                        kinds=registry.kinds(),  # invariant 14b: only what it can run
-                        limit=slot.batch,
-                        using=self.using,
+                    # Invariant 14b inside: only the kinds it can run (the table, a broker).
+                    claimed, then = self._intake.claim(
+                        slot.owner, ttl_ms, limit=slot.batch, wait=min(settings.POLL_INTERVAL, 1.0)
                     )
                     failures = 0
                     self._outage.answered()
@@ -439,6 +436,8 @@ class Worker(Supervision, WakeUps):
                         prefetch_ceiling(settings.MAX_PREFETCH, self.execution),
                     )
                     continue
+                if then == intake.AGAIN:
+                    continue  # a broker message was handled (refused by its claim): ask again
                 if self.burst and self._set_idle(slot.number, True):
                     due_in = self._retry_due_in() if self.wait_for_retries else None
                     if due_in is None:
@@ -446,8 +445,10 @@ class Worker(Supervision, WakeUps):
                         self._wake_all()  # the sleeping slots need not wait out their poll
                         break
                     self._note_due(due_in)  # a retry is coming: sleep until it is due
-                self._sleep(slot.number, wake, self._idle_wait(settings.POLL_INTERVAL))
+                if then != intake.WAITED:
+                    self._sleep(slot.number, wake, self._idle_wait(settings.POLL_INTERVAL))
         finally:
+            self._intake.close()
             if runner is not None:
                 runner.close()
             if not slot.abandoned:
@@ -523,6 +524,8 @@ class Worker(Supervision, WakeUps):
                     on_start=functools.partial(self._on_start, slot, lost),
                 )
                 slot.current = None
+                if report.outcome not in intake.FINAL_OUTCOMES:
+                    self._intake.after_slice(job)  # a broker queue's next delivery, if due
                 if report.recheck_in is not None:
                     self._note_due(report.recheck_in)
                 if entry is not None and report.outcome == "deferred":

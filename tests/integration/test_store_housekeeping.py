@@ -91,7 +91,10 @@ def test_count_stale_pending__counts_what_select_stale_pending_would_select():
     assert store.count_stale_pending(pending_ttl_ms=60_000) == 2
     assert store.count_stale_pending(pending_ttl_ms=60_000, tenant="tenant-b") == 1
     with transaction.atomic():
-        assert len(store.select_stale_pending(queues=['default'], pending_ttl_ms=60_000, limit=10)) == 2
+        assert (
+            len(store.select_stale_pending(queues=["default"], pending_ttl_ms=60_000, limit=10))
+            == 2
+        )
 
 
 # ---------------------------------------------------------------------------------------

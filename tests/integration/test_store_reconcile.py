@@ -16,8 +16,8 @@ from tests.factories import JobFactory, reload, running
 from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
     DEFAULT_SCOPE,
     db_now,
-    fail,
     delivery_of,
+    fail,
     lease_of,
     other_connection_fixture,
     snapshot,

@@ -1,0 +1,178 @@
+"""The real brokers the transport tests use, and brokers of their own for the faults.
+
+The machine's RabbitMQ (5672) and Redis (6379) are shared: every test names its own
+queues (a unique ``BROKER_PREFIX``) and deletes them after, and never restarts them. A
+test that cuts or restarts a broker starts its own instance (own port, data directory
+and, for RabbitMQ, node name) and stops it by its pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+
+import pika
+import redis
+
+RABBITMQ_URL = os.environ.get("DURABLE_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
+REDIS_URL = os.environ.get("DURABLE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+URLS = {"rabbitmq": RABBITMQ_URL, "redis": REDIS_URL}
+TRANSPORTS = ("rabbitmq", "redis")
+QUEUE = "brokered"
+
+
+def unique_prefix() -> str:
+    return f"djtest.{uuid.uuid4().hex[:12]}"
+
+
+def broker_settings(base: dict, transport: str, prefix: str, urls: dict | None = None) -> dict:
+    """``DURABLE_JOBS`` with the queue ``brokered`` on ``transport`` (the rest on the database)."""
+    return {
+        **base,
+        "TRANSPORT": {QUEUE: transport},
+        "BROKER_URLS": urls or URLS,
+        "BROKER_PREFIX": prefix,
+        "BROKER_TIMEOUT": 2.0,
+    }
+
+
+def delete_names(transport: str, prefix: str, url: str | None = None) -> None:
+    """Delete what a test made on a shared broker (delay queues delete themselves)."""
+    url = url or URLS[transport]
+    with contextlib.suppress(Exception):
+        if transport == "rabbitmq":
+            connection = pika.BlockingConnection(pika.URLParameters(url))
+            try:
+                connection.channel().queue_delete(f"{prefix}.{QUEUE}")
+            finally:
+                connection.close()
+        else:
+            client = redis.Redis.from_url(url)
+            client.delete(f"{prefix}.{QUEUE}", f"{prefix}.{QUEUE}.scheduled")
+            client.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_port(port: int, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {port} after {seconds}s")
+
+
+class OwnRedis:
+    """A redis-server of the test's own (port, directory), started and stopped by pid."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="djtest-redis-")
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                self.dir,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_for_port(self.port, 10)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+        self.process = None
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_redis() -> Iterator[OwnRedis]:
+    server = OwnRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class OwnRabbitMQ:
+    """A RabbitMQ node of the test's own (node name, port, data directory), by pid."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dist_port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="djtest-rabbit-")
+        self.node = f"djtest{uuid.uuid4().hex[:8]}@localhost"
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": os.path.join(self.dir, "mnesia"),
+            "RABBITMQ_LOG_BASE": os.path.join(self.dir, "log"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(self.dir, "enabled_plugins"),
+            "RABBITMQ_PID_FILE": os.path.join(self.dir, "pid"),
+            "RABBITMQ_SERVER_START_ARGS": "-rabbitmq_management listener [{port,0}]",
+        }
+        with open(os.path.join(self.dir, "enabled_plugins"), "w") as f:
+            f.write("[].\n")
+        self.process = subprocess.Popen(
+            ["rabbitmq-server"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        _wait_for_port(self.port, 60)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            # rabbitmq-server is a shell script over the Erlang VM: the whole session goes.
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+        self.process = None
+
+    def close(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)

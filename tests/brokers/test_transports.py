@@ -1,0 +1,262 @@
+"""Broker transports against the real RabbitMQ and Redis (invariant 31, DESIGN §6): publish
+after commit, the fenced claim of each delivery, cancel, the lost publish re-driven."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from django.db import transaction
+
+import durable_jobs as durable
+from durable_jobs import conf, registry, store
+from durable_jobs.runtime import intake
+from durable_jobs.runtime.intake import Intake
+from durable_jobs.runtime.reconciler import Reconciler
+from durable_jobs.states import Delivery, Lease
+from durable_jobs.transports import publishing as transports
+from durable_jobs.transports import streams
+from tests.brokers.support import QUEUE
+from tests.factories import reload
+
+TTL_MS = 30_000
+
+
+def backlog(queue: str = QUEUE, *, settles_at: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(deliverable now, taken and unacked) on the broker, as an operator reads them.
+
+    RabbitMQ's queue counts trail a confirmed publish by a moment: with ``settles_at``,
+    read again for up to two seconds until the figures reach it.
+    """
+    deadline = time.monotonic() + 2.0
+    while True:
+        [found] = transports.health([queue])
+        assert found.reachable, found.error
+        figures = (found.backlog or 0, found.unacked or 0)
+        if settles_at is None or figures == settles_at or time.monotonic() > deadline:
+            return figures
+        time.sleep(0.05)
+
+
+def take(worker: Intake, *, wait: float = 2.0) -> tuple[list, str]:
+    return worker.claim("w", TTL_MS, limit=1, wait=wait)
+
+
+def lease(job) -> Lease:
+    return Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=TTL_MS)
+
+
+def test_start__publishes_after_commit_and_records_the_message(brokered):
+    with transaction.atomic():
+        job = durable.start("demo.noop", queue=QUEUE)
+        assert backlog() == (0, 0)  # nothing before the commit (invariant 9)
+    assert backlog(settles_at=(1, 0)) == (1, 0)
+    assert reload(job).queue_job_id  # for the cancel
+
+
+def test_start__rolled_back_publishes_nothing(brokered):
+    with pytest.raises(RuntimeError), transaction.atomic():
+        durable.start("demo.noop", queue=QUEUE)
+        raise RuntimeError("the caller's transaction fails")
+    assert backlog(settles_at=(0, 0)) == (0, 0)
+
+
+def test_start__on_a_database_queue_adds_no_hook_and_no_statement(
+    brokered, django_capture_on_commit_callbacks, django_assert_num_queries
+):
+    """A project moving one queue keeps every other queue's start exactly as it was."""
+    with django_capture_on_commit_callbacks() as hooks:
+        with django_assert_num_queries(1):  # the insert (its NOTIFY inside), nothing more
+            durable.start("demo.noop", queue="default")
+    assert hooks == []
+
+
+def test_start_many__publishes_each_broker_queue_job_after_commit(brokered):
+    durable.start_many([{"kind": "demo.noop", "queue": QUEUE}] * 3 + [{"kind": "demo.noop"}])
+    assert backlog(settles_at=(3, 0)) == (3, 0)
+
+
+def test_consume__claims_through_the_fence_and_a_duplicate_claims_nothing(brokered):
+    job = durable.start("demo.noop", queue=QUEUE)
+    assert transports.publish_row(reload(job))  # a duplicate delivery of the same pair
+    worker = Intake([QUEUE])
+
+    claimed, _ = take(worker)
+    again, then = take(worker)
+
+    assert [j.id for j in claimed] == [job.id] and claimed[0].status == "running"
+    assert (again, then) == ([], intake.AGAIN)  # acked and dropped
+    assert backlog(settles_at=(0, 0)) == (0, 0)
+
+
+def test_consume__a_straggler_of_an_earlier_pair_claims_nothing(brokered):
+    """The slice yielded (seq + 1): a late copy of the first delivery must not run it again."""
+    job = durable.start("demo.noop", queue=QUEUE)
+    worker = Intake([QUEUE])
+    [first] = take(worker)[0]
+    assert store.yield_slice(lease(first)) == Delivery(seq=1, redrives=0)
+    worker.after_slice(first)  # publishes (seq 1, redrives 0)
+    transports.publish_job(  # the straggler: (seq 0, redrives 0)
+        job.id,
+        queue=QUEUE,
+        kind=job.kind,
+        tenant=job.tenant_id,
+        organization=None,
+        delivery=Delivery(seq=0, redrives=0),
+    )
+
+    claims = [take(worker)[0], take(worker)[0]]
+
+    assert sorted(len(c) for c in claims) == [0, 1]
+    assert reload(job).continuation_seq == 1 and reload(job).status == "running"
+    assert backlog(settles_at=(0, 0)) == (0, 0)
+
+
+def test_consume__a_retry_is_published_with_its_backoff(brokered):
+    job = durable.start("demo.noop", queue=QUEUE)
+    worker = Intake([QUEUE])
+    [claimed] = take(worker)[0]
+    assert store.fail_slice(
+        lease(claimed),
+        error_class="transient",
+        code="x",
+        message="x",
+        max_failures=5,
+        backoff_base_ms=300,
+        backoff_max_ms=300,
+    )
+    worker.after_slice(claimed)
+
+    assert take(worker, wait=0.0)[0] == []  # not before its backoff (0.15-0.3 s)
+    retried, _ = take(worker, wait=3.0)
+    if not retried:  # a delayed Redis message moves in at the next read
+        retried, _ = take(worker, wait=1.0)
+    assert [j.id for j in retried] == [job.id]
+
+
+def test_cancel__the_claim_refuses_what_the_broker_cannot_take_back(brokered):
+    job = durable.start("demo.noop", queue=QUEUE)
+    durable.cancel(job.id)
+    worker = Intake([QUEUE])
+
+    assert take(worker, wait=0.5)[0] == []
+    assert backlog(settles_at=(0, 0)) == (
+        0,
+        0,
+    )  # Redis removed it at the cancel; RabbitMQ's was dropped
+    Reconciler().run_pass()
+    assert reload(job).status == "cancelled"
+
+
+def test_a_kind_this_worker_cannot_run__is_left_for_another(brokered, kinds, monkeypatch):
+    """Invariant 14b: not claimed, not charged, not lost."""
+    monkeypatch.setattr(streams, "REDELIVER_AFTER_MS", 0)
+    monkeypatch.setattr(streams, "RECLAIM_EVERY", 0.0)
+    kinds.add("tests.later")
+    job = durable.start("tests.later", queue=QUEUE)
+    registry.unregister("tests.later")
+    old_deploy = Intake([QUEUE])
+
+    assert take(old_deploy, wait=0.5) == ([], intake.REST)
+    assert reload(job).status == "pending" and reload(job).redrives == 0
+
+    kinds.add("tests.later")
+    new_deploy = Intake([QUEUE])
+    claimed, _ = take(new_deploy)
+    assert [j.id for j in claimed] == [job.id]
+
+
+def test_lost_publish__is_re_driven_by_the_stale_pending_pass(brokered, settings, caplog):
+    """A broker that is down at commit loses nothing: one WARNING, then the reconciler's
+    stale-pending pass re-drives the job under (seq, redrives + 1) and publishes again."""
+    working = settings.DURABLE_JOBS
+    down = {
+        **working["BROKER_URLS"],
+        "rabbitmq": "amqp://guest:guest@127.0.0.1:1/%2F",
+        "redis": "redis://127.0.0.1:1/0",
+    }
+    settings.DURABLE_JOBS = {**working, "BROKER_URLS": down, "BROKER_TIMEOUT": 0.5}
+    with caplog.at_level(logging.WARNING, logger="durable_jobs.transports"):
+        jobs = [durable.start("demo.noop", queue=QUEUE) for _ in range(3)]
+    assert [r.levelname for r in caplog.records].count("WARNING") == 1
+    assert all(reload(j).queue_job_id is None for j in jobs)
+
+    settings.DURABLE_JOBS = {**working, "PENDING_TTL": 0.001}
+    report = Reconciler().run_pass()
+
+    assert report.lost_deliveries == 3
+    assert {reload(j).redrives for j in jobs} == {1}
+    worker = Intake([QUEUE])
+    claimed = [take(worker)[0] for _ in jobs]
+    assert {c[0].id for c in claimed} == {j.id for j in jobs}
+
+
+def test_stale_pass__leaves_a_job_whose_message_waits_behind_others(brokered, settings):
+    """A message waiting in a backlog is not lost: re-driving it would spend its budget."""
+    job = durable.start("demo.noop", queue=QUEUE)
+    assert backlog(settles_at=(1, 0)) == (1, 0)
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "PENDING_TTL": 0.001}
+
+    assert Reconciler().run_pass().lost_deliveries == 0
+    assert reload(job).redrives == 0
+
+
+def test_stale_pass__parks_a_job_whose_delivery_keeps_getting_lost(brokered, settings):
+    """14a: the seed's budget bounds re-drives without a committed unit."""
+    job = durable.start("demo.noop", queue=QUEUE)
+    [taken] = take(Intake([QUEUE]))[0]  # consume its message and hand the job back
+    store.yield_slice(lease(taken))
+    settings.DURABLE_JOBS = {
+        **settings.DURABLE_JOBS,
+        "PENDING_TTL": 0.001,
+        "MAX_REDRIVES_WITHOUT_COMMIT": 1,
+    }
+    Reconciler().run_pass()  # lost once: re-driven (and published)
+    take(Intake([QUEUE]))  # its message is consumed again, the slice lost again
+    again = reload(job)
+    store.yield_slice(lease(again))
+
+    Reconciler().run_pass()
+
+    row = reload(job)
+    assert (row.status, row.error_code) == ("failed", "poison")
+    assert "delivery was lost 2 times" in row.error_message
+
+
+def test_health__counts_the_backlog(brokered):
+    for _ in range(2):
+        durable.start("demo.noop", queue=QUEUE)
+    assert backlog(settles_at=(2, 0)) == (2, 0)
+    [found] = transports.health()
+    assert (found.transport, found.queue, found.reachable) == (brokered, QUEUE, True)
+    assert found.oldest_age is not None and found.oldest_age >= 0
+
+
+def test_the_worker__runs_broker_jobs_to_completion(brokered, settings, kinds):
+    """Slices, yields and retries over the broker: every job ends completed."""
+    from durable_jobs.runtime.worker import Worker
+
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "EXECUTION": "thread"}
+
+    def twice(job):
+        if (job.checkpoint or {}).get("n", 0) < 2:
+            with job.fenced():
+                job.save_checkpoint({"n": (job.checkpoint or {}).get("n", 0) + 1})
+            return durable.YIELD
+        return durable.DONE
+
+    kinds.add("tests.twice", twice)
+    jobs = [durable.start("demo.noop", queue=QUEUE) for _ in range(4)]
+    jobs += [durable.start("tests.twice", queue=QUEUE)]
+    jobs += [durable.start("demo.flaky", input={"failures": 1}, queue=QUEUE)]
+
+    code = Worker(
+        queues=[QUEUE], concurrency=2, burst=True, wait_for_retries=True, reconcile=False
+    ).run()
+
+    assert code == 0
+    assert {reload(j).status for j in jobs} == {"completed"}
+    assert reload(jobs[4]).continuation_seq == 2
+    assert backlog(settles_at=(0, 0)) == (0, 0)
+    assert conf.transport_of(QUEUE, conf.get()) == brokered
