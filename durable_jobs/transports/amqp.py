@@ -22,6 +22,7 @@ taken only while the slot is free.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -34,6 +35,13 @@ import pika.exceptions  # type: ignore[import-untyped]
 from durable_jobs.transports.base import Broker, BrokerUnavailable, Message, QueueHealth, Received
 
 _FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
+
+# pika logs every failed connection attempt at ERROR, with a traceback, from several of its
+# modules: during an outage that is a screenful per retry per slot. This transport reports
+# an outage itself, once (``BrokerOutages``); a project that configured pika's logger
+# keeps its own choice.
+if logging.getLogger("pika").level == logging.NOTSET:
+    logging.getLogger("pika").setLevel(logging.CRITICAL)
 DELAY_QUEUE_IDLE_MS = 60_000
 
 

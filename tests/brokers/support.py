@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 
 import pika
+import psutil
 import redis
 
 RABBITMQ_URL = os.environ.get("DURABLE_TEST_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672/%2F")
@@ -130,12 +131,19 @@ def own_redis() -> Iterator[OwnRedis]:
 
 
 class OwnRabbitMQ:
-    """A RabbitMQ node of the test's own (node name, port, data directory), by pid."""
+    """A RabbitMQ node of the test's own (node name, port, data directory), stopped by pid.
+
+    Debian's ``rabbitmq-server`` runs the node as the ``rabbitmq`` user, so its directory
+    is world-writable; its own config file names its own listener (the machine's config
+    names 5672). The node's Erlang VM writes its pid to the pid file: the VM and every
+    process under it are killed by pid, then the wrapper this test started.
+    """
 
     def __init__(self) -> None:
         self.port = free_port()
         self.dist_port = free_port()
         self.dir = tempfile.mkdtemp(prefix="djtest-rabbit-")
+        os.chmod(self.dir, 0o777)
         self.node = f"djtest{uuid.uuid4().hex[:8]}@localhost"
         self.process: subprocess.Popen | None = None
 
@@ -143,23 +151,30 @@ class OwnRabbitMQ:
     def url(self) -> str:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
+    def _file(self, name: str, text: str) -> str:
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            f.write(text)
+        os.chmod(path, 0o666)
+        return path
+
     def start(self) -> None:
+        config = self._file("rabbitmq.conf", f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
         env = {
             **os.environ,
+            "RABBITMQ_CONFIG_FILE": config.removesuffix(".conf"),
             "RABBITMQ_NODENAME": self.node,
             "RABBITMQ_NODE_PORT": str(self.port),
             "RABBITMQ_DIST_PORT": str(self.dist_port),
             "RABBITMQ_MNESIA_BASE": os.path.join(self.dir, "mnesia"),
             "RABBITMQ_LOG_BASE": os.path.join(self.dir, "log"),
-            "RABBITMQ_ENABLED_PLUGINS_FILE": os.path.join(self.dir, "enabled_plugins"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": self._file("enabled_plugins", "[].\n"),
             "RABBITMQ_PID_FILE": os.path.join(self.dir, "pid"),
-            "RABBITMQ_SERVER_START_ARGS": "-rabbitmq_management listener [{port,0}]",
         }
-        with open(os.path.join(self.dir, "enabled_plugins"), "w") as f:
-            f.write("[].\n")
         self.process = subprocess.Popen(
             ["rabbitmq-server"],
             env=env,
+            stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -167,12 +182,44 @@ class OwnRabbitMQ:
         _wait_for_port(self.port, 60)
 
     def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            # rabbitmq-server is a shell script over the Erlang VM: the whole session goes.
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(10)
+        """SIGKILL the node (a crash, not a shutdown) and everything this test started for it."""
+        victims = []
+        with contextlib.suppress(OSError, ValueError):
+            with open(os.path.join(self.dir, "pid")) as f:
+                beam = psutil.Process(int(f.read().strip()))
+            victims = [beam, *beam.children(recursive=True)]
+        if self.process is not None:
+            with contextlib.suppress(psutil.Error):
+                wrapper = psutil.Process(self.process.pid)
+                victims += [wrapper, *wrapper.children(recursive=True)]
+        for process in victims:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        psutil.wait_procs(victims, timeout=10)
+        if self.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(5)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(self.dir, "pid"))
         self.process = None
 
     def close(self) -> None:
         self.kill()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def own_rabbitmq() -> Iterator[OwnRabbitMQ]:
+    server = OwnRabbitMQ()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@contextlib.contextmanager
+def own_broker(transport: str) -> Iterator[OwnRabbitMQ | OwnRedis]:
+    """A broker of this test's own, to cut and restart."""
+    with own_rabbitmq() if transport == "rabbitmq" else own_redis() as server:
+        yield server
