@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.db.models.functions import Now
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
 from durable_jobs import conf
 from durable_jobs.console import workers
 from durable_jobs.models import WorkerProcess
+from durable_jobs.transports import publishing
 
 
 @admin.register(WorkerProcess)
@@ -30,6 +32,15 @@ class WorkerAdmin(admin.ModelAdmin):
     )
     ordering = ("host", "pid")
     list_per_page = 100
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Each broker queue's health above the workers serving it (docs/transports.rst)."""
+        for found in publishing.health():
+            level = messages.INFO if found.reachable else messages.WARNING
+            self.message_user(request, publishing.describe(found), level)
+        return super().changelist_view(request, extra_context)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[WorkerProcess]:
         ttl = timedelta(seconds=conf.get().LEASE_TTL)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import hmac
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -113,6 +113,38 @@ class DatabaseCollector:
         for reason, n in data["parked_by_reason"].items():
             parked.add_metric([reason or ""], n)
         yield parked
+        yield from _transport_gauges(data["transports"])
+
+
+def _transport_gauges(found: list[dict[str, Any]]) -> Iterator[Metric]:
+    """Each broker queue's health (docs/transports.rst): reachable, backlog, delayed,
+    unacked and the oldest message's age; a figure the broker cannot give is left out."""
+    labels = ["transport", "queue"]
+    families = {
+        "reachable": GaugeMetricFamily(
+            "durable_jobs_broker_up", "1 when the queue's broker answers", labels=labels
+        ),
+        "backlog": GaugeMetricFamily(
+            "durable_jobs_broker_backlog", "Messages deliverable now", labels=labels
+        ),
+        "delayed": GaugeMetricFamily(
+            "durable_jobs_broker_delayed", "Messages scheduled for later", labels=labels
+        ),
+        "unacked": GaugeMetricFamily(
+            "durable_jobs_broker_unacked", "Messages taken and not yet acked", labels=labels
+        ),
+        "oldest_age": GaugeMetricFamily(
+            "durable_jobs_broker_oldest_message_seconds",
+            "Age of the oldest deliverable message",
+            labels=labels,
+        ),
+    }
+    for queue in found:
+        for field, family in families.items():
+            value = queue[field]
+            if value is not None:
+                family.add_metric([queue["transport"], queue["queue"]], float(value))
+    yield from families.values()
 
 
 _lock = threading.Lock()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
@@ -11,6 +12,7 @@ from durable_jobs.console import live as console
 from durable_jobs.console import queries, workers
 from durable_jobs.models import Job
 from durable_jobs.states import Scope
+from durable_jobs.transports import publishing
 
 WINDOWS = (1, 5, 15)  # minutes, for throughput
 
@@ -107,6 +109,9 @@ def collect(
         "finished_last": throughput,
         # Windows past queries.FINISHED_SAMPLE rows are the newest rows' rate, not a count.
         "finished_last_estimated": [f"{minutes}m" for minutes in figures["finished_estimated"]],
+        # Each broker queue's health (docs/transports.rst); empty when every queue is on
+        # the database, and then no broker is asked anything.
+        "transports": [dataclasses.asdict(found) for found in publishing.health()],
     }
 
 

@@ -52,6 +52,7 @@ __all__ = [
     "broker",
     "brokered_queues",
     "close_all",
+    "describe",
     "health",
     "holds_nothing",
     "is_brokered",
@@ -312,3 +313,18 @@ def health(queues: Sequence[str] | None = None) -> list[QueueHealth]:
         if wanted:
             report.extend(broker(transport).health(wanted))
     return report
+
+
+def describe(found: QueueHealth) -> str:
+    """One line for an operator: ``rabbitmq/bulk: reachable, backlog 3, ...``."""
+    if not found.reachable:
+        return f"{found.transport}/{found.queue}: UNREACHABLE ({found.error})"
+
+    def figure(value: float | int | None, unit: str = "") -> str:
+        return "?" if value is None else f"{value:.1f}{unit}" if unit else str(value)
+
+    return (
+        f"{found.transport}/{found.queue}: reachable, backlog {figure(found.backlog)}, "
+        f"delayed {figure(found.delayed)}, unacked {figure(found.unacked)}, "
+        f"oldest {figure(found.oldest_age, 's')}"
+    )

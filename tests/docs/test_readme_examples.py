@@ -105,6 +105,8 @@ EXPECTED = {
     # docs/unique.rst: handlers that return DONE
     "search.refresh": (None, None),
     "billing.sync_customer": (None, None),
+    # docs/transports.rst: a handler that returns DONE
+    "imports.thumbnail": (None, None),
     # Django's Tasks framework: every task is a job of kind django.tasks; keyed by task.
     "docs_examples.send_welcome": ({"sent_to": 42}, None),
 }

@@ -23,6 +23,7 @@ from durable_jobs.exceptions import DurableJobsError, InvalidInput
 from durable_jobs.management import preflight
 from durable_jobs.models import Job
 from durable_jobs.states import Scope, Status
+from durable_jobs.transports import publishing
 from durable_jobs.validation import NAME
 from durable_jobs.waits.explain import explain_hold
 
@@ -366,4 +367,9 @@ class Command(BaseCommand):
                 for window, c in data["finished_last"].items()
             ),
         ]
+        if data["transports"]:
+            lines += ["transports:"] + [
+                "  " + publishing.describe(publishing.QueueHealth(**found))
+                for found in data["transports"]
+            ]
         self.stdout.write("\n".join(lines))
