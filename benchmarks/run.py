@@ -22,6 +22,9 @@ Scenarios (``--only`` picks some):
 ``scale``       throughput by total slots (1 to 64), claim contention, wake-ups per start.
 ``priorities``  100,000 due jobs across priorities: DEQUEUE flat, priority order kept.
 ``memory``      a long-running worker's RSS over many jobs.
+``transports``  the database transport against RabbitMQ and Redis Streams at 4, 16 and 64
+                slots over several processes: jobs/s, start-to-claim latency, commits and
+                server CPU per job (``benchmarks/transport_bench.py``).
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
@@ -46,7 +49,17 @@ from benchmarks.django_env import setup_django
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
-SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size", "scale", "priorities", "memory")
+SCENARIOS = (
+    "start",
+    "throughput",
+    "latency",
+    "heartbeat",
+    "size",
+    "scale",
+    "priorities",
+    "memory",
+    "transports",
+)
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
 EXTRA_SCENARIOS = ("trial",)
 
@@ -890,6 +903,47 @@ class Results:
             f">= {TARGETS['hot_share']:.0%}",
             report.verdict(None if share is None else share >= TARGETS["hot_share"]),
         )
+
+    def scenario_transports(self) -> None:
+        """Each transport against the database transport (benchmarks/transport_bench.py)."""
+        from benchmarks import transport_bench
+
+        found = transport_bench.run(
+            self.ctx,
+            n=200 if self.plan.quick else 3000,
+            m=20 if self.plan.quick else 100,
+            timeout=self.plan.worker_timeout,
+            quick=self.plan.quick,
+        )
+        self.raw["transports"] = found
+        if found["skipped"]:
+            self.notes.append(
+                "transports: no broker answers for " + ", ".join(found["skipped"]) + "; skipped"
+            )
+        for point in found["drains"]:
+            slots = point["processes"] * point["slots_per_process"]
+            cpu = point["server_cpu_ms_per_job"]
+            self.table_obj.add(
+                f"transports: {point['transport']}, {point['n']:,} no-op jobs, "
+                f"{point['processes']} x {point['slots_per_process']} = {slots} slots: jobs/s; "
+                "PostgreSQL commits and server CPU per job",
+                f"{_throughput_cell(point, None)}; {point['commits_per_job']:.2f} commits/job; "
+                + ("-" if cpu is None else f"{cpu:.2f} ms CPU/job"),
+                "-",
+                "-",
+                "",
+                "info",
+            )
+        for point in found["latency"]:
+            self.table_obj.add(
+                f"transports: {point['transport']}, {point['m']} single starts to an idle "
+                "2 x 2 fleet: start-to-claim p50/p90/p99 ms",
+                " / ".join(report.num(point[k]) for k in ("p50_ms", "p90_ms", "p99_ms")),
+                "-",
+                "-",
+                "",
+                "info",
+            )
 
     def scenario_scale(self) -> None:
         """Throughput by total slots, claim contention, wake-ups per start."""

@@ -9,6 +9,8 @@ database) before anything imports this, and tunes the worker subprocesses with:
                          which the test project leaves at Django's default, 0.
 ``BENCH_PREPARE_THRESHOLD``  sets ``OPTIONS["prepare_threshold"]`` (the opt-in that makes the
                          server-binding cursor and psycopg's prepared statements apply).
+``BENCH_TRANSPORT``      ``rabbitmq`` or ``redis`` moves every queue to that broker (with
+                         ``BENCH_BROKER_PREFIX``): ``benchmarks/transport_bench.py``.
 ``BENCH_OFF``            switches one mechanism off for the trial: ``prefetch``
                          (``MAX_PREFETCH = 1``), ``zygote`` (``START_METHOD = "spawn"``), or one
                          that ``bench_app/apps.py`` patches (``cloader``, ``srvbind``,
@@ -39,6 +41,19 @@ DURABLE_JOBS = {
     "NOTIFY_CHANNEL": None if os.environ.get("BENCH_NOTIFY", "1") == "0" else "durable_jobs",
     "POLL_INTERVAL": float(os.environ.get("BENCH_POLL_INTERVAL", "1.0")),
 }
+# ``BENCH_TRANSPORT``: every queue on that transport (benchmarks/transport_bench.py), with
+# ``BENCH_BROKER_PREFIX`` naming this run's queues on the broker.
+_transport = os.environ.get("BENCH_TRANSPORT", "database")
+if _transport != "database":
+    DURABLE_JOBS |= {
+        "TRANSPORT": _transport,
+        "QUEUES": ["default"],
+        "BROKER_URLS": {
+            "rabbitmq": "amqp://guest:guest@127.0.0.1:5672/%2F",
+            "redis": "redis://127.0.0.1:6379/0",
+        },
+        "BROKER_PREFIX": os.environ.get("BENCH_BROKER_PREFIX", "bench"),
+    }
 _off = os.environ.get("BENCH_OFF", "").strip()
 if _off == "prefetch":
     DURABLE_JOBS["MAX_PREFETCH"] = 1  # one claim per job: no batching
