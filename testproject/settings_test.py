@@ -50,6 +50,15 @@ for _name, _default in list(DURABLE_JOBS.items()) + [
         DURABLE_JOBS[_name] = (
             _raw if _name == "EXECUTION" else int(_raw) if _name.startswith("MAX_") else float(_raw)
         )
+# A worker subprocess on a broker transport (tests/brokers, tests/chaos): every queue on
+# DURABLE_JOBS_TRANSPORT, at DURABLE_JOBS_BROKER_URL, under DURABLE_JOBS_BROKER_PREFIX.
+if os.environ.get("DURABLE_JOBS_TRANSPORT"):
+    DURABLE_JOBS["TRANSPORT"] = os.environ["DURABLE_JOBS_TRANSPORT"]
+    DURABLE_JOBS["BROKER_URLS"] = {
+        os.environ["DURABLE_JOBS_TRANSPORT"]: os.environ["DURABLE_JOBS_BROKER_URL"]
+    }
+    DURABLE_JOBS["BROKER_PREFIX"] = os.environ["DURABLE_JOBS_BROKER_PREFIX"]
+    DURABLE_JOBS["QUEUES"] = ["default"]
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Behind a pooler (tests/acceptance/test_pgbouncer.py): the listener's direct connection,

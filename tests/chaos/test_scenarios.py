@@ -26,8 +26,10 @@ def start_imports(n: int, rows: int = 6, delay: float = 0.05) -> list:
     ]
 
 
-def finish_with_rescuer(processes, jobs, *, timeout: float = 60) -> None:
-    processes.worker("--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE)
+def finish_with_rescuer(processes, jobs, *, timeout: float = 60, env: dict | None = None) -> None:
+    processes.worker(
+        "--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE | (env or {})
+    )
     ids = [job.id for job in jobs]
     wait_until(
         lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
