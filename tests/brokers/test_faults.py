@@ -10,11 +10,13 @@ import threading
 import time
 
 import pytest
+from django.db import transaction
 
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.runtime import intake
 from durable_jobs.runtime.intake import Intake
+from durable_jobs.runtime.reconciler import Reconciler
 from durable_jobs.runtime.worker import Worker
 from durable_jobs.states import Scope
 from durable_jobs.transports import publishing as transports
@@ -159,3 +161,50 @@ def store_delivery(job):
     from durable_jobs.states import Delivery
 
     return Delivery(seq=job.continuation_seq, redrives=job.redrives)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_connection_cut_between_commit_and_publish__is_re_driven(transport, settings):
+    """The publisher's connection is up when the start commits and gone when it publishes:
+    the job waits, pending, until the broker is back, and the stale-pending pass re-drives
+    it under a new pair; a worker then claims it once."""
+    with own_broker(transport) as server:
+        settings.DURABLE_JOBS = {
+            **broker_settings(
+                settings.DURABLE_JOBS, transport, unique_prefix(), urls={transport: server.url}
+            ),
+            "BROKER_TIMEOUT": 1.0,
+        }
+        durable.start("demo.noop", queue=QUEUE)  # the publisher's connection is warm
+        with transaction.atomic():
+            transaction.on_commit(server.kill)  # runs first: after the commit, before the publish
+            job = durable.start("demo.noop", queue=QUEUE)
+        assert reload(job).queue_job_id is None  # the publish found the connection cut
+        server.start()
+
+        settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "PENDING_TTL": 0.001}
+        broker = transports.broker(transport)
+        # RabbitMQ came back with the warm-up's message (durable), which a consumer claims
+        # (the stale pass leaves a queue alone while it holds messages); Redis came back
+        # empty (no persistence here), so the warm-up job's delivery was lost as well.
+        while (received := broker.receive([QUEUE], wait=0.5)) is not None:
+            message = received.message
+            assert store.claim(message.job_id, message.scope, message.delivery, "w", 30_000)
+            broker.ack(received)
+        # RabbitMQ's queue count trails the ack by a moment: a pass that still sees the
+        # message leaves the queue alone, and the next one re-drives.
+        redriven = 0
+        deadline = time.monotonic() + 5
+        while not redriven and time.monotonic() < deadline:
+            redriven = Reconciler().run_pass().lost_deliveries
+            time.sleep(0.1)
+        published = []
+        while (received := broker.receive([QUEUE], wait=1.0)) is not None:
+            published.append(received.message)
+            broker.ack(received)
+        transports.close_all()
+
+    assert redriven == (1 if transport == "rabbitmq" else 2)
+    assert (str(job.id), 0, 1) in {(m.job_id, m.seq, m.redrives) for m in published}
+    assert reload(job).redrives == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import transaction
@@ -260,3 +261,18 @@ def test_the_worker__runs_broker_jobs_to_completion(brokered, settings, kinds):
     assert reload(jobs[4]).continuation_seq == 2
     assert backlog(settles_at=(0, 0)) == (0, 0)
     assert conf.transport_of(QUEUE, conf.get()) == brokered
+
+
+def test_start__a_job_due_later_is_never_delivered_early(brokered):
+    """A claim reads no run time (the seed's reason), so the message itself waits."""
+    job = durable.start("demo.noop", queue=QUEUE, run_after=timedelta(seconds=1.5))
+    worker = Intake([QUEUE])
+
+    assert take(worker, wait=0.5)[0] == []
+    deadline = time.monotonic() + 5
+    claimed: list = []
+    while not claimed and time.monotonic() < deadline:
+        claimed, _ = take(worker, wait=0.5)
+    assert [j.id for j in claimed] == [job.id]
+    row = reload(job)
+    assert row.started_at >= row.created_at + timedelta(seconds=1.5)
