@@ -229,11 +229,17 @@ def throughput_prefilled(
     timeout: float,
     conn_max_age: str | None = None,
     prefix: list[str] | None = None,
+    execution: str | None = None,
+    extra_env: dict | None = None,
 ) -> dict:
     cpu0 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
-    cmds = [(prefix or []) + ctx.worker_cmd(slots, burst=True) for _ in range(processes)]
+    cmds = [
+        (prefix or []) + ctx.worker_cmd(slots, burst=True, execution=execution)
+        for _ in range(processes)
+    ]
     logs = [ctx.logs / f"durable-{tag}-{i}.log" for i in range(processes)]
-    group = procs.Group(cmds, env=ctx.worker_env(conn_max_age=conn_max_age), cwd=REPO, logs=logs)
+    env = ctx.worker_env(conn_max_age=conn_max_age) | (extra_env or {})
+    group = procs.Group(cmds, env=env, cwd=REPO, logs=logs)
     results = group.wait(timeout)
     cpu1 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
     row = ctx.sql(

@@ -21,11 +21,10 @@ import time
 import uuid
 
 import django.conf
-from django.db import transaction
 
 import durable_jobs as durable
 from benchmarks import procs
-from benchmarks.durable_bench import KIND, REPO, TABLE, Ctx, reset
+from benchmarks.durable_bench import KIND, REPO, TABLE, Ctx, fill, reset, throughput_prefilled
 
 TRANSPORTS = ("database", "rabbitmq", "redis")
 PORTS = {"rabbitmq": 5672, "redis": 6379}
@@ -63,49 +62,26 @@ def _commits(ctx: Ctx) -> int:
     return int(row[0][0])
 
 
-def _start(n: int, batch: int = 200) -> None:
-    done = 0
-    while done < n:
-        chunk = min(batch, n - done)
-        with transaction.atomic():
-            for _ in range(chunk):
-                durable.start(KIND)
-        done += chunk
-
-
 def drain(ctx: Ctx, transport: str, n: int, *, processes: int, slots: int, timeout: float) -> dict:
     reset()
-    env = ctx.worker_env() | _configure(transport, f"bench.{uuid.uuid4().hex[:8]}")
+    env = _configure(transport, f"bench.{uuid.uuid4().hex[:8]}")
     before = _commits(ctx)
     began = time.perf_counter()
-    _start(n)
+    fill(n, batch=200)
     start_seconds = time.perf_counter() - began
-    cpu0 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
-    tag = f"transport-{transport}-{processes}x{slots}"
-    cmds = [ctx.worker_cmd(slots, burst=True, execution="thread") for _ in range(processes)]
-    logs = [ctx.logs / f"{tag}-{i}.log" for i in range(processes)]
-    results = procs.Group(cmds, env=env, cwd=REPO, logs=logs).wait(timeout)
-    cpu1 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
-    after = _commits(ctx)
-    completed, total, window = ctx.sql(
-        f"""SELECT count(*) FILTER (WHERE status = 'completed'), count(*),
-                   extract(epoch FROM max(finished_at) - min(started_at))
-              FROM {TABLE} WHERE kind = %s""",
-        [KIND],
-    )[0]
-    out = procs.drain_figures(
-        results,
-        n=n,
-        completed=completed,
-        rows=total,
-        window=window,
-        server_cpu=(cpu0, cpu1),
-        logs=logs,
+    out = throughput_prefilled(
+        ctx,
+        n,
+        processes=processes,
+        slots=slots,
+        tag=f"transport-{transport}-{processes}x{slots}",
+        timeout=timeout,
+        execution="thread",
+        extra_env=env,
     )
+    after = _commits(ctx)
     return out | {
         "transport": transport,
-        "processes": processes,
-        "slots_per_process": slots,
         "start_seconds": start_seconds,
         "commits_per_job": (after - before) / n,
         "server_cpu_ms_per_job": None

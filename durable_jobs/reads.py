@@ -66,23 +66,26 @@ def list_jobs(
 
 #: A job waiting out a backoff: a failed slice waiting for its retry (running, its lease
 #: released) or a re-driven one held back by the re-drive backoff; not a wait condition's
-#: hold and not a start scheduled with run_after.
+#: hold and not a start scheduled with run_after. ``slack_ms``: a broker queue's retry is
+#: still on its way a moment past its run time (its delay rounded up, a read cycle).
 WAITING_OUT_A_BACKOFF = f"""
 SELECT count(*), extract(epoch FROM min(next_run_at) - clock_timestamp())
   FROM {TABLE}
  WHERE queue_name = ANY(%(queues)s::text[]) AND kind = ANY(%(kinds)s::text[])
    AND status IN ('pending', 'running') AND lease_owner IS NULL
-   AND next_run_at > clock_timestamp() AND held_since IS NULL
+   AND next_run_at > clock_timestamp() - (%(slack_ms)s::bigint * interval '1 millisecond')
+   AND held_since IS NULL
    AND (status = 'running' OR redrives_since_commit > 0 OR consecutive_failures > 0)
 """
 
 
 def waiting_out_a_backoff(
-    queues: list[str], kinds: list[str], *, using: str = DEFAULT_DB_ALIAS
+    queues: list[str], kinds: list[str], *, slack_ms: int = 0, using: str = DEFAULT_DB_ALIAS
 ) -> tuple[int, float | None]:
     """How many jobs of ``kinds`` in ``queues`` wait out a retry backoff, and in how many
     seconds the first is due (None when none waits)."""
-    with execute(using, WAITING_OUT_A_BACKOFF, {"queues": queues, "kinds": kinds}) as cursor:
+    params = {"queues": queues, "kinds": kinds, "slack_ms": slack_ms}
+    with execute(using, WAITING_OUT_A_BACKOFF, params) as cursor:
         count, seconds = cursor.fetchone()
     return int(count), (None if seconds is None else float(seconds))
 

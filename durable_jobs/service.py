@@ -344,20 +344,12 @@ def start(
         raise IdempotencyInputMismatch(idempotency_key or "", job.id)
     if result.created:
         if transports.is_brokered(job.queue_name, settings):
-            transports.publish_after_commit(job, delay_ms=_delay_ms(job, fields), using=using)
+            transports.publish_after_commit(
+                job, delay_ms=transports.start_delay_ms(job, fields), using=using
+            )
         metrics.emit("jobs_started", kind=kind)
         signals.job_started.send_robust(sender=Job, job=job)
     return job
-
-
-def _delay_ms(job: Job, fields: dict[str, Any]) -> int:
-    """How long after its commit a new job's first message may be delivered: never sooner
-    than its run time, since a claim reads no run time (the seed's reason). A relative
-    delay is the one asked for; an instant is measured from the start's transaction
-    (``created_at``, the database's clock), earlier than the commit, so never early."""
-    if fields["run_at"] is None or job.created_at is None:
-        return int(fields["delay_ms"])
-    return max(0, round((fields["run_at"] - job.created_at).total_seconds() * 1000))
 
 
 def start_many(
@@ -436,7 +428,7 @@ def start_many(
         if result.created and transports.is_brokered(fields["queue"], settings)
     ]
     if brokered:
-        _publish_started(brokered, scope, using)
+        transports.publish_started(brokered, scope, using=using)
     created: dict[str, int] = {}
     for result in results:
         if result.created:
@@ -444,28 +436,6 @@ def start_many(
     for kind, count in created.items():
         metrics.emit("jobs_started", count, kind=kind)
     return [result.id for result in results]
-
-
-def _publish_started(
-    brokered: list[tuple[dict[str, Any], store.BulkInsertResult]], scope: Scope, using: str
-) -> None:
-    """Publish a batch's new broker-queue jobs after commit (invariant 31), each delayed
-    to its run time by the database's clock: a claim reads no run time, so a message
-    delivered early would run its job early."""
-    now = db.database_now(using=using) if any(f["run_at"] for f, _ in brokered) else None
-    for fields, result in brokered:
-        delay_ms = fields["delay_ms"]
-        if fields["run_at"] is not None and now is not None:
-            delay_ms = max(0, round((fields["run_at"] - now).total_seconds() * 1000))
-        transports.publish_new_after_commit(
-            result.id,
-            queue=fields["queue"],
-            kind=fields["kind"],
-            tenant=scope.tenant,
-            organization=scope.organization,
-            delay_ms=delay_ms,
-            using=using,
-        )
 
 
 def _same_input(stored: Any, given_json: str | None) -> bool:

@@ -43,6 +43,9 @@ log = logging.getLogger("durable_jobs.worker")
 
 #: While a broker is down, how often a slot tries it again.
 RETRY_BROKER_EVERY = 2.0
+#: How long past its run time a broker's delayed message may still be on its way (a
+#: RabbitMQ delay rounded up, a Redis read cycle): a burst run waits that long for it.
+DELIVERY_SLACK_MS = 3000
 #: What a slot does after a claim step that claimed nothing (``Intake.claim``).
 AGAIN, REST, WAITED = "again", "rest", "waited"
 #: Slice ends after which the job awaits no delivery (finished, or lost to another holder).

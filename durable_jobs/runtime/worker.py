@@ -288,7 +288,10 @@ class Worker(Supervision, WakeUps):
         """Seconds until the first job this burst could run is due again after a backoff."""
         try:
             count, due_in = reads.waiting_out_a_backoff(
-                self.queues, registry.kinds(), using=self.using
+                self.queues,
+                registry.kinds(),
+                slack_ms=intake.DELIVERY_SLACK_MS if self._intake.brokers else 0,
+                using=self.using,
             )
         except (DatabaseError, InterfaceError):
             return None  # the burst ends; the claim loop's own retries cover an outage

@@ -32,7 +32,14 @@ from typing import Any
 import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
 
-from durable_jobs.transports.base import Broker, BrokerUnavailable, Message, QueueHealth, Received
+from durable_jobs.transports.base import (
+    Broker,
+    BrokerUnavailable,
+    Message,
+    QueueHealth,
+    Received,
+    close_quietly,
+)
 
 _FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
 
@@ -93,11 +100,7 @@ class RabbitMQ(Broker):
     def close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         self._declared.clear()
-        if connection is not None:
-            try:
-                connection.close()
-            except Exception:  # noqa: BLE001 - already broken: dropping it is all that is left
-                pass
+        close_quietly(connection)
 
     def _failed(self, error: BaseException) -> BrokerUnavailable:
         self.close()

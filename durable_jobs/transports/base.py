@@ -137,3 +137,13 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Drop the connection (the next call reconnects)."""
+
+
+def close_quietly(resource: Any) -> None:
+    """Close a connection that may already be broken: dropping it is all that is left."""
+    if resource is None:
+        return
+    try:
+        resource.close()
+    except Exception:  # noqa: BLE001 - broken already; the next call reconnects
+        pass

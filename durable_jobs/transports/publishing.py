@@ -26,12 +26,13 @@ import threading
 import time
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, transaction
 
 from durable_jobs import conf, store
-from durable_jobs.states import Delivery
+from durable_jobs.db import database_now
+from durable_jobs.states import Delivery, Scope
 from durable_jobs.transports.base import (
     Broker,
     BrokerUnavailable,
@@ -60,6 +61,8 @@ __all__ = [
     "publish_job",
     "publish_new_after_commit",
     "publish_row",
+    "publish_started",
+    "start_delay_ms",
     "remove_after_commit",
     "stale_candidate_queues",
 ]
@@ -199,18 +202,20 @@ def publish_job(
     return True
 
 
+def _current_delivery(job: Job) -> dict[str, Any]:
+    """What ``publish_job`` needs of a row as a statement returned it."""
+    return {
+        "queue": job.queue_name,
+        "kind": job.kind,
+        "tenant": job.tenant_id,
+        "organization": job.organization_id,
+        "delivery": Delivery(seq=job.continuation_seq, redrives=job.redrives),
+    }
+
+
 def publish_row(job: Job, *, delay_ms: int = 0, using: str = DEFAULT_DB_ALIAS) -> bool:
     """``publish_job`` for a row as a statement returned it."""
-    return publish_job(
-        job.id,
-        queue=job.queue_name,
-        kind=job.kind,
-        tenant=job.tenant_id,
-        organization=job.organization_id,
-        delivery=Delivery(seq=job.continuation_seq, redrives=job.redrives),
-        delay_ms=delay_ms,
-        using=using,
-    )
+    return publish_job(job.id, **_current_delivery(job), delay_ms=delay_ms, using=using)
 
 
 def publish_after_commit(job: Job, *, delay_ms: int = 0, using: str = DEFAULT_DB_ALIAS) -> None:
@@ -219,16 +224,7 @@ def publish_after_commit(job: Job, *, delay_ms: int = 0, using: str = DEFAULT_DB
     A rolled-back start publishes nothing; a crash between the commit and the publish is
     the lost publish the stale-pending pass exists for.
     """
-    publish_new_after_commit(
-        job.id,
-        queue=job.queue_name,
-        kind=job.kind,
-        tenant=job.tenant_id,
-        organization=job.organization_id,
-        delivery=Delivery(seq=job.continuation_seq, redrives=job.redrives),
-        delay_ms=delay_ms,
-        using=using,
-    )
+    publish_new_after_commit(job.id, **_current_delivery(job), delay_ms=delay_ms, using=using)
 
 
 def publish_new_after_commit(
@@ -265,6 +261,37 @@ def _publish_quietly(job_id: object, **delivery: object) -> None:
         publish_job(job_id, **delivery)  # type: ignore[arg-type]
     except Exception:
         log.exception("job %s: publishing its delivery failed", job_id)
+
+
+def start_delay_ms(job: Job, fields: dict[str, Any]) -> int:
+    """How long after its commit a new job's first message may be delivered: never sooner
+    than its run time, since a claim reads no run time (the seed's reason). A relative
+    delay is the one asked for; an instant is measured from the start's transaction
+    (``created_at``, the database's clock), earlier than the commit, so never early."""
+    if fields["run_at"] is None or job.created_at is None:
+        return int(fields["delay_ms"])
+    return max(0, round((fields["run_at"] - job.created_at).total_seconds() * 1000))
+
+
+def publish_started(
+    brokered: list[tuple[dict[str, Any], Any]], scope: Scope, *, using: str = DEFAULT_DB_ALIAS
+) -> None:
+    """Publish a batch's new broker-queue jobs after commit (``start_many``), each delayed to
+    its run time by the database's clock (one reading, only when an instant was given)."""
+    now = database_now(using=using) if any(f["run_at"] for f, _ in brokered) else None
+    for fields, result in brokered:
+        delay_ms = fields["delay_ms"]
+        if fields["run_at"] is not None and now is not None:
+            delay_ms = max(0, round((fields["run_at"] - now).total_seconds() * 1000))
+        publish_new_after_commit(
+            result.id,
+            queue=fields["queue"],
+            kind=fields["kind"],
+            tenant=scope.tenant,
+            organization=scope.organization,
+            delay_ms=delay_ms,
+            using=using,
+        )
 
 
 def remove_after_commit(job: Job, *, using: str = DEFAULT_DB_ALIAS) -> None:

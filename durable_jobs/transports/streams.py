@@ -28,7 +28,14 @@ from typing import Any
 import redis
 import redis.exceptions
 
-from durable_jobs.transports.base import Broker, BrokerUnavailable, Message, QueueHealth, Received
+from durable_jobs.transports.base import (
+    Broker,
+    BrokerUnavailable,
+    Message,
+    QueueHealth,
+    Received,
+    close_quietly,
+)
 
 _FAILURES = (redis.exceptions.RedisError, OSError)
 GROUP = "durable_jobs"
@@ -56,6 +63,13 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[1]), ARGV[2])
 return 1
+"""
+
+
+# Ack an entry and delete it, in one step: the stream keeps only what is not yet handled.
+_ACK_AND_DELETE = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+return redis.call('XDEL', KEYS[1], ARGV[2])
 """
 
 
@@ -96,11 +110,7 @@ class RedisStreams(Broker):
     def close(self) -> None:
         client, self._client = self._client, None
         self._groups.clear()
-        if client is not None:
-            try:
-                client.close()
-            except Exception:  # noqa: BLE001 - already broken: dropping it is all that is left
-                pass
+        close_quietly(client)
 
     def _failed(self, error: BaseException) -> BrokerUnavailable:
         self.close()
@@ -172,10 +182,7 @@ class RedisStreams(Broker):
     def ack(self, received: Received) -> None:
         stream, entry_id = received.tag
         try:
-            pipe = self._open().pipeline(transaction=True)
-            pipe.xack(stream, GROUP, entry_id)
-            pipe.xdel(stream, entry_id)
-            pipe.execute()
+            self._open().eval(_ACK_AND_DELETE, 1, stream, GROUP, entry_id)
         except _FAILURES as error:
             raise self._failed(error) from error
 

@@ -20,6 +20,7 @@ from durable_jobs.transports import publishing as transports
 from durable_jobs.transports import streams
 from tests.brokers.support import QUEUE
 from tests.factories import reload
+from tests.integration.support import fail
 
 TTL_MS = 30_000
 
@@ -118,15 +119,7 @@ def test_consume__a_retry_is_published_with_its_backoff(brokered):
     job = durable.start("demo.noop", queue=QUEUE)
     worker = Intake([QUEUE])
     [claimed] = take(worker)[0]
-    assert store.fail_slice(
-        lease(claimed),
-        error_class="transient",
-        code="x",
-        message="x",
-        max_failures=5,
-        backoff_base_ms=300,
-        backoff_max_ms=300,
-    )
+    assert fail(lease(claimed), backoff_base_ms=300, backoff_max_ms=300)
     worker.after_slice(claimed)
 
     assert take(worker, wait=0.0)[0] == []  # not before its backoff (0.15-0.3 s)
