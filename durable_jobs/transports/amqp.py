@@ -73,7 +73,14 @@ class RabbitMQ(Broker):
     # --- connection ---
     def _open(self) -> Any:
         if self._channel is not None and self._channel.is_open:
-            return self._channel
+            try:
+                # Answers the heartbeats missed while the connection sat idle, and finds a
+                # connection the broker dropped meanwhile: a new one is made below.
+                assert self._connection is not None
+                self._connection.process_data_events(time_limit=0)
+                return self._channel
+            except _FAILURES:
+                pass
         self.close()
         params = pika.URLParameters(self.url)
         params.socket_timeout = self.timeout
@@ -97,6 +104,10 @@ class RabbitMQ(Broker):
             channel.queue_declare(name, durable=True, arguments=arguments)
             self._declared.add(name)
 
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None
+
     def close(self) -> None:
         connection, self._connection, self._channel = self._connection, None, None
         self._declared.clear()
@@ -107,7 +118,7 @@ class RabbitMQ(Broker):
         return BrokerUnavailable(self.name, _reason(error))
 
     # --- publishing ---
-    def publish(self, queue: str, message: Message, *, delay_ms: int) -> str:
+    def _publish(self, queue: str, message: Message, *, delay_ms: int) -> str:
         channel = self._open()
         target = self.key(queue)
         message_id = uuid.uuid4().hex
@@ -144,7 +155,7 @@ class RabbitMQ(Broker):
         return message_id
 
     # --- consuming ---
-    def receive(self, queues: Sequence[str], *, wait: float) -> Received | None:
+    def _receive(self, queues: Sequence[str], *, wait: float) -> Received | None:
         channel = self._open()
         got: list[Received] = []
 

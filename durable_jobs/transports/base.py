@@ -14,11 +14,13 @@ import abc
 import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from durable_jobs.exceptions import DurableJobsError
 from durable_jobs.states import Delivery, Scope
+
+T = TypeVar("T")
 
 
 class BrokerUnavailable(DurableJobsError):
@@ -109,13 +111,42 @@ class Broker(abc.ABC):
         """The broker-side name of ``queue``: the prefix keeps projects sharing a broker apart."""
         return f"{self.prefix}.{queue}"
 
-    @abc.abstractmethod
     def publish(self, queue: str, message: Message, *, delay_ms: int) -> str:
         """Publish, confirmed by the broker; return its message id. BrokerUnavailable otherwise."""
+        return self._once_more_if_stale(lambda: self._publish(queue, message, delay_ms=delay_ms))
 
-    @abc.abstractmethod
     def receive(self, queues: Sequence[str], *, wait: float) -> Received | None:
         """Take at most one message from ``queues``, waiting up to ``wait`` seconds."""
+        return self._once_more_if_stale(lambda: self._receive(queues, wait=wait))
+
+    def _once_more_if_stale(self, attempt: Callable[[], T]) -> T:
+        """Run ``attempt``; when it fails on a connection made earlier, once more on a new one.
+
+        A connection that sat idle (a web thread between requests, a slot's connection
+        during a slice of an hour, whose heartbeats nobody answered) may have been dropped
+        by the broker: that is not an outage, and calling it one would log a WARNING and
+        leave a start to the stale-pending pass. A failure on a fresh connection is one.
+        """
+        made_earlier = self.connected
+        try:
+            return attempt()
+        except BrokerUnavailable:
+            if not made_earlier:
+                raise
+        return attempt()  # the failed attempt closed the old connection
+
+    @property
+    @abc.abstractmethod
+    def connected(self) -> bool:
+        """Whether a connection was made (and not closed since): it may have gone stale."""
+
+    @abc.abstractmethod
+    def _publish(self, queue: str, message: Message, *, delay_ms: int) -> str:
+        """One publish attempt (``publish``)."""
+
+    @abc.abstractmethod
+    def _receive(self, queues: Sequence[str], *, wait: float) -> Received | None:
+        """One receive attempt (``receive``)."""
 
     @abc.abstractmethod
     def ack(self, received: Received) -> None:

@@ -107,6 +107,10 @@ class RedisStreams(Broker):
                 raise
         self._groups.add(stream)
 
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
+
     def close(self) -> None:
         client, self._client = self._client, None
         self._groups.clear()
@@ -120,7 +124,7 @@ class RedisStreams(Broker):
         )
 
     # --- publishing ---
-    def publish(self, queue: str, message: Message, *, delay_ms: int) -> str:
+    def _publish(self, queue: str, message: Message, *, delay_ms: int) -> str:
         body = message.encode().decode()
         try:
             client = self._open()
@@ -134,7 +138,7 @@ class RedisStreams(Broker):
         return entry.decode() if isinstance(entry, bytes) else str(entry)
 
     # --- consuming ---
-    def receive(self, queues: Sequence[str], *, wait: float) -> Received | None:
+    def _receive(self, queues: Sequence[str], *, wait: float) -> Received | None:
         try:
             client = self._open()
             streams: dict[Any, Any] = {}

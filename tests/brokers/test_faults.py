@@ -208,3 +208,27 @@ def test_a_connection_cut_between_commit_and_publish__is_re_driven(transport, se
     assert redriven == (1 if transport == "rabbitmq" else 2)
     assert (str(job.id), 0, 1) in {(m.job_id, m.seq, m.redrives) for m in published}
     assert reload(job).redrives == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_connection_the_broker_dropped_while_idle__reconnects_without_an_outage(
+    transport, settings, caplog
+):
+    """A web thread's or a slot's connection, idle for an hour, may be gone: the next
+    publish reconnects once, quietly, instead of logging an outage and leaving the start
+    to the stale-pending pass."""
+    with own_broker(transport) as server:
+        settings.DURABLE_JOBS = broker_settings(
+            settings.DURABLE_JOBS, transport, unique_prefix(), urls={transport: server.url}
+        )
+        durable.start("demo.noop", queue=QUEUE)  # this thread's connection is made
+        server.kill()
+        server.start()  # the broker is back; this thread's connection is not
+        with caplog.at_level(logging.WARNING, logger="durable_jobs.transports"):
+            job = durable.start("demo.noop", queue=QUEUE)
+        recorded = reload(job).queue_job_id
+        transports.close_all()
+
+    assert recorded is not None
+    assert [r for r in caplog.records if r.name == "durable_jobs.transports"] == []
