@@ -42,7 +42,17 @@ from durable_jobs.unique import Unique
 if TYPE_CHECKING:
     from durable_jobs.models import Job
     from durable_jobs.runtime.context import Slice
-    from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
+    from durable_jobs.service import (
+        cancel,
+        cancel_tree,
+        children,
+        get,
+        list_jobs,
+        redrive,
+        send_event,
+        start,
+        start_many,
+    )
 
 _LAZY = {
     "start": "durable_jobs.service",
@@ -51,6 +61,9 @@ _LAZY = {
     "list_jobs": "durable_jobs.service",
     "cancel": "durable_jobs.service",
     "redrive": "durable_jobs.service",
+    "send_event": "durable_jobs.service",
+    "cancel_tree": "durable_jobs.service",
+    "children": "durable_jobs.service",
     "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }
@@ -89,6 +102,9 @@ __all__ = [
     "list_jobs",
     "cancel",
     "redrive",
+    "send_event",
+    "cancel_tree",
+    "children",
     "Slice",
     "Job",
 ]

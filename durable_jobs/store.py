@@ -63,6 +63,7 @@ from durable_jobs.db import (
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, UniqueKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     ATTEMPT_TABLE,
+    EVENT_TABLE,
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
     LOCK_KEY_INDEX,
@@ -1901,14 +1902,18 @@ def operator_redrive(
     holding the row.
     """
     params = {"id": job_id, **scope_params(scope), "force": force, "grace_ms": grace_ms}
+
+    def redrive() -> Job | None:
+        # A failed child made live again is uncounted on its parent in the same
+        # transaction, its old status read under the row lock (invariant 30).
+        was = lock_child(job_id, scope, using=using)
+        job = fetch_job(using, OPERATOR_REDRIVE, params)
+        if job is not None and was is not None and was[0] == "failed" and was[1] is not None:
+            uncount_child(was[1], using=using)
+        return job
+
     try:
-        return _waiting_at_most(
-            lock_timeout_ms,
-            job_id,
-            "redrive",
-            lambda: fetch_job(using, OPERATOR_REDRIVE, params),
-            using=using,
-        )
+        return _waiting_at_most(lock_timeout_ms, job_id, "redrive", redrive, using=using)
     except IntegrityError as error:
         constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
         if constraint == WAIT_KEY_INDEX:
@@ -2504,3 +2509,342 @@ RETURNING {COLUMNS}
 def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Bring a scheduled job's run time to now (the testing helpers' fast-forward)."""
     return fetch_job(using, MAKE_DUE, {"id": job_id})
+
+
+# ---------------------------------------------------------------------------------------
+# 9. Workflows (durable_jobs.workflows): children, fan-in, events, durable sleep
+#
+# Invariant 29, a child is born once: a child is inserted by its parent's lease holder,
+# fenced by the parent's lease in the same statement (and, inside ``fenced()``, under the
+# row lock that transaction already holds), with an id derived from the parent and the
+# spawn key; a re-run slice's insert finds the child and adds nothing.
+#
+# Invariant 30, waiting holds no lease: a wait is a yield (continuation_seq + 1, lease
+# released) whose next_run_at is NULL until something wakes it, or the instant a sleep or
+# an event's timeout ends. The deliverable predicate needs next_run_at, so a held job is
+# simply not claimed. Who wakes it decides under the job's row lock, never from a read:
+# a child's terminal statement moves its parent's counters (children_ended,
+# children_failed) and wakes it in the same UPDATE when what it waits for has happened;
+# that UPDATE matches the parent row unconditionally and puts its condition in the SET,
+# so two children ending at once are serialised on the parent row and the second one
+# re-evaluates against the first one's committed counters (never zero wakes, never two).
+# ---------------------------------------------------------------------------------------
+
+_ENDED = "('completed', 'failed', 'cancelled')"
+
+
+def _children_ready(ended: str, failed: str, total: str, wait: str) -> str:
+    """SQL: has what ``wait`` (a flow_wait jsonb) waits for happened, given the counters?
+
+    ``at_least`` (None: all children) is capped at the children spawned; policy ``wait``
+    counts only completed children, ``continue`` every ended one, and ``fail``/``cancel``
+    wake at the first failed or cancelled child too (see durable_jobs.workflows.policy).
+    """
+    want = f"least(coalesce(({wait}->>'at_least')::int, {total}), {total})"
+    return f"""(CASE coalesce({wait}->>'policy', 'fail')
+            WHEN 'wait' THEN ({ended}) - ({failed}) >= {want}
+            WHEN 'continue' THEN ({ended}) >= {want}
+            ELSE ({failed}) > 0 OR ({ended}) >= {want} END)"""
+
+
+#: A job held by a wait for its children (not yet woken: next_run_at still NULL).
+_HELD_FOR_CHILDREN = (
+    "p.status = 'pending' AND p.lease_owner IS NULL AND p.next_run_at IS NULL "
+    "AND p.flow_wait->>'on' = 'children'"
+)
+
+
+def _tell_parents(source: str) -> str:
+    """CTEs that count the rows of ``source`` (id, parent_id, status) that ended on their parents.
+
+    Parents are locked in id order (two batches ending children of the same parents cannot
+    deadlock), a parent ending in the same statement is left alone, and a held parent is
+    woken by the UPDATE whose counters first satisfy its wait (invariant 30).
+    """
+    ready = _children_ready(
+        "p.children_ended + t.ended",
+        "p.children_failed + t.failed",
+        "p.children_total",
+        "p.flow_wait",
+    )
+    return f"""{source}_tally AS (
+    SELECT parent_id, count(*)::int AS ended,
+           (count(*) FILTER (WHERE status <> 'completed'))::int AS failed
+      FROM {source}
+     WHERE parent_id IS NOT NULL AND status IN {_ENDED}
+     GROUP BY parent_id
+), {source}_parents AS MATERIALIZED (
+    SELECT p.id FROM {TABLE} AS p JOIN {source}_tally AS t ON p.id = t.parent_id
+     WHERE p.id NOT IN (SELECT id FROM {source})
+     ORDER BY p.id
+       FOR UPDATE OF p
+), {source}_told AS (
+    UPDATE {TABLE} AS p
+       SET children_ended = p.children_ended + t.ended,
+           children_failed = p.children_failed + t.failed,
+           next_run_at = CASE WHEN {_HELD_FOR_CHILDREN} AND {ready}
+                              THEN clock_timestamp() ELSE p.next_run_at END,
+           updated_at = now()
+      FROM {source}_tally AS t, {source}_parents AS l
+     WHERE p.id = t.parent_id AND p.id = l.id
+    RETURNING p.id
+)"""
+
+
+def _telling_parents(statement: str) -> str:
+    """``statement`` (a terminal UPDATE) with its parent's counters moved in the same statement.
+
+    Works on the two shapes the terminal statements have: ``UPDATE … RETURNING {COLUMNS}``
+    and ``WITH x AS (UPDATE …), … SELECT {COLUMNS} FROM x``.
+    """
+    body = statement.strip()
+    tail = f"RETURNING {COLUMNS}"
+    if body.startswith("UPDATE") and body.endswith(tail):
+        return (
+            f"WITH ended AS (\n{body}\n), {_tell_parents('ended')}\nSELECT {COLUMNS} FROM ended\n"
+        )
+    head, _, source = body.rpartition(f"\nSELECT {COLUMNS} FROM ")
+    assert head.startswith("WITH") and source.isidentifier(), "a terminal statement's shape"
+    return f"{head},\n{_tell_parents(source)}\nSELECT {COLUMNS} FROM {source}\n"
+
+
+# Every statement that ends a job tells its parent, in the same statement (invariant 30):
+# the terminal CAS, the batched completion, a pending job's cancellation, and every park.
+COMPLETE = _telling_parents(COMPLETE)
+FAIL_TERMINAL = _telling_parents(FAIL_TERMINAL)
+FINISH_CANCELLED = _telling_parents(FINISH_CANCELLED)
+CANCEL_PENDING = _telling_parents(CANCEL_PENDING)
+PARK = _telling_parents(PARK)
+BUMP_MIRROR_ATTEMPTS = _telling_parents(BUMP_MIRROR_ATTEMPTS)
+BUMP_PENDING_MIRROR_ATTEMPTS = _telling_parents(BUMP_PENDING_MIRROR_ATTEMPTS)
+TAKE_ORPHAN = _telling_parents(TAKE_ORPHAN)
+CHARGE_INTERRUPTION = _telling_parents(CHARGE_INTERRUPTION)
+COMPLETE_MANY = (
+    "WITH ended AS (\n"
+    + COMPLETE_MANY.strip().removesuffix("RETURNING j.id")
+    + f"RETURNING j.id, j.parent_id, j.status\n), {_tell_parents('ended')}\nSELECT id FROM ended\n"
+)
+
+# The child's row: the parent's scope and queue settings, a creator naming the parent.
+# ON CONFLICT DO NOTHING: the child this parent already spawned under this key (the same
+# id, the same (parent, key)) is the answer, and the insert adds nothing (invariant 29).
+SPAWN_CHILDREN = f"""
+WITH parent AS (
+    SELECT id, tenant_id, organization_id, priority FROM {TABLE}
+     WHERE id = %(id)s AND {LEASE_HELD}
+       FOR UPDATE
+), born AS (
+    INSERT INTO {TABLE} (
+        id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
+        input, parent_id, spawn_key, queue_name, priority, next_run_at, pending_since
+    )
+    SELECT r.id, p.tenant_id, p.organization_id, r.kind, 'pending', 'job:' || p.id::text,
+           now(), now(), r.input, p.id, r.spawn_key, r.queue, coalesce(r.priority, p.priority),
+           clock_timestamp(), now()
+      FROM parent AS p,
+           jsonb_to_recordset(%(rows)s::jsonb)
+           AS r(id uuid, kind text, spawn_key text, input jsonb, queue text, priority smallint)
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue_name
+), counted AS (
+    UPDATE {TABLE} AS j
+       SET children_total = j.children_total + (SELECT count(*) FROM born), updated_at = now()
+      FROM parent AS p
+     WHERE j.id = p.id
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM parent), (SELECT count(*) FROM born),
+       (SELECT count(pg_notify(%(channel)s, q.queue_name))
+          FROM (SELECT DISTINCT queue_name FROM born) AS q
+         WHERE %(channel)s::text IS NOT NULL)
+"""
+
+
+def spawn_children(
+    lease: Lease,
+    rows: Sequence[dict[str, Any]],
+    *,
+    notify_channel: str | None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Insert the parent's children (fenced by its lease); how many were new, None: lease gone.
+
+    ``rows`` carry ``id`` (``workflows.child_id``), ``kind``, ``spawn_key``, ``input``,
+    ``queue`` and ``priority``. A child already spawned under its key is left as it is.
+    The wake-up NOTIFY is delivered at the caller's commit (or dropped with its rollback).
+    """
+    params = {**_lease(lease), "rows": json.dumps(list(rows)), "channel": notify_channel}
+    with execute(using, SPAWN_CHILDREN, params) as cursor:
+        found, born, _ = cursor.fetchone()
+    return None if not found else int(born)
+
+
+# The wait: a yield that holds. Run by the worker after assert_lease has locked the row in
+# the same transaction, so the EXISTS below (its own statement, a fresh snapshot) sees
+# every event whose sender committed before the lock was granted; a sender after it waits
+# for this row and then wakes the job itself (SEND_EVENT).
+HOLD_FOR_WAIT = f"""
+UPDATE {TABLE}
+   SET status = 'pending',
+       continuation_seq = continuation_seq + 1,
+       lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       pending_since = now(),
+       flow_wait = %(wait)s::jsonb,
+       next_run_at = CASE %(on)s
+           WHEN 'sleep' THEN clock_timestamp() + {_ms("delay_ms")}
+           WHEN 'children' THEN CASE
+               WHEN {_children_ready("children_ended", "children_failed", "children_total", "%(wait)s::jsonb")}
+               THEN clock_timestamp() END
+           ELSE CASE
+               WHEN EXISTS (SELECT 1 FROM {EVENT_TABLE} AS e
+                             WHERE e.job_id = %(id)s AND e.name = %(event)s AND e.consumed_at IS NULL)
+               THEN clock_timestamp()
+               ELSE clock_timestamp() + {_ms("delay_ms")} END
+           END,
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING next_run_at IS NULL OR next_run_at > clock_timestamp(), next_run_at
+"""
+
+
+def hold_for_wait(
+    lease: Lease, wait: dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[bool, Any] | None:
+    """Hold the job for ``wait`` (``Wait.as_json()``); ``(held, next_run_at)``, None: lease gone.
+
+    Run inside a transaction that has just re-asserted the lease (``assert_lease``).
+    ``held`` is False when what it waits for has already happened (the job is due now).
+    """
+    params = {
+        **_lease(lease),
+        "wait": dump_json(wait),
+        "on": wait["on"],
+        "event": wait.get("event"),
+        "delay_ms": wait.get("delay_ms"),
+    }
+    with execute(using, HOLD_FOR_WAIT, params) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else (bool(row[0]), row[1])
+
+
+# Sent in the caller's transaction: a rollback sends nothing. The UPDATE matches the job's
+# row whatever its state and decides the wake in its SET, so it always takes the row lock:
+# a wait committing meanwhile makes it re-read the row and wake it (invariant 30); a wait
+# starting after it blocks on the lock and then finds the event in its own EXISTS.
+SEND_EVENT = f"""
+WITH target AS (
+    SELECT id FROM {TABLE} WHERE id = %(id)s AND {SCOPE} AND status IN {LIVE}
+), sent AS (
+    INSERT INTO {EVENT_TABLE} (job_id, name, payload, sent_at)
+    SELECT id, %(name)s, %(payload)s::jsonb, now() FROM target
+    RETURNING id
+), woken AS (
+    UPDATE {TABLE} AS j
+       SET next_run_at = CASE
+               WHEN j.status = 'pending' AND j.lease_owner IS NULL
+                AND j.flow_wait->>'on' = 'event' AND j.flow_wait->>'event' = %(name)s
+                AND (j.next_run_at IS NULL OR j.next_run_at > clock_timestamp())
+               THEN clock_timestamp() ELSE j.next_run_at END,
+           updated_at = now()
+      FROM target AS t
+     WHERE j.id = t.id
+    RETURNING j.id
+)
+SELECT (SELECT id FROM sent)
+"""
+
+
+def send_event(
+    job_id: object,
+    scope: Scope,
+    name: str,
+    payload_json: str | None,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Keep an event for a live job (and wake it if it waits for that name); its id, None: no live job."""
+    params = {"id": job_id, **scope_params(scope), "name": name, "payload": payload_json}
+    return fetch_value(using, SEND_EVENT, params)
+
+
+# Consumed by the lease holder only, oldest first: a crashed slice's consumption rolls back
+# with its fenced transaction, and a committed one is never delivered again.
+RECEIVE_EVENT = f"""
+UPDATE {EVENT_TABLE} SET consumed_at = now()
+ WHERE id = (SELECT e.id FROM {EVENT_TABLE} AS e
+              WHERE e.job_id = %(id)s AND e.name = %(name)s AND e.consumed_at IS NULL
+              ORDER BY e.id LIMIT 1 FOR UPDATE)
+   AND EXISTS (SELECT 1 FROM {TABLE} WHERE id = %(id)s AND {LEASE_HELD})
+RETURNING id, payload
+"""
+
+
+def receive_event(
+    lease: Lease, name: str, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, Any] | None:
+    """Consume the oldest unread event ``name`` of the leased job; ``(id, payload)`` or None."""
+    with execute(using, RECEIVE_EVENT, {**_lease(lease), "name": name}) as cursor:
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    payload = row[1]
+    return row[0], json.loads(payload) if isinstance(payload, str) else payload
+
+
+# A failed or cancelled child re-driven by an operator is live again: its parent counts it
+# as not ended (a parent waiting with policy 'wait' resumes when it completes). Run in the
+# redrive's transaction, after the child's row was locked and its old status read.
+UNCOUNT_CHILD = f"""
+UPDATE {TABLE}
+   SET children_ended = greatest(children_ended - 1, 0),
+       children_failed = greatest(children_failed - 1, 0),
+       updated_at = now()
+ WHERE id = %(parent)s
+RETURNING 1
+"""
+
+LOCK_CHILD = f"SELECT status, parent_id FROM {TABLE} WHERE id = %(id)s AND {SCOPE} FOR UPDATE"
+
+
+def lock_child(
+    job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[str, Any] | None:
+    """Lock a job's row for a redrive and return ``(status, parent_id)``; None when absent."""
+    with execute(using, LOCK_CHILD, {"id": job_id, **scope_params(scope)}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def uncount_child(parent_id: object, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Count a re-driven child as live again on its parent."""
+    return fetch_value(using, UNCOUNT_CHILD, {"parent": parent_id}) is not None
+
+
+# Cancel across a tree, one bounded batch per statement: the caller runs it until it
+# answers nothing, so a thousand children never make one giant transaction (a request,
+# never a status write: invariant 8). Returns each child and whether it has children.
+REQUEST_CANCEL_CHILDREN = f"""
+WITH batch AS (
+    SELECT id FROM {TABLE}
+     WHERE parent_id = %(parent)s AND {SCOPE} AND status IN {LIVE}
+       AND cancel_requested_at IS NULL
+     ORDER BY id
+     LIMIT %(limit)s
+       FOR UPDATE
+)
+UPDATE {TABLE} AS j
+   SET cancel_requested_at = now(), cancelled_by = %(by)s, updated_at = now()
+  FROM batch
+ WHERE j.id = batch.id AND j.status IN {LIVE} AND j.cancel_requested_at IS NULL
+RETURNING j.id, j.children_total > 0
+"""
+
+
+def request_cancel_children(
+    parent_id: object, scope: Scope, *, by: str | None, limit: int, using: str = DEFAULT_DB_ALIAS
+) -> list[tuple[Any, bool]]:
+    """Request cancellation of up to ``limit`` live children; ``(id, has children)`` each."""
+    params = {"parent": parent_id, **scope_params(scope), "by": by, "limit": limit}
+    with execute(using, REQUEST_CANCEL_CHILDREN, params) as cursor:
+        return [(row[0], bool(row[1])) for row in cursor.fetchall()]
