@@ -203,6 +203,14 @@ class Job(models.Model):
     children_ended = models.IntegerField(db_default=0)
     children_failed = models.IntegerField(db_default=0)
     flow_wait = models.JSONField(null=True, blank=True)
+    # Dependencies (``start(after=[...])``): the jobs that wait for this one are named on
+    # its own row, appended under its row lock by their start, so its terminal statement
+    # reads them from the very row version it ends (no snapshot can miss a dependent).
+    # A dependent counts its dependencies like a parent counts children.
+    dependents = ArrayField(models.UUIDField(), null=True, blank=True)
+    deps_total = models.IntegerField(db_default=0)
+    deps_ended = models.IntegerField(db_default=0)
+    deps_failed = models.IntegerField(db_default=0)
 
     objects = JobQuerySet.as_manager()
 

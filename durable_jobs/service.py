@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -259,6 +259,8 @@ def start(
     wait_for: list[dict[str, str]] | None = None,
     wait_key: str | None = None,
     unique: uniqueness.Unique | bool | list[str] | tuple[str, ...] | None = None,
+    after: Sequence[Any] | None = None,
+    after_policy: str = "fail",
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
     """Start a job in the caller's transaction and return it.
@@ -278,9 +280,15 @@ def start(
     registration, ``False`` to turn that off) makes the start answer with the job of the
     same kind, scope and selected input that its key covers, flagged ``deduplicated``,
     instead of creating a second (invariant 25; see docs/unique.rst).
+
+    ``after`` (jobs or ids of the same scope, which must exist: no cycle can be built)
+    holds the job until they have all ended; ``after_policy`` says what a failed or
+    cancelled one means: ``fail`` (the job ends ``failed``, code ``dependency_failed``) or
+    ``run`` (it runs anyway). See docs/workflows.rst.
     """
     settings = conf.get()
     scope = scope_of(scope)
+    dependencies = None if after is None else _dependencies(after, after_policy)
     fields = _prepare(
         kind,
         input=input,
@@ -299,7 +307,12 @@ def start(
     )
     _set_unique_key(fields, scope)
     _bound_instants([fields], using)
-    result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
+    if dependencies:
+        result = _start_after(fields, scope, dependencies, after_policy, using)
+    else:
+        result = store.insert_job(
+            fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using
+        )
     job = result.job
     job.coalesced = result.coalesced
     job.deduplicated = result.deduplicated
@@ -580,6 +593,42 @@ def _job_id(job_id: Any) -> uuid.UUID:
 
 
 # --- workflows (durable_jobs.workflows) --------------------------------------------------
+
+#: What a failed or cancelled dependency means to a job started ``after`` it.
+AFTER_POLICIES = ("fail", "run")
+#: The most jobs one start may wait for.
+MAX_DEPENDENCIES = 1_000
+
+
+def _dependencies(after: Any, policy: Any) -> list[uuid.UUID]:
+    if isinstance(after, (str, bytes, Job)) or not isinstance(after, Iterable):
+        raise InvalidInput("after", "must be a list of jobs or job ids")
+    ids = list(dict.fromkeys(_job_id(job) for job in after))
+    if len(ids) > MAX_DEPENDENCIES:
+        raise InvalidInput("after", f"names {len(ids)} jobs; at most {MAX_DEPENDENCIES}")
+    if policy not in AFTER_POLICIES:
+        raise InvalidInput("after_policy", f"must be one of {', '.join(AFTER_POLICIES)}")
+    return ids
+
+
+def _start_after(
+    fields: dict[str, Any], scope: Scope, after: list[uuid.UUID], policy: str, using: str
+) -> store.InsertResult:
+    """Insert the job and make it wait for ``after``, in one savepoint of the caller's
+    transaction: no worker sees it before it is held, and a refusal leaves nothing."""
+    with transaction.atomic(using=using):
+        result = store.insert_job(
+            fields, scope, notify_channel=conf.get().NOTIFY_CHANNEL, using=using
+        )
+        if not result.created:
+            return result
+        found = store.link_dependencies(result.job.id, after, scope, policy=policy, using=using)
+        if found != len(after):
+            # Only existing jobs of this scope can be named: no cycle, no leak (invariant 10).
+            raise JobNotFound(", ".join(str(i) for i in after))
+        held = store.get_job(result.job.id, scope, using=using)
+        assert held is not None
+        return store.InsertResult(held, created=True)
 
 #: How many children one cancel statement asks to cancel.
 CANCEL_BATCH = 500

@@ -104,6 +104,10 @@ SCOPE = "tenant_id = %(tenant)s AND organization_id IS NOT DISTINCT FROM %(organ
 #: The lease-holder fence (invariant 4).
 LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
 
+#: A job held by a workflow wait with nothing scheduled (children, dependencies, an event
+#: without a timeout): not late, just waiting; woken by a statement, never by a re-drive.
+_FLOW_HELD = "(next_run_at IS NULL AND flow_wait IS NOT NULL)"
+
 
 # ---------------------------------------------------------------------------------------
 # Parameters
@@ -1811,7 +1815,7 @@ UPDATE {TABLE}
    SET {_REDRIVE_CORE},
        redrives_since_commit = redrives_since_commit + 1,
        next_run_at = clock_timestamp()
- WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL
+ WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
 RETURNING {COLUMNS}
@@ -2132,7 +2136,7 @@ def select_parked_untold(
 
 SELECT_STALE_PENDING = f"""
 SELECT {COLUMNS} FROM {TABLE}
- WHERE status = 'pending' AND cancel_requested_at IS NULL
+ WHERE status = 'pending' AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
    AND {_TENANT_FILTER}
@@ -2155,7 +2159,7 @@ def select_stale_pending(
 
 COUNT_STALE_PENDING = f"""
 SELECT count(*) FROM {TABLE}
- WHERE status = 'pending' AND cancel_requested_at IS NULL
+ WHERE status = 'pending' AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
    AND {_TENANT_FILTER}
@@ -2554,6 +2558,19 @@ _HELD_FOR_CHILDREN = (
 )
 
 
+def _dependencies_ready(ended: str, failed: str, total: str, wait: str) -> str:
+    """SQL: may a job started ``after=[...]`` run (policy ``fail``: or end failed) now?"""
+    return f"""(({ended}) >= ({total})
+            OR (coalesce({wait}->>'policy', 'fail') = 'fail' AND ({failed}) > 0))"""
+
+
+#: A job held by its dependencies (not yet woken).
+_HELD_FOR_DEPENDENCIES = (
+    "p.status = 'pending' AND p.lease_owner IS NULL AND p.next_run_at IS NULL "
+    "AND p.flow_wait->>'on' = 'after'"
+)
+
+
 def _tell_parents(source: str) -> str:
     """CTEs that count the rows of ``source`` (id, parent_id, status) that ended on their parents.
 
@@ -2566,6 +2583,9 @@ def _tell_parents(source: str) -> str:
         "p.children_failed + t.failed",
         "p.children_total",
         "p.flow_wait",
+    )
+    deps_ready = _dependencies_ready(
+        "p.deps_ended + t.ended", "p.deps_failed + t.failed", "p.deps_total", "p.flow_wait"
     )
     return f"""{source}_tally AS (
     SELECT parent_id, count(*)::int AS ended,
@@ -2587,6 +2607,27 @@ def _tell_parents(source: str) -> str:
            updated_at = now()
       FROM {source}_tally AS t, {source}_parents AS l
      WHERE p.id = t.parent_id AND p.id = l.id
+    RETURNING p.id
+), {source}_deps AS (
+    SELECT d.id, count(*)::int AS ended,
+           (count(*) FILTER (WHERE e.status <> 'completed'))::int AS failed
+      FROM {source} AS e CROSS JOIN LATERAL unnest(e.dependents) AS d(id)
+     WHERE e.status IN {_ENDED}
+     GROUP BY d.id
+), {source}_dependents AS MATERIALIZED (
+    SELECT p.id FROM {TABLE} AS p JOIN {source}_deps AS t ON p.id = t.id
+     WHERE p.id NOT IN (SELECT id FROM {source})
+     ORDER BY p.id
+       FOR UPDATE OF p
+), {source}_unblocked AS (
+    UPDATE {TABLE} AS p
+       SET deps_ended = p.deps_ended + t.ended,
+           deps_failed = p.deps_failed + t.failed,
+           next_run_at = CASE WHEN {_HELD_FOR_DEPENDENCIES} AND {deps_ready}
+                              THEN clock_timestamp() ELSE p.next_run_at END,
+           updated_at = now()
+      FROM {source}_deps AS t, {source}_dependents AS l
+     WHERE p.id = t.id AND p.id = l.id
     RETURNING p.id
 )"""
 
@@ -2622,7 +2663,8 @@ CHARGE_INTERRUPTION = _telling_parents(CHARGE_INTERRUPTION)
 COMPLETE_MANY = (
     "WITH ended AS (\n"
     + COMPLETE_MANY.strip().removesuffix("RETURNING j.id")
-    + f"RETURNING j.id, j.parent_id, j.status\n), {_tell_parents('ended')}\nSELECT id FROM ended\n"
+    + "RETURNING j.id, j.parent_id, j.status, j.dependents\n), "
+    + f"{_tell_parents('ended')}\nSELECT id FROM ended\n"
 )
 
 # The child's row: the parent's scope and queue settings, a creator naming the parent.
@@ -2848,3 +2890,57 @@ def request_cancel_children(
     params = {"parent": parent_id, **scope_params(scope), "by": by, "limit": limit}
     with execute(using, REQUEST_CANCEL_CHILDREN, params) as cursor:
         return [(row[0], bool(row[1])) for row in cursor.fetchall()]
+
+
+
+# Dependencies: ``start(after=[...])``. In the start's transaction, right after its insert
+# (the new job is invisible to workers until the caller commits): the live dependencies
+# name the new job on their own rows, under their row lock, so a dependency's terminal
+# statement reads its dependents from the row version it ends; the rest have already
+# ended. Then the new job counts them and is held unless it may run now.
+LINK_DEPENDENCIES = f"""
+UPDATE {TABLE}
+   SET dependents = array_append(coalesce(dependents, '{{}}'::uuid[]), %(job)s::uuid),
+       updated_at = now()
+ WHERE id = ANY(%(after)s::uuid[]) AND {SCOPE} AND status IN {LIVE}
+RETURNING id
+"""
+
+HOLD_DEPENDENT = f"""
+WITH deps AS (
+    SELECT id, status FROM {TABLE} WHERE id = ANY(%(after)s::uuid[]) AND {SCOPE}
+), counted AS (
+    SELECT count(*)::int AS total,
+           (count(*) FILTER (WHERE status IN {_ENDED}))::int AS ended,
+           (count(*) FILTER (WHERE status IN ('failed', 'cancelled')))::int AS failed
+      FROM deps
+)
+UPDATE {TABLE} AS p
+   SET flow_wait = %(wait)s::jsonb, deps_total = c.total, deps_ended = c.ended,
+       deps_failed = c.failed,
+       next_run_at = CASE WHEN {_dependencies_ready("c.ended", "c.failed", "c.total", "%(wait)s::jsonb")}
+                          THEN p.next_run_at END,
+       updated_at = now()
+  FROM counted AS c
+ WHERE p.id = %(job)s AND p.status = 'pending' AND p.lease_owner IS NULL
+RETURNING p.deps_total
+"""
+
+
+def link_dependencies(
+    job_id: object,
+    after: Sequence[Any],
+    scope: Scope,
+    *,
+    policy: str,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Make the just-inserted ``job_id`` wait for ``after``; how many of them exist in ``scope``.
+
+    Run in the start's transaction, after its insert. The caller compares the answer with
+    the ids it named: another scope's job is simply absent (invariant 10).
+    """
+    params = {"job": job_id, "after": list(after), **scope_params(scope)}
+    execute(using, LINK_DEPENDENCIES, params).close()
+    wait = dump_json({"on": "after", "policy": policy})
+    return fetch_value(using, HOLD_DEPENDENT, {**params, "wait": wait})

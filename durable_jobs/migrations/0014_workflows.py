@@ -1,5 +1,5 @@
 """Workflows (invariants 29 and 30): a child's parent and spawn key, the parent's child
-counters and last wait, and the event table.
+counters and last wait, a job's dependents and dependency counters, and the event table.
 
 Nullable columns and columns with a database default, so adding them rewrites nothing; a
 job outside a workflow keeps them NULL/0 and no partial index below holds its row. The
@@ -7,6 +7,7 @@ child-key index is built as the table is locked by the migration; on a large tab
 it ``CONCURRENTLY`` first by hand under the same name.
 """
 
+import django.contrib.postgres.fields
 from django.db import migrations, models
 
 
@@ -44,6 +45,28 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="job",
             name="children_total",
+            field=models.IntegerField(db_default=0),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="dependents",
+            field=django.contrib.postgres.fields.ArrayField(
+                base_field=models.UUIDField(), blank=True, null=True, size=None
+            ),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="deps_ended",
+            field=models.IntegerField(db_default=0),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="deps_failed",
+            field=models.IntegerField(db_default=0),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="deps_total",
             field=models.IntegerField(db_default=0),
         ),
         migrations.AddField(

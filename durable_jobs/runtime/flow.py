@@ -8,7 +8,7 @@ statements are ``store`` section 9; the rules are ``durable_jobs.workflows``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -51,7 +51,7 @@ def child_rows(parent_id: Any, children: Iterable[Mapping[str, Any]]) -> list[di
     return rows
 
 
-def spawn(context: Slice, children: list[Mapping[str, Any]]) -> list[Any]:
+def spawn(context: Slice, children: Sequence[Mapping[str, Any]]) -> list[Any]:
     """Insert ``children`` under the slice's fence; return their ids (invariant 29).
 
     Only inside ``job.fenced()`` (or a ``save_checkpoint`` of it): the children commit
@@ -90,7 +90,7 @@ def children(context: Slice) -> list[workflows.ChildOutcome]:
     return [
         workflows.ChildOutcome(
             id=id,
-            key=key,
+            key=key or "",
             kind=kind,
             status=status,
             result=result,
@@ -133,7 +133,7 @@ def hold(lease: Lease, wait_json: str | None, *, using: str) -> SliceOutcome | N
 def failure_verdict(job: Job, lease: Lease, *, using: str) -> tuple[str, str] | None:
     """``(code, message)`` when the parent's wait policy ends it now; asks siblings to cancel
     first when the policy is ``cancel``."""
-    verdict = workflows.failure_verdict(job.flow_wait, job.children_failed)
+    verdict = workflows.failure_verdict(job.flow_wait, job.children_failed, job.deps_failed)
     if verdict is None:
         return None
     code, message, cancel_siblings = verdict

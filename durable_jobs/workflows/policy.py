@@ -143,13 +143,29 @@ class Event:
     payload: Any
 
 
-def failure_verdict(flow_wait: Any, children_failed: int) -> tuple[str, str, bool] | None:
-    """``(code, message, cancel siblings)`` when a woken parent must end failed, else None.
+#: The error code of a job started ``after=[...]`` whose dependency failed (policy ``fail``).
+DEPENDENCY_FAILED = "dependency_failed"
 
-    Read from the parent's row as claimed: its last wait's policy and how many of its
-    children ended failed or cancelled (counted by their terminal statements).
+
+def failure_verdict(
+    flow_wait: Any, children_failed: int, deps_failed: int = 0
+) -> tuple[str, str, bool] | None:
+    """``(code, message, cancel siblings)`` when a woken job must end failed, else None.
+
+    Read from the row as claimed: its last wait's policy and how many of its children (or
+    dependencies) ended failed or cancelled, as their terminal statements counted them.
     """
-    if not isinstance(flow_wait, dict) or flow_wait.get("on") != "children":
+    if not isinstance(flow_wait, dict):
+        return None
+    if flow_wait.get("on") == "after":
+        if flow_wait.get("policy", "fail") != "fail" or deps_failed <= 0:
+            return None
+        message = (
+            f"{deps_failed} job(s) it was started after ended failed or cancelled "
+            "(after_policy 'fail'; use after_policy='run' to run anyway)"
+        )
+        return DEPENDENCY_FAILED, message, False
+    if flow_wait.get("on") != "children":
         return None
     policy = flow_wait.get("policy", "fail")
     if policy not in ("fail", "cancel") or children_failed <= 0:

@@ -257,7 +257,9 @@ def event_waiter(name="paid", timeout=None):
         with job.fenced():
             event = job.received(name)
             if event is not None:
-                job.save_checkpoint({"got": [*(job.checkpoint or {}).get("got", []), event.payload]})
+                job.save_checkpoint(
+                    {"got": [*(job.checkpoint or {}).get("got", []), event.payload]}
+                )
         got = (job.checkpoint or {}).get("got", [])
         if len(got) >= job.input.get("want", 1):
             return durable.Done(got)
@@ -370,3 +372,58 @@ def test_waits__bad_arguments_are_refused_with_one_line():
         Wait.sleep(timedelta(days=90))
     with pytest.raises(InvalidInput, match="at_least"):
         Wait.children(at_least=0)
+
+
+# --- dependencies ------------------------------------------------------------------
+
+
+def test_after__a_job_runs_only_when_its_dependencies_completed(kinds):
+    ran = []
+    kinds.add("tests.flow.extract", lambda job: ran.append(job.input) or durable.DONE)
+    kinds.add("tests.flow.report", lambda job: ran.append("report") or durable.DONE)
+    a = durable.start("tests.flow.extract", input="a")
+    b = durable.start("tests.flow.extract", input="b", run_after=timedelta(hours=1))
+    report = durable.start("tests.flow.report", after=[a, b.id])
+    assert reload(report).next_run_at is None
+    testing.run_jobs()
+    assert ran == ["a"] and reload(report).status == "pending"
+    testing.fast_forward(b)
+    testing.run_jobs()
+    assert ran == ["a", "b", "report"]
+
+
+def test_after__a_failed_dependency_fails_the_job_with_its_own_code(kinds):
+    def extract(job):
+        raise durable.TerminalError("source gone", code="gone")
+
+    kinds.add("tests.flow.extract", extract)
+    kinds.add("tests.flow.report")
+    a = durable.start("tests.flow.extract")
+    report = durable.start("tests.flow.report", after=[a])
+    testing.run_jobs()
+    row = reload(report)
+    assert (row.status, row.error_code) == ("failed", "dependency_failed")
+
+
+def test_after__policy_run_runs_anyway(kinds):
+    def extract(job):
+        raise durable.TerminalError("source gone", code="gone")
+
+    kinds.add("tests.flow.extract", extract)
+    kinds.add("tests.flow.report")
+    a = durable.start("tests.flow.extract")
+    testing.run_jobs()
+    report = durable.start("tests.flow.report", after=[a], after_policy="run")
+    assert reload(report).next_run_at is not None  # already ended: runnable at once
+    testing.run_jobs()
+    assert reload(report).status == "completed"
+
+
+def test_after__names_only_existing_jobs_of_its_scope(kinds):
+    kinds.add("tests.flow.report")
+    other = durable.start("tests.flow.report", scope="tenant-b")
+    with pytest.raises(JobNotFound):
+        durable.start("tests.flow.report", scope="tenant-a", after=[other.id])
+    with pytest.raises(InvalidInput, match="after_policy"):
+        durable.start("tests.flow.report", after=[other.id], after_policy="maybe")
+    assert Job.objects.filter(tenant_id="tenant-a").count() == 0

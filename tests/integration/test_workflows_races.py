@@ -138,3 +138,25 @@ def test_an_event_sent_twice_at_once_is_kept_twice_in_order(kinds, other_connect
         )
     ]
     assert payloads == ["first", "second"]
+
+
+def test_a_dependency_ending_while_its_dependent_starts_never_strands_it(kinds, other_connection):
+    kinds.add("tests.flow.extract")
+    kinds.add("tests.flow.report")
+    extract = durable.start("tests.flow.extract")
+    _, lease = claim(extract, scope=Scope(tenant=extract.tenant_id))
+    started = []
+    with other_connection.transaction():
+        assert other_connection.execute(store.COMPLETE, complete_params(lease)).fetchone()
+        thread = in_thread(
+            lambda: started.append(
+                durable.start("tests.flow.report", after=[extract], scope=extract.tenant_id)
+            )
+        )
+        blocked_until(lambda: lock_waiters(other_connection))
+    thread.join(10)
+    report = reload(started[0])
+    assert (report.deps_total, report.deps_ended) == (1, 1)
+    assert report.next_run_at is not None, "runnable: its dependency completed"
+    testing.run_jobs()
+    assert reload(report).status == "completed"
