@@ -22,6 +22,9 @@ Scenarios (``--only`` picks some):
 ``scale``       throughput by total slots (1 to 64), claim contention, wake-ups per start.
 ``priorities``  100,000 due jobs across priorities: DEQUEUE flat, priority order kept.
 ``memory``      a long-running worker's RSS over many jobs.
+``workflows``   one parent spawns 10,000 children in one slice (--quick 1,000), waits for them
+                with no lease, and resumes: spawn seconds beside ``start_many``, how soon the
+                parent finishes after its last child, and the tree's integrity.
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
@@ -46,7 +49,17 @@ from benchmarks.django_env import setup_django
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
-SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size", "scale", "priorities", "memory")
+SCENARIOS = (
+    "start",
+    "throughput",
+    "latency",
+    "heartbeat",
+    "size",
+    "scale",
+    "priorities",
+    "memory",
+    "workflows",
+)
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
 EXTRA_SCENARIOS = ("trial",)
 
@@ -161,6 +174,7 @@ class Plan:
         self.priority_claims = 500 if quick else 2_000
         self.memory_n = args.memory_jobs or (5_000 if quick else 100_000)
         self.memory_chunk = 1_000 if quick else 5_000
+        self.fanout_n = 1_000 if quick else 10_000
 
     def describe(self) -> dict:
         return {k: v for k, v in vars(self).items()}
@@ -1009,6 +1023,40 @@ class Results:
             "-",
             "flat",
             report.verdict(later <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])),
+        )
+
+    def scenario_workflows(self) -> None:
+        """A parent with N children: spawn speed, fan-in wake-up, an intact tree."""
+        from benchmarks import workflow_bench
+
+        r = workflow_bench.run(self.ctx, self.plan.fanout_n, timeout=self.plan.worker_timeout)
+        self.raw["workflows"] = r
+        spawn, bulk = r["spawn_seconds"], r["start_many_seconds"]
+        self.table_obj.add(
+            f"spawn_many of {r['n']:,} children in one slice: seconds (start_many of as many)",
+            f"{spawn:.2f} ({bulk:.2f})" if spawn and bulk else "n/a",
+            "-",
+            "-",
+            "bulk-start speed",
+            report.verdict(bool(spawn and bulk and spawn <= 2 * bulk + 0.5)),
+        )
+        lag = r["parent_done_after_last_child_s"]
+        self.table_obj.add(
+            "  parent finished after its last child ended (s, database clock)",
+            "n/a" if lag is None else f"{lag:.3f}",
+            "-",
+            "-",
+            "< 1 s",
+            report.verdict(lag is not None and lag < 1.0),
+        )
+        intact = r["children"] == r["completed"] == r["summary"] == r["n"]
+        self.table_obj.add(
+            "  children / completed / parent's summary",
+            f"{r['children']:,} / {r['completed']:,} / {r['summary']}",
+            "-",
+            "-",
+            "all N, once",
+            report.verdict(intact and r["status"] == "completed"),
         )
 
     def scenario_memory(self) -> None:

@@ -630,6 +630,7 @@ def _start_after(
         assert held is not None
         return store.InsertResult(held, created=True)
 
+
 #: How many children one cancel statement asks to cancel.
 CANCEL_BATCH = 500
 

@@ -2892,7 +2892,6 @@ def request_cancel_children(
         return [(row[0], bool(row[1])) for row in cursor.fetchall()]
 
 
-
 # Dependencies: ``start(after=[...])``. In the start's transaction, right after its insert
 # (the new job is invisible to workers until the caller commits): the live dependencies
 # name the new job on their own rows, under their row lock, so a dependency's terminal
