@@ -192,7 +192,7 @@ def tree(job: durable.Slice):
             return durable.YIELD
     if not state.get("waited"):
         job.save_checkpoint({**state, "waited": True})
-        return job.wait_for_children(policy="continue")
+        return job.wait_for_children(policy=job.input.get("policy", "continue"))
     outcomes = job.children()
     with job.fenced():
         Effect.objects.create(job_id=job.id, item=-1, epoch=job.lease.epoch)
@@ -203,14 +203,12 @@ def tree(job: durable.Slice):
 
 @durable.handler("demo.leaf")
 def leaf(job: durable.Slice):
-    """One child of ``demo.tree``: sleep ``input.delay``, write one effect under the parent's
-    id, with the checkpoint that says so in the same fenced transaction (a re-run after a
+    """One child of ``demo.tree``: sleep ``input.delay``, write one effect (item ``input.i``),
+    with the checkpoint that says so in the same fenced transaction (a re-run after a
     crash between that commit and the completion writes nothing again)."""
     time.sleep(float(job.input.get("delay", 0)))
     if not job.checkpoint:
         with job.fenced():
-            Effect.objects.create(
-                job_id=job.row.parent_id, item=job.input["i"], epoch=job.lease.epoch
-            )
+            Effect.objects.create(job_id=job.id, item=job.input["i"], epoch=job.lease.epoch)
             job.save_checkpoint({"written": True})
     return durable.Done({"i": job.input["i"]})
