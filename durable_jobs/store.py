@@ -2551,85 +2551,75 @@ def _children_ready(ended: str, failed: str, total: str, wait: str) -> str:
             ELSE ({failed}) > 0 OR ({ended}) >= {want} END)"""
 
 
-#: A job held by a wait for its children (not yet woken: next_run_at still NULL).
-_HELD_FOR_CHILDREN = (
-    "p.status = 'pending' AND p.lease_owner IS NULL AND p.next_run_at IS NULL "
-    "AND p.flow_wait->>'on' = 'children'"
-)
-
-
 def _dependencies_ready(ended: str, failed: str, total: str, wait: str) -> str:
     """SQL: may a job started ``after=[...]`` run (policy ``fail``: or end failed) now?"""
     return f"""(({ended}) >= ({total})
             OR (coalesce({wait}->>'policy', 'fail') = 'fail' AND ({failed}) > 0))"""
 
 
-#: A job held by its dependencies (not yet woken).
-_HELD_FOR_DEPENDENCIES = (
-    "p.status = 'pending' AND p.lease_owner IS NULL AND p.next_run_at IS NULL "
-    "AND p.flow_wait->>'on' = 'after'"
-)
+def _held_for(on: str) -> str:
+    """SQL: the row ``p`` is held by a wait ``on`` children or dependencies, not yet woken."""
+    return (
+        "p.status = 'pending' AND p.lease_owner IS NULL AND p.next_run_at IS NULL "
+        f"AND p.flow_wait->>'on' = '{on}'"
+    )
 
 
-def _tell_parents(source: str) -> str:
-    """CTEs that count the rows of ``source`` (id, parent_id, status) that ended on their parents.
+#: The ends a tally counts: every ended row, and those that did not complete.
+_ENDS = "count(*)::int AS ended, (count(*) FILTER (WHERE e.status <> 'completed'))::int AS failed"
 
-    Parents are locked in id order (two batches ending children of the same parents cannot
-    deadlock), a parent ending in the same statement is left alone, and a held parent is
-    woken by the UPDATE whose counters first satisfy its wait (invariant 30).
+
+def _count_ends(
+    source: str, name: str, tally: str, counters: str, on: str, ready: Callable[..., str]
+) -> str:
+    """Three CTEs: ``tally`` (rows ``id, ended, failed``: the waiting jobs and what ended for
+    them) added to their ``{counters}_ended`` / ``_failed``, each woken by the UPDATE whose
+    counters first satisfy its wait ``on`` (invariant 30).
+
+    The waiting rows are locked in id order (two batches ending rows for the same jobs
+    cannot deadlock), and a row ending in this same statement is left alone. The UPDATE
+    matches each row whatever its state and decides the wake in its SET: waiting for a
+    concurrent ender's lock, it re-reads the row and counts on top of what that one wrote.
     """
-    ready = _children_ready(
-        "p.children_ended + t.ended",
-        "p.children_failed + t.failed",
-        "p.children_total",
+    satisfied = ready(
+        f"p.{counters}_ended + t.ended",
+        f"p.{counters}_failed + t.failed",
+        f"p.{counters}_total",
         "p.flow_wait",
     )
-    deps_ready = _dependencies_ready(
-        "p.deps_ended + t.ended", "p.deps_failed + t.failed", "p.deps_total", "p.flow_wait"
-    )
-    return f"""{source}_tally AS (
-    SELECT parent_id, count(*)::int AS ended,
-           (count(*) FILTER (WHERE status <> 'completed'))::int AS failed
-      FROM {source}
-     WHERE parent_id IS NOT NULL AND status IN {_ENDED}
-     GROUP BY parent_id
-), {source}_parents AS MATERIALIZED (
-    SELECT p.id FROM {TABLE} AS p JOIN {source}_tally AS t ON p.id = t.parent_id
+    return f"""{source}_{name} AS (
+    {tally}
+), {source}_{name}_locked AS MATERIALIZED (
+    SELECT p.id FROM {TABLE} AS p JOIN {source}_{name} AS t ON p.id = t.id
      WHERE p.id NOT IN (SELECT id FROM {source})
      ORDER BY p.id
        FOR UPDATE OF p
-), {source}_told AS (
+), {source}_{name}_told AS (
     UPDATE {TABLE} AS p
-       SET children_ended = p.children_ended + t.ended,
-           children_failed = p.children_failed + t.failed,
-           next_run_at = CASE WHEN {_HELD_FOR_CHILDREN} AND {ready}
+       SET {counters}_ended = p.{counters}_ended + t.ended,
+           {counters}_failed = p.{counters}_failed + t.failed,
+           next_run_at = CASE WHEN {_held_for(on)} AND {satisfied}
                               THEN clock_timestamp() ELSE p.next_run_at END,
            updated_at = now()
-      FROM {source}_tally AS t, {source}_parents AS l
-     WHERE p.id = t.parent_id AND p.id = l.id
-    RETURNING p.id
-), {source}_deps AS (
-    SELECT d.id, count(*)::int AS ended,
-           (count(*) FILTER (WHERE e.status <> 'completed'))::int AS failed
-      FROM {source} AS e CROSS JOIN LATERAL unnest(e.dependents) AS d(id)
-     WHERE e.status IN {_ENDED}
-     GROUP BY d.id
-), {source}_dependents AS MATERIALIZED (
-    SELECT p.id FROM {TABLE} AS p JOIN {source}_deps AS t ON p.id = t.id
-     WHERE p.id NOT IN (SELECT id FROM {source})
-     ORDER BY p.id
-       FOR UPDATE OF p
-), {source}_unblocked AS (
-    UPDATE {TABLE} AS p
-       SET deps_ended = p.deps_ended + t.ended,
-           deps_failed = p.deps_failed + t.failed,
-           next_run_at = CASE WHEN {_HELD_FOR_DEPENDENCIES} AND {deps_ready}
-                              THEN clock_timestamp() ELSE p.next_run_at END,
-           updated_at = now()
-      FROM {source}_deps AS t, {source}_dependents AS l
+      FROM {source}_{name} AS t, {source}_{name}_locked AS l
      WHERE p.id = t.id AND p.id = l.id
     RETURNING p.id
 )"""
+
+
+def _tell_parents(source: str) -> str:
+    """CTEs that count the rows of ``source`` (id, parent_id, dependents, status) that
+    ended on their parents and on the jobs started after them (``_count_ends``)."""
+    parents = f"""SELECT e.parent_id AS id, {_ENDS} FROM {source} AS e
+     WHERE e.parent_id IS NOT NULL AND e.status IN {_ENDED} GROUP BY e.parent_id"""
+    dependents = f"""SELECT d.id, {_ENDS}
+      FROM {source} AS e CROSS JOIN LATERAL unnest(e.dependents) AS d(id)
+     WHERE e.status IN {_ENDED} GROUP BY d.id"""
+    return (
+        _count_ends(source, "parents", parents, "children", "children", _children_ready)
+        + ", "
+        + _count_ends(source, "dependents", dependents, "deps", "after", _dependencies_ready)
+    )
 
 
 def _telling_parents(statement: str) -> str:

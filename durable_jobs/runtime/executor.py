@@ -166,19 +166,7 @@ def run_slice(
             if verdict.end != "run":
                 outcome = SliceOutcome(verdict.end)  # held, or failed with its wait code
                 if verdict.end == "failed":
-                    outcome = _guarded(
-                        using,
-                        lambda: _finish(
-                            job,
-                            handler,
-                            lease,
-                            SliceOutcome.FAILED,
-                            using=using,
-                            code=verdict.code,
-                            error_class=ErrorClass.TERMINAL.value,
-                            message=verdict.message,
-                        ),
-                    )
+                    outcome = _end_failed(job, handler, lease, verdict.code, verdict.message, using)
                 return _report(job, began, outcome, verdict.message, recheck_in=verdict.recheck_in)
             assert verdict.job is not None, "the gate's run verdict carries the row"
             job = verdict.job
@@ -186,19 +174,7 @@ def run_slice(
         if verdict_of_wait is not None:
             # The wait's failure policy ends the parent before its handler runs again.
             code, message = verdict_of_wait
-            outcome = _guarded(
-                using,
-                lambda: _finish(
-                    job,
-                    handler,
-                    lease,
-                    SliceOutcome.FAILED,
-                    using=using,
-                    code=code,
-                    error_class=ErrorClass.TERMINAL.value,
-                    message=message,
-                ),
-            )
+            outcome = _end_failed(job, handler, lease, code, message, using)
             return _report(job, began, outcome, message)
         control = SliceControl(job, handler, lease, stopping=stopping, using=using)
         if on_start is not None:
@@ -248,6 +224,25 @@ def run_slice(
     report = _report(job, began, outcome, error, heard_late=heard_late)
     signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
     return report
+
+
+def _end_failed(
+    job: Job, handler: Handler, lease: Lease, code: str | None, message: str | None, using: str
+) -> SliceOutcome:
+    """End the job failed with its own code before its handler runs (a wait's verdict)."""
+    return _guarded(
+        using,
+        lambda: _finish(
+            job,
+            handler,
+            lease,
+            SliceOutcome.FAILED,
+            using=using,
+            code=code,
+            error_class=ErrorClass.TERMINAL.value,
+            message=message,
+        ),
+    )
 
 
 def _gate(
