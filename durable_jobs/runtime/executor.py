@@ -148,17 +148,8 @@ def run_slice(
         if job.error_code in VERDICT_CODES:
             # A verdict decided by fail_slice whose terminal transaction never committed:
             # record it, never run the work again.
-            outcome = _guarded(
-                using,
-                lambda: _finish(
-                    job,
-                    handler,
-                    lease,
-                    SliceOutcome.FAILED,
-                    using=using,
-                    code=job.error_code,
-                    error_class=job.error_class,
-                ),
+            outcome = _end_failed(
+                job, handler, lease, job.error_code, None, using, error_class=job.error_class
             )
             return _report(job, began, outcome)
         if waits_gate.pending(job):
@@ -227,9 +218,17 @@ def run_slice(
 
 
 def _end_failed(
-    job: Job, handler: Handler, lease: Lease, code: str | None, message: str | None, using: str
+    job: Job,
+    handler: Handler,
+    lease: Lease,
+    code: str | None,
+    message: str | None,
+    using: str,
+    *,
+    error_class: str | None = ErrorClass.TERMINAL.value,
 ) -> SliceOutcome:
-    """End the job failed with its own code before its handler runs (a wait's verdict)."""
+    """End the job failed with ``code`` before its handler runs: a verdict already decided,
+    or a wait's (a wait condition's code, a workflow wait's failure policy)."""
     return _guarded(
         using,
         lambda: _finish(
@@ -239,7 +238,7 @@ def _end_failed(
             SliceOutcome.FAILED,
             using=using,
             code=code,
-            error_class=ErrorClass.TERMINAL.value,
+            error_class=error_class,
             message=message,
         ),
     )
