@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 
 from durable_jobs import conf, registry, service, store, workflows
-from durable_jobs.exceptions import InvalidInput, LeaseLost
+from durable_jobs.exceptions import InvalidInput, LeaseLost, UnknownKind
 from durable_jobs.models import Job
 from durable_jobs.states import Lease, Scope, SliceOutcome
 
@@ -41,7 +41,12 @@ def child_rows(parent_id: Any, children: Iterable[Mapping[str, Any]]) -> list[di
             max_depth=settings.MAX_PAYLOAD_DEPTH,
         )
         handler = registry.get(row["kind"])
+        if handler is None and settings.REQUIRE_REGISTERED_KINDS:
+            raise UnknownKind(row["kind"])  # as start() refuses it
         row["queue"] = (handler.queue if handler else None) or settings.DEFAULT_QUEUE
+        undeclared = conf.undeclared_queue(row["queue"], settings)
+        if undeclared is not None:
+            raise InvalidInput("queue", undeclared)
         row["priority"] = child.get("priority")
         rows.append(row)
     if len(rows) > workflows.policy.MAX_SPAWN_BATCH:

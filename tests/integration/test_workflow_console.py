@@ -19,6 +19,7 @@ def test_job_page__shows_the_parent_children_counts_and_unread_events(kinds, adm
         return job.wait_for_children()
 
     kinds.add("tests.flow.parent", parent)
+    kinds.add("tests.flow.child")
     job = durable.start("tests.flow.parent")
     testing.run_jobs(max_slices=1)
     durable.send_event(job, "approved", {"by": "ops"}, scope=job.tenant_id)

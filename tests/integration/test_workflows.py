@@ -92,10 +92,11 @@ def test_spawn__a_rerun_slice_finds_the_child_it_already_started(kinds):
         return durable.Done({"ids": [str(i) for i in ids]})
 
     kinds.add(PARENT, parent, max_consecutive_failures=3)
+    kinds.add(CHILD)
     job = durable.start(PARENT)
-    testing.run_jobs(queues=["default"], max_slices=1)
-    testing.fast_forward(job)
     testing.run_jobs(max_slices=1)
+    testing.fast_forward(job)
+    testing.run_jobs()
     row = reload(job)
     assert row.status == "completed"
     assert sorted(row.result["ids"]) == sorted(str(c.id) for c in children_of(job))
@@ -174,13 +175,14 @@ def test_wait_for_children__at_least_one_resumes_the_parent_early(kinds):
         if not job.checkpoint:
             with job.fenced():
                 job.spawn(CHILD, key="fast", input={"n": 1})
-                job.spawn("tests.flow.unknown_here", key="never")
+                job.spawn("tests.flow.sleeper", key="never")
                 job.save_checkpoint({"spawned": True})
             return job.wait_for_children(at_least=1)
         return durable.Done([c.status for c in job.children()])
 
     kinds.add(PARENT, parent)
     kinds.add(CHILD, lambda job: durable.Done({"n": 1}))
+    kinds.add("tests.flow.sleeper", lambda job: job.sleep(timedelta(hours=1)))
     job = durable.start(PARENT)
     testing.run_jobs()
     assert reload(job).result == ["completed", "pending"]
@@ -219,6 +221,7 @@ def test_children__are_cancelled_with_their_parent_in_bounded_batches(kinds):
         return job.wait_for_children()
 
     kinds.add(PARENT, parent)
+    kinds.add(CHILD)
     job = durable.start(PARENT)
     testing.run_jobs(max_slices=1)
     assert reload(job).children_total == 1_000
@@ -427,3 +430,18 @@ def test_after__names_only_existing_jobs_of_its_scope(kinds):
     with pytest.raises(InvalidInput, match="after_policy"):
         durable.start("tests.flow.report", after=[other.id], after_policy="maybe")
     assert Job.objects.filter(tenant_id="tenant-a").count() == 0
+
+
+def test_spawn__an_unregistered_kind_is_refused_like_a_start(kinds):
+    def parent(job):
+        with job.fenced():
+            job.spawn("tests.flow.nobody_runs_this", key="x")
+        return durable.DONE
+
+    kinds.add(PARENT, parent)
+    job = durable.start(PARENT)
+    testing.run_jobs()
+    row = reload(job)
+    assert (row.status, row.error_code) == ("failed", "terminal")
+    assert "no handler is registered for 'tests.flow.nobody_runs_this'" in row.error_message
+    assert children_of(job) == []
