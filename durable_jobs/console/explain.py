@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from durable_jobs import conf, db, registry
+from durable_jobs import conf, db, registry, workflows
 from durable_jobs.console import workers
 from durable_jobs.models import Job
 from durable_jobs.states import Status
@@ -91,6 +91,13 @@ def explain(job: Job, *, now: datetime | None = None) -> list[str]:
         and job.wait_satisfied_at is None
     ):
         reasons.extend(_held_reasons(job, now))
+    elif (
+        job.flow_wait
+        and job.status == Status.PENDING.value
+        and job.lease_owner is None
+        and (job.next_run_at is None or job.next_run_at > now)
+    ):
+        reasons.append(workflows.describe_wait(job))  # a workflow wait (invariant 30)
     elif job.next_run_at is None:
         reasons.append("It has no run time, so no worker will claim it.")
     elif job.next_run_at > now:

@@ -15,6 +15,7 @@ from durable_jobs.workflows.policy import (
     Event,
     Wait,
     child_id,
+    describe_wait,
     failure_verdict,
     spawn_row,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "Event",
     "Wait",
     "child_id",
+    "describe_wait",
     "failure_verdict",
     "spawn_row",
 ]

@@ -175,3 +175,36 @@ def failure_verdict(
         f"(wait policy {policy!r}; use policy='continue' to resume with their outcomes)"
     )
     return CHILD_FAILED, message, policy == "cancel"
+
+
+def describe_wait(job: Any) -> str:
+    """Why a job held by a workflow wait is not running, for ``explain`` and the console.
+
+    ``job`` is a job row (its ``flow_wait``, counters and ``next_run_at`` are read).
+    """
+    wait = job.flow_wait if isinstance(job.flow_wait, dict) else {}
+    on, policy = wait.get("on"), wait.get("policy", "fail")
+    until = (
+        ""
+        if job.next_run_at is None
+        else f" (at the latest until {job.next_run_at:%Y-%m-%d %H:%M:%S %Z})"
+    )
+    if on == "children":
+        want = wait.get("at_least") or "all"
+        return (
+            f"It waits for {want} of its {job.children_total} children to end "
+            f"({job.children_ended} ended, {job.children_failed} of them failed or cancelled; "
+            f"policy {policy!r}): the child whose end satisfies the wait wakes it, holding no lease."
+        )
+    if on == "after":
+        return (
+            f"It waits for the {job.deps_total} jobs it was started after "
+            f"({job.deps_ended} ended, {job.deps_failed} failed or cancelled; "
+            f"after_policy {policy!r}): the last to end wakes it."
+        )
+    if on == "event":
+        return (
+            f"It waits for the event {wait.get('event')!r}{until}: "
+            "durable_jobs.send_event() wakes it."
+        )
+    return f"It sleeps{until}, holding no lease."

@@ -34,3 +34,24 @@ def test_job_page__shows_the_parent_children_counts_and_unread_events(kinds, adm
     child = Job.objects.filter(parent_id=job.id).first()
     child_page = admin_client.get(reverse("admin:durable_jobs_job_change", args=[child.id]))
     assert str(job.id) in child_page.content.decode()
+
+
+def test_explain__says_what_a_held_job_waits_for(kinds):
+    from durable_jobs.console.explain import explain
+    from tests.factories import reload
+
+    def parent(job):
+        with job.fenced():
+            job.spawn_many([{"kind": "tests.flow.child", "key": f"c{i}"} for i in range(2)])
+        return job.wait_for_children(policy="continue")
+
+    kinds.add("tests.flow.parent", parent)
+    kinds.add("tests.flow.child")
+    kinds.add("tests.flow.order", lambda job: job.wait_for_event("paid"))
+    job = durable.start("tests.flow.parent")
+    order = durable.start("tests.flow.order")
+    testing.run_jobs(max_slices=2)
+
+    assert any("waits for all of its 2 children" in r for r in explain(reload(job)))
+    assert any("waits for the event 'paid'" in r for r in explain(reload(order)))
+    assert not any("no run time" in r for r in explain(reload(job)))
