@@ -207,7 +207,8 @@ class Job(models.Model):
     # its own row, appended under its row lock by their start, so its terminal statement
     # reads them from the very row version it ends (no snapshot can miss a dependent).
     # A dependent counts its dependencies like a parent counts children.
-    dependents = ArrayField(models.UUIDField(), null=True, blank=True)
+    # (jsonb, an array of ids: an ArrayField needs django.contrib.postgres installed.)
+    dependents = models.JSONField(null=True, blank=True)
     deps_total = models.IntegerField(db_default=0)
     deps_ended = models.IntegerField(db_default=0)
     deps_failed = models.IntegerField(db_default=0)

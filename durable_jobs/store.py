@@ -2612,8 +2612,9 @@ def _tell_parents(source: str) -> str:
     ended on their parents and on the jobs started after them (``_count_ends``)."""
     parents = f"""SELECT e.parent_id AS id, {_ENDS} FROM {source} AS e
      WHERE e.parent_id IS NOT NULL AND e.status IN {_ENDED} GROUP BY e.parent_id"""
-    dependents = f"""SELECT d.id, {_ENDS}
-      FROM {source} AS e CROSS JOIN LATERAL unnest(e.dependents) AS d(id)
+    dependents = f"""SELECT d.id::uuid AS id, {_ENDS}
+      FROM {source} AS e
+     CROSS JOIN LATERAL jsonb_array_elements_text(coalesce(e.dependents, '[]'::jsonb)) AS d(id)
      WHERE e.status IN {_ENDED} GROUP BY d.id"""
     return (
         _count_ends(source, "parents", parents, "children", "children", _children_ready)
@@ -2889,7 +2890,7 @@ def request_cancel_children(
 # ended. Then the new job counts them and is held unless it may run now.
 LINK_DEPENDENCIES = f"""
 UPDATE {TABLE}
-   SET dependents = array_append(coalesce(dependents, '{{}}'::uuid[]), %(job)s::uuid),
+   SET dependents = coalesce(dependents, '[]'::jsonb) || jsonb_build_array(%(job)s::text),
        updated_at = now()
  WHERE id = ANY(%(after)s::uuid[]) AND {SCOPE} AND status IN {LIVE}
 RETURNING id

@@ -7,7 +7,6 @@ child-key index is built as the table is locked by the migration; on a large tab
 it ``CONCURRENTLY`` first by hand under the same name.
 """
 
-import django.contrib.postgres.fields
 from django.db import migrations, models
 
 
@@ -50,9 +49,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="job",
             name="dependents",
-            field=django.contrib.postgres.fields.ArrayField(
-                base_field=models.UUIDField(), blank=True, null=True, size=None
-            ),
+            field=models.JSONField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name="job",
