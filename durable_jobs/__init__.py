@@ -40,8 +40,17 @@ from durable_jobs.states import DONE, YIELD, Done, Outcome, QueuePause, Scope, S
 if TYPE_CHECKING:
     from durable_jobs.models import Job
     from durable_jobs.runtime.context import Slice
-    from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
-    from durable_jobs.service import pause_queue, paused_queues, resume_queue
+    from durable_jobs.service import (
+        cancel,
+        get,
+        list_jobs,
+        pause_queue,
+        paused_queues,
+        redrive,
+        resume_queue,
+        start,
+        start_many,
+    )
 
 _LAZY = {
     "start": "durable_jobs.service",

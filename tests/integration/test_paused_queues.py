@@ -217,7 +217,7 @@ def test_resume_drains_a_backlog_of_ten_thousand_in_priority_then_run_time_order
     ids = []
     for first in range(0, len(specs), 2_500):  # four statements of 2,500
         ids += durable.start_many(specs[first : first + 2_500])
-    key_of = {job_id: (s["priority"], s["run_after"]) for job_id, s in zip(ids, specs)}
+    key_of = {job_id: (s["priority"], s["run_after"]) for job_id, s in zip(ids, specs, strict=True)}
     assert claim_from("backlog") == [], "paused: nothing is claimed"
 
     durable.resume_queue("backlog")

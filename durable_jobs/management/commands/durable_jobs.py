@@ -1,4 +1,4 @@
-"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats``: see and steer jobs, no SQL.
+"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats|queues|pause|resume``: see and steer jobs, no SQL.
 
 Human output by default, ``--json`` (before or after the action) for scripts. Every
 action goes through the same service functions as code and the admin. Exit status: 0
@@ -189,6 +189,29 @@ class Command(BaseCommand):
             help="count every tenant's jobs (no --tenant/--organization)",
         )
 
+        self._add_queue_actions(sub)
+
+    def _add_queue_actions(self, sub: Any) -> None:
+        """``queues``, ``pause QUEUE``, ``resume QUEUE``: paused queues (invariant 27)."""
+        for action, helptext in (
+            ("queues", "every known queue: paused or not, its backlog, whether a worker serves it"),
+            ("pause", "stop every worker from claiming from a queue (running slices go on)"),
+            ("resume", "let workers claim from a paused queue again, waking idle ones"),
+        ):
+            p = sub.add_parser(action, help=helptext)
+            self._json_aware(p)
+            p.add_argument(
+                "--json",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="machine-readable output and errors",
+            )
+            if action != "queues":
+                p.add_argument("queue", type=name)
+            if action == "pause":
+                p.add_argument("--reason", default=None, help="why (shown by stats and explain)")
+                p.add_argument("--by", default="cli", help="who pauses (recorded with the pause)")
+
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         problem = preflight.database_problem()
         if problem is not None:
@@ -349,6 +372,14 @@ class Command(BaseCommand):
             + (
                 ", ".join(f"{kind} ({n} jobs)" for kind, n in data["unserved_kinds"].items()) or "-"
             ),
+            "paused queues: "
+            + (
+                "; ".join(
+                    f"{queue} since {p['paused_at']} by {p['paused_by'] or '-'}: {p['reason'] or '-'}"
+                    for queue, p in data["paused_queues"].items()
+                )
+                or "none"
+            ),
             "parked: "
             + (
                 ", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items())
@@ -367,3 +398,46 @@ class Command(BaseCommand):
             ),
         ]
         self.stdout.write("\n".join(lines))
+
+    def do_queues(self, **options: Any) -> None:
+        known = stats.queues()
+        if options["json"]:
+            self._emit(options, known, "")
+            return
+        lines = [
+            f"{'queue':<24} {'state':<8} {'backlog':>9} {'due':>9}  served  paused since, by: reason"
+        ]
+        for q in known:
+            since = (
+                ""
+                if not q["paused"]
+                else f"{q['paused_at']}, {q['paused_by'] or '-'}: {q['reason'] or '-'}"
+            )
+            lines.append(
+                f"{q['queue']:<24} {'paused' if q['paused'] else 'running':<8} {q['backlog']:>9} "
+                f"{q['due']:>9}  {'yes' if q['served_by_a_live_worker'] else 'no':<6}  {since}"
+            )
+        self.stdout.write("\n".join(lines))
+
+    def do_pause(self, **options: Any) -> None:
+        pause = service.pause_queue(options["queue"], reason=options["reason"], by=options["by"])
+        data = dataclasses.asdict(pause)
+        state = "paused" if pause.newly_paused else "already paused"
+        self._emit(
+            options,
+            data,
+            f"queue {pause.queue} {state} since {pause.paused_at:%Y-%m-%d %H:%M:%S %Z} by "
+            f"{pause.paused_by or '-'}: {pause.reason or 'no reason given'}; running slices go on, "
+            "nothing is claimed from it until `durable_jobs resume`",
+        )
+
+    def do_resume(self, **options: Any) -> None:
+        ended = service.resume_queue(options["queue"])
+        data = {"queue": options["queue"], "resumed": ended is not None}
+        self._emit(
+            options,
+            data,
+            f"queue {options['queue']} resumed: idle workers were woken"
+            if ended is not None
+            else f"queue {options['queue']} was not paused: nothing changed",
+        )
