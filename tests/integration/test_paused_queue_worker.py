@@ -13,6 +13,7 @@ import pytest
 import durable_jobs as durable
 from durable_jobs.runtime.worker import Worker
 from tests.factories import reload
+from tests.integration.support import wait_until as _wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,12 +94,3 @@ def test_a_worker_started_while_its_queue_is_paused_claims_nothing_from_it(worke
 
     durable.resume_queue("slow")
     _wait(lambda: steps(job) >= 1, "the first slice after the resume", timeout=5)
-
-
-def _wait(check, message: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {message}")
