@@ -679,6 +679,11 @@ def _paused_row(queue: str) -> str:
     return f"FROM {PAUSED_QUEUE_TABLE} AS paused WHERE paused.queue_name = {queue}"
 
 
+#: A job row's queue is not paused (the unaliased job table's ``queue_name``; a bare
+#: ``queue_name`` inside the subquery would name the paused table's own column).
+_QUEUE_NOT_PAUSED = f"NOT EXISTS (SELECT 1 {_paused_row(f'{TABLE}.queue_name')})"
+
+
 # The candidates sit in a MATERIALIZED CTE carrying the LIMIT and FOR UPDATE SKIP LOCKED:
 # evaluated once, so the planner cannot re-run the limited subquery per outer row and
 # claim more rows than asked for. Eligibility is decided inside it, under the row locks.
@@ -1635,6 +1640,7 @@ UPDATE {TABLE}
  WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {_QUEUE_NOT_PAUSED}
 RETURNING {COLUMNS}
 """
 
@@ -1943,11 +1949,15 @@ def select_parked_untold(
     )
 
 
+# Invariant 27: a paused queue's backlog waits by design. It is neither stale (no warning,
+# no stale_pending gauge to page anyone) nor re-driven (a broker transport's re-drive
+# would spend redrives_since_commit on a job nobody was allowed to claim).
 SELECT_STALE_PENDING = f"""
 SELECT {COLUMNS} FROM {TABLE}
  WHERE status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {_QUEUE_NOT_PAUSED}
    AND {_TENANT_FILTER}
  ORDER BY pending_since
  LIMIT %(limit)s
@@ -1971,6 +1981,7 @@ SELECT count(*) FROM {TABLE}
  WHERE status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {_QUEUE_NOT_PAUSED}
    AND {_TENANT_FILTER}
 """
 

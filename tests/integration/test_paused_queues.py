@@ -227,3 +227,27 @@ def test_resume_drains_a_backlog_of_ten_thousand_in_priority_then_run_time_order
     expected = sorted(key_of.values(), key=lambda key: (-key[0], key[1]))
     assert len(claimed) == 10_000
     assert claimed == expected, "each batch is the next 500 by priority, then run time"
+
+
+# ---------------------------------------------------------------------------------------
+# the reconciler leaves a paused queue's backlog alone
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_paused_queue_s_old_backlog_is_not_stale_and_is_never_re_driven():
+    """Invariant 27: waiting behind a pause is not a lost delivery: no stale-pending
+    warning, and a broker transport's re-drive (which spends a budget) refuses it."""
+    old = JobFactory(queue_name="reports", pending_since=-7200, next_run_at=-7200)
+    JobFactory(queue_name="mail", pending_since=-7200, next_run_at=-7200)
+    durable.pause_queue("reports")
+
+    assert store.count_stale_pending(pending_ttl_ms=60_000) == 1
+    assert [
+        job.queue_name for job in store.select_stale_pending(pending_ttl_ms=60_000, limit=10)
+    ] == ["mail"]
+    assert store.redrive_pending(old.id, pending_ttl_ms=60_000) is None
+    assert (reload(old).redrives, reload(old).redrives_since_commit) == (0, 0)
+
+    durable.resume_queue("reports")
+    assert store.count_stale_pending(pending_ttl_ms=60_000) == 2
