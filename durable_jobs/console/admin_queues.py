@@ -106,3 +106,14 @@ class PausedQueueAdmin(admin.ModelAdmin):
     @admin.display(description="waiting to be claimed", ordering="backlog")
     def backlog_col(self, paused: PausedQueue) -> int:
         return int(getattr(paused, "backlog", 0))
+
+
+def warn_paused(request: HttpRequest) -> None:
+    """Say on the job list which queues are paused: their jobs wait, on purpose."""
+    for pause in service.paused_queues():
+        messages.warning(
+            request,
+            f"Queue {pause.queue!r} is paused since {pause.paused_at:%Y-%m-%d %H:%M:%S %Z} by "
+            f"{pause.paused_by or 'an unnamed operator'}: {pause.reason or 'no reason given'}. "
+            "No worker claims its jobs until it is resumed.",
+        )

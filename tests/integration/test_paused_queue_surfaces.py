@@ -75,8 +75,15 @@ def test_explain_says_the_queue_is_paused_since_when_by_whom_and_why():
     assert any(
         "Queue 'reports' is paused since" in r and "by alice: incident 42" in r for r in reasons
     )
+    said = run("explain", str(job.id))
+    assert "queue reports is paused since" in said and "by alice: incident 42" in said
+    assert (
+        json.loads(run("explain", str(job.id), "--json"))["queue_paused"]["reason"] == "incident 42"
+    )
+
     durable.resume_queue("reports")
     assert not any("paused" in r for r in explain.explain(reload(job)))
+    assert json.loads(run("explain", str(job.id), "--json"))["queue_paused"] is None
 
 
 @pytest.fixture
@@ -120,3 +127,12 @@ def test_the_admin_refuses_an_undeclared_queue_on_its_form(client, operator):
         page = client.post(f"{PAGE}add/", {"queue_name": "reprots"}).content.decode()
     assert "is not a declared queue" in page
     assert durable.paused_queues() == []
+
+
+def test_the_job_list_says_which_queues_are_paused(client):
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(user)
+    durable.pause_queue("reports", reason="incident 42", by="alice")
+    page = client.get("/admin/durable_jobs/job/").content.decode()
+    assert "Queue &#x27;reports&#x27; is paused since" in page and "by alice: incident 42" in page

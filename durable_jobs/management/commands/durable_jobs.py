@@ -271,6 +271,7 @@ class Command(BaseCommand):
     def do_explain(self, **options: Any) -> None:
         job = service.get(options["job_id"], scope=self._scope(options))
         explanation = explain_hold(job)
+        pauses = {p.queue: p for p in service.paused_queues()}
         if options["json"]:
             data = (
                 None
@@ -291,8 +292,24 @@ class Command(BaseCommand):
                     )
                 }
             )
-            self._emit(options, {"id": str(job.id), "status": job.status, "held": data}, "")
+            paused = pauses.get(job.queue_name)
+            self._emit(
+                options,
+                {
+                    "id": str(job.id),
+                    "status": job.status,
+                    "held": data,
+                    "queue_paused": None if paused is None else dataclasses.asdict(paused),
+                },
+                "",
+            )
             return
+        if job.queue_name in pauses:  # invariant 27: nothing is claimed from it
+            p = pauses[job.queue_name]
+            self.stdout.write(
+                f"queue {p.queue} is paused since {p.paused_at:%Y-%m-%d %H:%M:%S %Z} by "
+                f"{p.paused_by or '-'}: {p.reason or 'no reason given'}"
+            )
         if explanation is None:
             self.stdout.write(f"{job.kind} {job.id}: {job.status}, not held by a wait condition")
             return
