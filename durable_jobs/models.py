@@ -517,6 +517,10 @@ class WorkerProcess(models.Model):
 # ---------------------------------------------------------------------------------------
 
 PAUSED_QUEUE_TABLE = "durable_jobs_paused_queue"
+_PAUSE_REFUSAL = (
+    "paused queues are written only by durable_jobs.store; use durable_jobs.pause_queue() "
+    "or resume_queue() instead"
+)
 
 
 class PausedQueue(models.Model):
@@ -549,7 +553,7 @@ class PausedQueue(models.Model):
         return self.queue_name
 
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise ReadOnlyJobRow(_REFUSAL)
+        raise ReadOnlyJobRow(_PAUSE_REFUSAL)
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise ReadOnlyJobRow(_REFUSAL)
+        raise ReadOnlyJobRow(_PAUSE_REFUSAL)

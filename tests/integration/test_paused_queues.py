@@ -20,6 +20,7 @@ from tests.factories import JobFactory, reload
 from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
     SLACK,
     db_now,
+    in_thread,
     other_connection_fixture,
 )
 
@@ -251,3 +252,38 @@ def test_a_paused_queue_s_old_backlog_is_not_stale_and_is_never_re_driven():
 
     durable.resume_queue("reports")
     assert store.count_stale_pending(pending_ttl_ms=60_000) == 2
+
+
+@pytest.mark.django_db
+def test_a_pause_row_cannot_be_written_through_the_orm():
+    """Invariant 1's rule for every row this app keeps as state: only store.py writes it."""
+    from durable_jobs.models import PausedQueue, ReadOnlyJobRow
+
+    with pytest.raises(ReadOnlyJobRow, match="durable_jobs.pause_queue"):
+        PausedQueue(queue_name="reports", paused_at=db_now()).save()
+    durable.pause_queue("reports")
+    with pytest.raises(ReadOnlyJobRow):
+        PausedQueue.objects.all().delete()
+    with pytest.raises(ReadOnlyJobRow):
+        PausedQueue.objects.get(queue_name="reports").delete()
+    assert [p.queue for p in durable.paused_queues()] == ["reports"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_pauses_racing_on_two_connections_make_one_pause_and_the_second_is_told(
+    other_connection,
+):
+    """Decided under the primary key, not read-then-write: the second pause waits for the
+    first's transaction, then gets that pause back (``newly_paused`` False), not an error."""
+    params = {"queue": "reports", "by": "bob", "reason": "first"}
+    other_connection.execute("BEGIN")
+    assert other_connection.execute(store.PAUSE_QUEUE, params).fetchone()[-1] is True
+    answers = []
+    thread = in_thread(lambda: answers.append(durable.pause_queue("reports", by="alice")))
+    thread.join(timeout=0.5)
+    assert thread.is_alive(), "the second pause waits on the unique index"
+    other_connection.execute("COMMIT")
+    thread.join(timeout=10)
+    (second,) = answers
+    assert (second.newly_paused, second.paused_by, second.reason) == (False, "bob", "first")
+    assert [(p.queue, p.paused_by) for p in durable.paused_queues()] == [("reports", "bob")]
