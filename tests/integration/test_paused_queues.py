@@ -287,3 +287,19 @@ def test_two_pauses_racing_on_two_connections_make_one_pause_and_the_second_is_t
     (second,) = answers
     assert (second.newly_paused, second.paused_by, second.reason) == (False, "bob", "first")
     assert [(p.queue, p.paused_by) for p in durable.paused_queues()] == [("reports", "bob")]
+
+
+@pytest.mark.django_db
+def test_run_jobs_with_fast_forward_leaves_a_paused_queue_alone_and_runs_the_rest(kinds):
+    """The testing helpers claim through the same statement: a paused queue's jobs wait,
+    and a scheduled one there does not stop the others being brought forward."""
+    from durable_jobs import testing
+
+    kinds.add("tests.paused_helper")
+    durable.pause_queue("reports")
+    held = durable.start("tests.paused_helper", queue="reports", run_after=60)
+    later = durable.start("tests.paused_helper", queue="mail", run_after=120)
+    assert [r.job_id for r in testing.run_jobs(fast_forward=True)] == [later.id]
+    assert reload(held).status == "pending"
+    durable.resume_queue("reports")
+    assert [r.job_id for r in testing.run_jobs(fast_forward=True)] == [held.id]
