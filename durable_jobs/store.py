@@ -681,7 +681,7 @@ def _paused_row(queue: str) -> str:
 
 #: A job row's queue is not paused (the unaliased job table's ``queue_name``; a bare
 #: ``queue_name`` inside the subquery would name the paused table's own column).
-_QUEUE_NOT_PAUSED = f"NOT EXISTS (SELECT 1 {_paused_row(f'{TABLE}.queue_name')})"
+QUEUE_NOT_PAUSED = f"NOT EXISTS (SELECT 1 {_paused_row(f'{TABLE}.queue_name')})"
 
 
 # The candidates sit in a MATERIALIZED CTE carrying the LIMIT and FOR UPDATE SKIP LOCKED:
@@ -1640,7 +1640,7 @@ UPDATE {TABLE}
  WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
-   AND {_QUEUE_NOT_PAUSED}
+   AND {QUEUE_NOT_PAUSED}
 RETURNING {COLUMNS}
 """
 
@@ -1957,7 +1957,7 @@ SELECT {COLUMNS} FROM {TABLE}
  WHERE status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
-   AND {_QUEUE_NOT_PAUSED}
+   AND {QUEUE_NOT_PAUSED}
    AND {_TENANT_FILTER}
  ORDER BY pending_since
  LIMIT %(limit)s
@@ -1981,7 +1981,7 @@ SELECT count(*) FROM {TABLE}
  WHERE status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
-   AND {_QUEUE_NOT_PAUSED}
+   AND {QUEUE_NOT_PAUSED}
    AND {_TENANT_FILTER}
 """
 

@@ -303,3 +303,15 @@ def test_run_jobs_with_fast_forward_leaves_a_paused_queue_alone_and_runs_the_res
     assert reload(held).status == "pending"
     durable.resume_queue("reports")
     assert [r.job_id for r in testing.run_jobs(fast_forward=True)] == [held.id]
+
+
+@pytest.mark.django_db
+def test_a_burst_run_does_not_wait_for_a_retry_on_a_paused_queue():
+    """``durable_worker --burst --wait-for-retries`` waits only for what it could claim."""
+    from durable_jobs import reads
+    from tests.factories import running
+
+    running(queue_name="reports", lease_owner=None, lease_expires_at=None, next_run_at=30)
+    assert reads.waiting_out_a_backoff(["reports"], ["tests.noop"])[0] == 1
+    durable.pause_queue("reports")
+    assert reads.waiting_out_a_backoff(["reports"], ["tests.noop"]) == (0, None)
