@@ -14,9 +14,10 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 import durable_jobs as durable
-from durable_jobs import store
+from durable_jobs import reads, store, testing
 from durable_jobs.exceptions import InvalidInput
-from tests.factories import JobFactory, reload
+from durable_jobs.models import PausedQueue, ReadOnlyJobRow
+from tests.factories import JobFactory, reload, running
 from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
     SLACK,
     db_now,
@@ -257,8 +258,6 @@ def test_a_paused_queue_s_old_backlog_is_not_stale_and_is_never_re_driven():
 @pytest.mark.django_db
 def test_a_pause_row_cannot_be_written_through_the_orm():
     """Invariant 1's rule for every row this app keeps as state: only store.py writes it."""
-    from durable_jobs.models import PausedQueue, ReadOnlyJobRow
-
     with pytest.raises(ReadOnlyJobRow, match="durable_jobs.pause_queue"):
         PausedQueue(queue_name="reports", paused_at=db_now()).save()
     durable.pause_queue("reports")
@@ -293,8 +292,6 @@ def test_two_pauses_racing_on_two_connections_make_one_pause_and_the_second_is_t
 def test_run_jobs_with_fast_forward_leaves_a_paused_queue_alone_and_runs_the_rest(kinds):
     """The testing helpers claim through the same statement: a paused queue's jobs wait,
     and a scheduled one there does not stop the others being brought forward."""
-    from durable_jobs import testing
-
     kinds.add("tests.paused_helper")
     durable.pause_queue("reports")
     held = durable.start("tests.paused_helper", queue="reports", run_after=60)
@@ -308,9 +305,6 @@ def test_run_jobs_with_fast_forward_leaves_a_paused_queue_alone_and_runs_the_res
 @pytest.mark.django_db
 def test_a_burst_run_does_not_wait_for_a_retry_on_a_paused_queue():
     """``durable_worker --burst --wait-for-retries`` waits only for what it could claim."""
-    from durable_jobs import reads
-    from tests.factories import running
-
     running(queue_name="reports", lease_owner=None, lease_expires_at=None, next_run_at=30)
     assert reads.waiting_out_a_backoff(["reports"], ["tests.noop"])[0] == 1
     durable.pause_queue("reports")
