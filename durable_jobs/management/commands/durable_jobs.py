@@ -13,6 +13,7 @@ import dataclasses
 import json
 import re
 import sys
+from datetime import datetime
 from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
@@ -47,6 +48,11 @@ def subject(text: str) -> tuple[str, str]:
     if not sep or not kind or not ident:
         raise ValueError("TYPE:ID, e.g. reports.report:42")
     return kind, ident
+
+
+def _when(iso: str) -> str:
+    """An ISO instant from ``stats``' answer, as the other human lines show instants."""
+    return f"{datetime.fromisoformat(iso):%Y-%m-%d %H:%M:%S %Z}"
 
 
 def progress_bar(job: Job) -> str:
@@ -392,7 +398,7 @@ class Command(BaseCommand):
             "paused queues: "
             + (
                 "; ".join(
-                    f"{queue} since {p['paused_at']} by {p['paused_by'] or '-'}: {p['reason'] or '-'}"
+                    f"{queue} since {_when(p['paused_at'])} by {p['paused_by'] or '-'}: {p['reason'] or '-'}"
                     for queue, p in data["paused_queues"].items()
                 )
                 or "none"
@@ -432,7 +438,7 @@ class Command(BaseCommand):
             )
             lines.append(
                 f"{q['queue']:<24} {'paused' if q['paused'] else 'running':<8} {q['backlog']:>9} "
-                f"{q['due']:>9}  {'yes' if q['served_by_a_live_worker'] else 'no':<6}  {since}"
+                f"{q['due']:>9}  {'yes' if q['served_by_a_live_worker'] else 'no':<6}  {since}".rstrip()
             )
         self.stdout.write("\n".join(lines))
 
@@ -445,7 +451,7 @@ class Command(BaseCommand):
             data,
             f"queue {pause.queue} {state} since {pause.paused_at:%Y-%m-%d %H:%M:%S %Z} by "
             f"{pause.paused_by or '-'}: {pause.reason or 'no reason given'}; running slices go on, "
-            "nothing is claimed from it until `durable_jobs resume`",
+            f"nothing is claimed from it until `durable_jobs resume {pause.queue}`",
         )
 
     def do_resume(self, **options: Any) -> None:
