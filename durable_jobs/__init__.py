@@ -36,13 +36,23 @@ from durable_jobs.exceptions import (
     WrongState,
 )
 from durable_jobs.registry import handler
-from durable_jobs.states import DONE, YIELD, Done, Outcome, Scope, Status
+from durable_jobs.states import DONE, YIELD, Done, Outcome, QueuePause, Scope, Status
 from durable_jobs.unique import Unique
 
 if TYPE_CHECKING:
     from durable_jobs.models import Job
     from durable_jobs.runtime.context import Slice
-    from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
+    from durable_jobs.service import (
+        cancel,
+        get,
+        list_jobs,
+        pause_queue,
+        paused_queues,
+        redrive,
+        resume_queue,
+        start,
+        start_many,
+    )
 
 _LAZY = {
     "start": "durable_jobs.service",
@@ -51,6 +61,9 @@ _LAZY = {
     "list_jobs": "durable_jobs.service",
     "cancel": "durable_jobs.service",
     "redrive": "durable_jobs.service",
+    "pause_queue": "durable_jobs.service",
+    "resume_queue": "durable_jobs.service",
+    "paused_queues": "durable_jobs.service",
     "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }
@@ -60,6 +73,7 @@ __all__ = [
     "YIELD",
     "Done",
     "Outcome",
+    "QueuePause",
     "Scope",
     "Status",
     "Unique",
@@ -89,6 +103,9 @@ __all__ = [
     "list_jobs",
     "cancel",
     "redrive",
+    "pause_queue",
+    "resume_queue",
+    "paused_queues",
     "Slice",
     "Job",
 ]

@@ -532,3 +532,50 @@ class WorkerProcess(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
+
+
+# ---------------------------------------------------------------------------------------
+# Paused queues (invariant 27): a queue named here is not claimed from.
+# ---------------------------------------------------------------------------------------
+
+PAUSED_QUEUE_TABLE = "durable_jobs_paused_queue"
+_PAUSE_REFUSAL = (
+    "paused queues are written only by durable_jobs.store; use durable_jobs.pause_queue() "
+    "or resume_queue() instead"
+)
+
+
+class PausedQueue(models.Model):
+    """A queue an operator paused: no worker claims from it until it is resumed.
+
+    The row *is* the pause: the dequeue statement reads this table in the same statement
+    that claims (invariant 27), so every worker on every host honours a pause from its
+    next claim on, with no cache to go stale. Written only by ``store.pause_queue`` /
+    ``store.resume_queue`` (through ``durable_jobs.pause_queue`` / ``resume_queue``);
+    ``paused_at`` is the database's clock. Resuming deletes the row: a queue that is not
+    here is running.
+    """
+
+    queue_name = models.CharField(max_length=100, primary_key=True)
+    paused_at = models.DateTimeField()
+    paused_by = models.CharField(max_length=200, null=True, blank=True)
+    reason = models.CharField(max_length=500, null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = PAUSED_QUEUE_TABLE
+        ordering = ["queue_name"]
+        default_permissions = ("view",)
+        permissions = [("pause_queue", "Can pause and resume a queue")]
+        base_manager_name = "objects"
+        verbose_name = "paused queue"
+
+    def __str__(self) -> str:
+        return self.queue_name
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_PAUSE_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_PAUSE_REFUSAL)

@@ -67,6 +67,7 @@ from durable_jobs.models import (
     LEADER_TABLE,
     LOCK_KEY_INDEX,
     NO_ORGANIZATION,
+    PAUSED_QUEUE_TABLE,
     TABLE,
     TASK_ATTEMPT_TABLE,
     UNIQUE_LIVE_INDEX,
@@ -75,7 +76,7 @@ from durable_jobs.models import (
     WORKER_TABLE,
     Job,
 )
-from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
+from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, QueuePause, Scope
 
 T = TypeVar("T")
 
@@ -864,6 +865,17 @@ def claim(
     )
 
 
+def _paused_row(queue: str) -> str:
+    """The one definition of "``queue`` is paused" (invariant 27), shared by the dequeue
+    statement and the reads that explain a waiting job (invariant 28)."""
+    return f"FROM {PAUSED_QUEUE_TABLE} AS paused WHERE paused.queue_name = {queue}"
+
+
+#: A job row's queue is not paused (the unaliased job table's ``queue_name``; a bare
+#: ``queue_name`` inside the subquery would name the paused table's own column).
+QUEUE_NOT_PAUSED = f"NOT EXISTS (SELECT 1 {_paused_row(f'{TABLE}.queue_name')})"
+
+
 # The candidates sit in a MATERIALIZED CTE carrying the LIMIT and FOR UPDATE SKIP LOCKED:
 # evaluated once, so the planner cannot re-run the limited subquery per outer row and
 # claim more rows than asked for. Eligibility is decided inside it, under the row locks.
@@ -893,7 +905,14 @@ def _deliverable(alias: str = "") -> str:
 
 DEQUEUE = f"""
 WITH candidates AS MATERIALIZED (
-    SELECT due.id FROM unnest(%(queues)s::text[]) AS q(name)
+    -- Invariant 27: paused queues are left out of the list, here in the statement that
+    -- claims, so a pause committed before this statement's snapshot holds for every
+    -- worker (no cache to go stale). An ARRAY(...) InitPlan, evaluated once before any
+    -- scan: a paused queue's rows are never probed nor locked.
+    SELECT due.id FROM unnest(ARRAY(
+        SELECT wanted.name FROM unnest(%(queues)s::text[]) AS wanted(name)
+         WHERE NOT EXISTS (SELECT 1 {_paused_row("wanted.name")})
+    )) AS q(name)
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(priority) AS (
             (SELECT priority FROM {TABLE}
@@ -1813,6 +1832,7 @@ UPDATE {TABLE}
  WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {QUEUE_NOT_PAUSED}
 RETURNING {COLUMNS}
 """
 
@@ -2125,11 +2145,15 @@ def select_parked_untold(
     )
 
 
+# Invariant 27: a paused queue's backlog waits by design. It is neither stale (no warning,
+# no stale_pending gauge to page anyone) nor re-driven (a broker transport's re-drive
+# would spend redrives_since_commit on a job nobody was allowed to claim).
 SELECT_STALE_PENDING = f"""
 SELECT {COLUMNS} FROM {TABLE}
  WHERE status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {QUEUE_NOT_PAUSED}
    AND {_TENANT_FILTER}
  ORDER BY pending_since
  LIMIT %(limit)s
@@ -2153,6 +2177,7 @@ SELECT count(*) FROM {TABLE}
  WHERE status = 'pending' AND cancel_requested_at IS NULL
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {QUEUE_NOT_PAUSED}
    AND {_TENANT_FILTER}
 """
 
@@ -2487,6 +2512,95 @@ def unregister_worker(identity: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
     """Remove this worker from the list as it stops."""
     with execute(using, UNREGISTER_WORKER, {"identity": identity}):
         pass
+
+
+# ---------------------------------------------------------------------------------------
+# Paused queues (invariant 27): one row per paused queue, read by DEQUEUE in the same
+# statement that claims. Pausing writes no job row: running slices go on, yield and fail
+# under their own fences; what is pending, handed back or waiting out a retry simply
+# waits, uncharged, because nothing claims it. Both writes are decided under the primary
+# key (a unique index), never read-then-write.
+# ---------------------------------------------------------------------------------------
+
+# Idempotent: pausing a paused queue keeps the first pause (its paused_at, by and
+# reason) and reports it as not new. ON CONFLICT DO UPDATE (a no-op assignment) rather
+# than DO NOTHING: it locks and returns the existing row even when that row committed
+# after this statement's snapshot, where a separate SELECT would see nothing.
+# xmax = 0 only on a row this statement inserted.
+PAUSE_QUEUE = f"""
+INSERT INTO {PAUSED_QUEUE_TABLE} AS paused (queue_name, paused_at, paused_by, reason)
+VALUES (%(queue)s, clock_timestamp(), %(by)s, %(reason)s)
+ON CONFLICT (queue_name) DO UPDATE SET queue_name = paused.queue_name
+RETURNING queue_name, paused_at, paused_by, reason, (xmax = 0) AS newly_paused
+"""
+
+
+def pause_queue(
+    queue: str, *, by: str | None, reason: str | None, using: str = DEFAULT_DB_ALIAS
+) -> QueuePause:
+    """Pause ``queue``; return the pause in force (``newly_paused`` False: it already was).
+
+    Invariant 27: from the first dequeue statement whose snapshot sees this commit on,
+    no worker claims from ``queue``. Nothing else changes.
+    """
+    with execute(using, PAUSE_QUEUE, {"queue": queue, "by": by, "reason": reason}) as cursor:
+        *row, newly = cursor.fetchone()
+    return _paused(row, newly_paused=bool(newly))
+
+
+# The wake-up rides in the same statement as the delete: PostgreSQL delivers a NOTIFY at
+# commit, so idle workers look at the queue exactly when the resume is visible (the same
+# channel and payload a start() sends), and a rolled-back resume wakes nobody.
+RESUME_QUEUE = f"""
+WITH resumed AS (
+    DELETE FROM {PAUSED_QUEUE_TABLE} WHERE queue_name = %(queue)s
+    RETURNING queue_name, paused_at, paused_by, reason
+)
+SELECT queue_name, paused_at, paused_by, reason,
+       CASE WHEN %(channel)s::text IS NOT NULL THEN pg_notify(%(channel)s, queue_name) END
+  FROM resumed
+"""
+
+
+def resume_queue(
+    queue: str, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> QueuePause | None:
+    """Resume ``queue`` and wake idle workers; the pause it ended, or None if it was not paused."""
+    with execute(using, RESUME_QUEUE, {"queue": queue, "channel": notify_channel}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else _paused(row[:4])
+
+
+GET_PAUSED_QUEUE = f"SELECT queue_name, paused_at, paused_by, reason {_paused_row('%(queue)s')}"
+
+
+def get_paused_queue(queue: str, *, using: str = DEFAULT_DB_ALIAS) -> QueuePause | None:
+    """Return ``queue``'s pause, read with DEQUEUE's own predicate (invariant 28); None if running."""
+    with execute(using, GET_PAUSED_QUEUE, {"queue": queue}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else _paused(row)
+
+
+LIST_PAUSED_QUEUES = (
+    f"SELECT queue_name, paused_at, paused_by, reason FROM {PAUSED_QUEUE_TABLE} ORDER BY queue_name"
+)
+
+
+def list_paused_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[QueuePause]:
+    """Return every paused queue, by name."""
+    with execute(using, LIST_PAUSED_QUEUES, {}) as cursor:
+        return [_paused(row) for row in cursor.fetchall()]
+
+
+def _paused(row: Sequence[Any], *, newly_paused: bool = False) -> QueuePause:
+    queue, paused_at, paused_by, reason = row
+    return QueuePause(
+        queue=queue,
+        paused_at=paused_at,
+        paused_by=paused_by,
+        reason=reason,
+        newly_paused=newly_paused,
+    )
 
 
 # ---------------------------------------------------------------------------------------

@@ -95,6 +95,9 @@ def _all_queues(using: str) -> list[str]:
 
 
 def _bring_forward(queues: Sequence[str], using: str) -> bool:
+    # A paused queue's jobs stay where they are: nothing would claim them (invariant 27).
+    paused = {pause.queue for pause in store.list_paused_queues(using=using)}
+    queues = [queue for queue in queues if queue not in paused]
     waiting = (
         Job.objects.using(using)
         .filter(

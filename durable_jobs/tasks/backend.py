@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import task_enqueued, task_finished, task_started
     from django.utils.json import normalize_json
+
+    from durable_jobs.states import QueuePause
 else:
     try:  # Django 6.x
         from django.tasks import TaskContext, TaskResult, TaskResultStatus, task_backends
@@ -239,6 +241,24 @@ class DurableBackend(BaseTaskBackend):
         from durable_jobs.tasks.checks import check_tasks_backend
 
         return check_tasks_backend(self)
+
+    # --- paused queues (invariant 27): durable_jobs' own, beyond Django's API -----------
+
+    def queue_pause(self, queue_name: str) -> QueuePause | None:
+        """The pause in force on ``queue_name`` in this backend's database; None: not paused.
+
+        Django's ``TaskResult`` has no place for it: a task enqueued onto a paused queue is
+        stored and stays ``READY`` until ``durable_jobs.resume_queue(queue_name)``.
+        """
+        from durable_jobs import service
+
+        return {p.queue: p for p in service.paused_queues(using=self.database)}.get(queue_name)
+
+    def paused_queues(self) -> list[str]:
+        """The names of the paused queues in this backend's database."""
+        from durable_jobs import service
+
+        return [pause.queue for pause in service.paused_queues(using=self.database)]
 
     # --- helpers ------------------------------------------------------------------------
 
