@@ -27,6 +27,8 @@ from durable_jobs.exceptions import (
     JobNotFound,
     LeaseLost,
     LockKeyHeld,
+    ScheduleNotFound,
+    ScheduleRemoved,
     TerminalError,
     TransientError,
     UnknownKind,
@@ -35,11 +37,19 @@ from durable_jobs.exceptions import (
     WrongState,
 )
 from durable_jobs.registry import handler
+from durable_jobs.schedules.declare import Schedule, schedule
 from durable_jobs.states import DONE, YIELD, Done, Outcome, Scope, Status
 
 if TYPE_CHECKING:
     from durable_jobs.models import Job
     from durable_jobs.runtime.context import Slice
+    from durable_jobs.schedules.api import (
+        list_schedules,
+        pause_schedule,
+        resume_schedule,
+        run_schedule,
+        sync_schedules,
+    )
     from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
 
 _LAZY = {
@@ -49,6 +59,11 @@ _LAZY = {
     "list_jobs": "durable_jobs.service",
     "cancel": "durable_jobs.service",
     "redrive": "durable_jobs.service",
+    "list_schedules": "durable_jobs.schedules.api",
+    "pause_schedule": "durable_jobs.schedules.api",
+    "resume_schedule": "durable_jobs.schedules.api",
+    "run_schedule": "durable_jobs.schedules.api",
+    "sync_schedules": "durable_jobs.schedules.api",
     "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }
@@ -61,6 +76,8 @@ __all__ = [
     "Scope",
     "Status",
     "handler",
+    "Schedule",
+    "schedule",
     "CancelRequested",
     "ConfigurationError",
     "DurableJobsError",
@@ -72,6 +89,8 @@ __all__ = [
     "JobNotFound",
     "LeaseLost",
     "LockKeyHeld",
+    "ScheduleNotFound",
+    "ScheduleRemoved",
     "TerminalError",
     "TransientError",
     "UnknownKind",
@@ -85,6 +104,11 @@ __all__ = [
     "list_jobs",
     "cancel",
     "redrive",
+    "list_schedules",
+    "pause_schedule",
+    "resume_schedule",
+    "run_schedule",
+    "sync_schedules",
     "Slice",
     "Job",
 ]
