@@ -336,7 +336,9 @@ def _check_schedules_shape(raw: Any) -> None:
         return
     label = "DURABLE_JOBS['SCHEDULES']"
     if not isinstance(raw, dict):
-        raise ConfigurationError(f"{label} must be None or a dict {{name: {{'kind': ..., 'cron': ...}}}}")
+        raise ConfigurationError(
+            f"{label} must be None or a dict {{name: {{'kind': ..., 'cron': ...}}}}"
+        )
     for name, entry in raw.items():
         if not isinstance(entry, dict):
             raise ConfigurationError(f"{label}[{name!r}] must be a dict with 'kind' and 'cron'")

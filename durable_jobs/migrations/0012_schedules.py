@@ -41,7 +41,9 @@ class Migration(migrations.Migration):
                 "indexes": [
                     models.Index(
                         models.F("next_tick_at"),
-                        condition=models.Q(("paused_at__isnull", True), ("removed_at__isnull", True)),
+                        condition=models.Q(
+                            ("paused_at__isnull", True), ("removed_at__isnull", True)
+                        ),
                         name="durable_jobs_schedule_due",
                     )
                 ],

@@ -592,6 +592,4 @@ class Worker(Supervision, WakeUps):
         from durable_jobs.runtime.scheduler import run_as_leader as run_scheduler
 
         pooling.name_connection(self.using)
-        run_scheduler(
-            self.stopping, self.identity, wake=self._schedules_changed, using=self.using
-        )
+        run_scheduler(self.stopping, self.identity, wake=self._schedules_changed, using=self.using)

@@ -85,7 +85,9 @@ class ScheduleView:
         values = dataclasses.asdict(self)
         values["state"] = self.state
         return {
-            key: value.isoformat() if isinstance(value, datetime) else value
+            key: value.isoformat()
+            if isinstance(value, datetime)
+            else value
             if not isinstance(value, uuid.UUID)
             else str(value)
             for key, value in values.items()
@@ -96,9 +98,7 @@ def list_schedules(*, using: str = DEFAULT_DB_ALIAS) -> list[ScheduleView]:
     """Every schedule in the table, removed ones included (their history stays), by name."""
     rows = list(Schedule.objects.using(using).order_by("name"))
     job_ids = [row.last_job_id for row in rows if row.last_job_id is not None]
-    statuses = dict(
-        Job.objects.using(using).filter(id__in=job_ids).values_list("id", "status")
-    )
+    statuses = dict(Job.objects.using(using).filter(id__in=job_ids).values_list("id", "status"))
     now = db.database_now(using=using)
     grace = conf.get().SCHEDULE_GRACE
     return [_view(row, statuses.get(row.last_job_id), now, grace) for row in rows]

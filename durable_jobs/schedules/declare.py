@@ -27,6 +27,7 @@ from durable_jobs import conf, validation
 from durable_jobs.exceptions import ConfigurationError, InvalidInput
 from durable_jobs.schedules import ticks
 
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Schedule:
     """A periodic start of a kind: a cron expression in a zone, and what each tick starts.
@@ -103,7 +104,11 @@ def _from_settings() -> list[tuple[str, Schedule, str]]:
     found = []
     for name, entry in raw.items():
         origin = f"DURABLE_JOBS['SCHEDULES'][{name!r}]"
-        fields = {key: entry[key] for key in ("tz", "input", "queue", "priority", "catch_up") if key in entry}
+        fields = {
+            key: entry[key]
+            for key in ("tz", "input", "queue", "priority", "catch_up")
+            if key in entry
+        }
         found.append((entry.get("kind"), Schedule(entry.get("cron"), name=name, **fields), origin))
     return found
 
@@ -157,7 +162,9 @@ def checked(known_kinds: Sequence[str]) -> tuple[list[Declared], list[str]]:
         name = _name_of(kind, item) if isinstance(kind, str) else str(item.name)
         label = f"schedule {name!r} ({origin})"
         if not conf.NAME_PATTERN.match(name):
-            problems.append(f"{label}: its name must be 1-100 characters of letters, digits, _ . : -")
+            problems.append(
+                f"{label}: its name must be 1-100 characters of letters, digits, _ . : -"
+            )
             continue
         try:
             entry = dataclasses.replace(_check(kind, item, kinds), origin=origin)
@@ -172,4 +179,3 @@ def checked(known_kinds: Sequence[str]) -> tuple[list[Declared], list[str]]:
             continue
         valid[name] = entry
     return list(valid.values()), problems
-

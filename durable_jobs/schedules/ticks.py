@@ -137,7 +137,9 @@ class CatchUp:
         if isinstance(value, str) and value.startswith(BACKFILL + ":"):
             count = value.partition(":")[2]
             if not count.isdigit():
-                raise ConfigurationError(f"catch_up {value!r}: backfill needs a count, e.g. 'backfill:5'")
+                raise ConfigurationError(
+                    f"catch_up {value!r}: backfill needs a count, e.g. 'backfill:5'"
+                )
             return cls(policy=BACKFILL, limit=int(count))
         if isinstance(value, str) and value in (SKIP, ONCE):
             return cls(policy=value)
