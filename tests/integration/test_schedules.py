@@ -3,12 +3,14 @@ run now, removal, the system check. Invariant 24: a tick starts once."""
 
 from __future__ import annotations
 
+import io
+import json
 import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection, connections
 
@@ -405,3 +407,33 @@ def test_a_name_declared_twice_is_refused(kinds):
             call_command("check")
     finally:
         declare.forget("twice")
+
+
+# --- manage.py durable_jobs schedules | schedule-pause | schedule-resume | schedule-run -----
+
+
+def cli(*args: str) -> str:
+    out = io.StringIO()
+    call_command("durable_jobs", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_operators_list_pause_resume_and_run_a_schedule_from_the_command_line(declared):
+    declared("tests.report", "@hourly", tz="Europe/Berlin", catch_up="skip")
+    durable.sync_schedules()
+    text = cli("schedules")
+    assert "tests.report" in text and "active" in text and "@hourly" in text
+    assert "paused" in cli("schedule-pause", "tests.report")
+    (listed,) = json.loads(cli("schedules", "--json"))
+    assert listed["state"] == "paused" and listed["zone"] == "Europe/Berlin"
+    assert listed["catch_up"] == "skip" and listed["missed_ticks"] == 0
+    assert "resumed; next run" in cli("schedule-resume", "tests.report")
+    started = json.loads(cli("schedule-run", "tests.report", "--json"))
+    (listed,) = json.loads(cli("schedules", "--json"))
+    assert listed["last_job_id"] == started["id"] and listed["last_job_status"] == "pending"
+
+
+def test_the_command_line_refuses_an_unknown_schedule(declared):
+    with pytest.raises(CommandError, match="no schedule 'nope'") as raised:
+        cli("schedule-pause", "nope")
+    assert raised.value.returncode == 1
