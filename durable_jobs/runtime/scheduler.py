@@ -100,6 +100,11 @@ def fire(row: Schedule, *, using: str = DEFAULT_DB_ALIAS) -> int | None:
             using=using,
         )
         if not advanced:
+            log.info(
+                "schedule %s: tick %s was fired (or the schedule paused) by another; nothing started",
+                row.name,
+                ticks.utc_iso(plan.due),
+            )
             return None
         job = None
         for tick in plan.start:
