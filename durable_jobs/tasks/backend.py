@@ -92,6 +92,10 @@ class DurableTask(Task):
     max_attempts: int | None = None
     retry_backoff_base: float | None = None  # seconds, or a timedelta
     retry_backoff_max: float | None = None
+    #: Run the task periodically: a cron expression (``"0 6 * * *"``, ``"@hourly"``) or a
+    #: ``durable_jobs.Schedule`` (its ``input`` is the task's kwargs), or a list of them.
+    #: Each tick enqueues the task once (durable_jobs.schedules, invariant 24).
+    schedule: Any = None
 
 
 #: The backend's OPTIONS, and what each defaults to.
@@ -104,6 +108,9 @@ OPTIONS = {
     # Retry backoff of tasks that do not set their own; None: DURABLE_JOBS' values.
     "RETRY_BACKOFF_BASE": None,
     "RETRY_BACKOFF_MAX": None,
+    # Periodic tasks: {task path: cron expression or durable_jobs.Schedule (or a list)},
+    # for tasks that cannot say so on @task (Django 6.0's @task takes no extra arguments).
+    "SCHEDULES": None,
 }
 
 
@@ -144,6 +151,13 @@ class DurableBackend(BaseTaskBackend):
         self.retry_backoff_max = _seconds(
             f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_MAX']", options["RETRY_BACKOFF_MAX"]
         )
+        schedules = options["SCHEDULES"] or {}
+        if not isinstance(schedules, dict):
+            raise ConfigurationError(
+                f"TASKS[{alias!r}]['OPTIONS']['SCHEDULES'] must be a dict {{task path: cron}}"
+            )
+        for path, schedule in schedules.items():
+            self._declare_schedules(path, schedule, queue=None, priority=None, policy=None)
         try:
             register()
         except ConfigurationError:
@@ -165,6 +179,17 @@ class DurableBackend(BaseTaskBackend):
                 _seconds("retry_backoff_max", task.retry_backoff_max)
             except ConfigurationError as error:
                 raise InvalidTask(f"task {task.module_path}: {error}") from None
+            if task.schedule is not None:
+                try:
+                    self._declare_schedules(
+                        task.module_path,
+                        task.schedule,
+                        queue=task.queue_name,
+                        priority=task.priority,
+                        policy=self._policy(task),
+                    )
+                except ConfigurationError as error:
+                    raise InvalidTask(str(error)) from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Start the task as a durable job in the caller's transaction (``OPTIONS['DATABASE']``)."""
@@ -214,6 +239,52 @@ class DurableBackend(BaseTaskBackend):
         return check_tasks_backend(self)
 
     # --- helpers ------------------------------------------------------------------------
+
+    def _declare_schedules(
+        self,
+        path: str,
+        schedule: Any,
+        *,
+        queue: str | None,
+        priority: int | None,
+        policy: dict[str, Any] | None,
+    ) -> None:
+        """Declare the schedules of task ``path``: each tick enqueues it as ``enqueue`` would.
+
+        Named ``task:<path>`` unless the ``Schedule`` names itself; checked, like every
+        schedule, by the system check (durable_jobs.E004).
+        """
+        from durable_jobs.schedules import declare
+
+        items = schedule if isinstance(schedule, (list, tuple)) else [schedule]
+        for item in items:
+            if isinstance(item, str):
+                item = declare.Schedule(item)
+            if not isinstance(item, declare.Schedule):
+                raise ConfigurationError(
+                    f"task {path}: schedule must be a cron expression or a durable_jobs.Schedule, "
+                    f"got {type(item).__name__}"
+                )
+            payload = {
+                "task": path,
+                "args": [],
+                "kwargs": item.input or {},
+                "backend": self.alias,
+                "run_after": None,
+                **(policy or {"max_attempts": self.max_attempts, "retry_backoff_base": None,
+                              "retry_backoff_max": None}),
+            }  # fmt: skip
+            declare.declare(
+                TASK_KIND,
+                dataclasses.replace(
+                    item,
+                    name=item.name or f"task:{path}",
+                    input=payload,
+                    queue=item.queue or queue,
+                    priority=item.priority if priority is None else priority,
+                ),
+                origin=f"task {path}",
+            )
 
     def _policy(self, task: Task) -> dict[str, Any]:
         """The task's retry policy, resolved now and stored on its job (the worker that
