@@ -437,3 +437,15 @@ def test_the_command_line_refuses_an_unknown_schedule(declared):
     with pytest.raises(CommandError, match="no schedule 'nope'") as raised:
         cli("schedule-pause", "nope")
     assert raised.value.returncode == 1
+
+
+def test_the_orm_refuses_to_write_a_schedule_row(declared):
+    """Invariant 1: schedule rows, like job rows, are written by store.py only."""
+    from durable_jobs.models import ReadOnlyJobRow
+
+    declared("tests.report", "@hourly")
+    durable.sync_schedules()
+    with pytest.raises(ReadOnlyJobRow):
+        Schedule.objects.filter(name="tests.report").update(paused_at=None)
+    with pytest.raises(ReadOnlyJobRow):
+        row("tests.report").save()
