@@ -2306,7 +2306,7 @@ def unregister_worker(identity: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
 # instant in a predicate is the database's; tick instants come from its clock too.
 # ---------------------------------------------------------------------------------------
 
-SCHEDULE_COLUMNS = ", ".join(f.column for f in Schedule._meta.concrete_fields)
+SCHEDULE_COLUMNS = ", ".join(str(f.column) for f in Schedule._meta.concrete_fields)
 _SCHEDULE_FIELD_NAMES = tuple(f.attname for f in Schedule._meta.concrete_fields)
 _SCHEDULE_JSON = frozenset(
     i for i, f in enumerate(Schedule._meta.concrete_fields) if f.get_internal_type() == "JSONField"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -113,7 +114,9 @@ class ScheduleAdmin(admin.ModelAdmin):
     def run_selected_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._each(request, queryset, api.run_schedule, "started once now")
 
-    def changelist_view(self, request, extra_context=None):  # type: ignore[no-untyped-def]
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         """Say when a schedule is overdue: no scheduler is firing it (no worker runs)."""
         grace = timedelta(seconds=conf.get().SCHEDULE_GRACE)
         overdue = [v.name for v in api.list_schedules() if v.overdue]

@@ -101,7 +101,10 @@ def list_schedules(*, using: str = DEFAULT_DB_ALIAS) -> list[ScheduleView]:
     statuses = dict(Job.objects.using(using).filter(id__in=job_ids).values_list("id", "status"))
     now = db.database_now(using=using)
     grace = conf.get().SCHEDULE_GRACE
-    return [_view(row, statuses.get(row.last_job_id), now, grace) for row in rows]
+    return [
+        _view(row, statuses.get(row.last_job_id) if row.last_job_id else None, now, grace)
+        for row in rows
+    ]
 
 
 def _view(row: Schedule, status: str | None, now: datetime, grace: float) -> ScheduleView:
