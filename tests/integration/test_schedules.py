@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 import time
 from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.core.management.base import SystemCheckError
-from django.db import connection, connections
+from django.db import connection
 
 import durable_jobs as durable
 from durable_jobs import db, registry, store, testing
 from durable_jobs.models import Job, Schedule
 from durable_jobs.runtime import scheduler
 from durable_jobs.schedules import api, declare, ticks
+from tests.integration.test_races import race
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -138,21 +138,7 @@ def test_two_leaders_firing_one_tick_on_two_connections_start_one_job(declared):
     for _ in range(10):
         testing.fast_forward_schedule("tests.report")
         before = len(jobs_of("tests.report"))
-        barrier = threading.Barrier(2)
-        results = []
-
-        def leader():
-            barrier.wait()
-            try:
-                results.append(scheduler.fire_due())
-            finally:
-                connections.close_all()
-
-        threads = [threading.Thread(target=leader) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        results = race(scheduler.fire_due, scheduler.fire_due)
         assert len(jobs_of("tests.report")) == before + 1
         assert sorted(r.started for r in results) == [0, 1]
 
