@@ -62,11 +62,12 @@ from durable_jobs.exceptions import (
     TaskUnavailable,
 )
 from durable_jobs.states import Done
+from durable_jobs.tasks import schedules as task_schedules
 
 log = logging.getLogger("durable_jobs.tasks")
 
 #: The job kind every task runs as; the task itself is named in the job's input.
-TASK_KIND = "django.tasks"
+TASK_KIND = task_schedules.TASK_KIND
 
 __all__ = ["TASK_KIND", "DurableBackend", "DurableTask", "register"]
 
@@ -157,7 +158,7 @@ class DurableBackend(BaseTaskBackend):
                 f"TASKS[{alias!r}]['OPTIONS']['SCHEDULES'] must be a dict {{task path: cron}}"
             )
         for path, schedule in schedules.items():
-            self._declare_schedules(path, schedule, queue=None, priority=None, policy=None)
+            task_schedules.declare(self, path, schedule, queue=None, priority=None, policy=None)
         try:
             register()
         except ConfigurationError:
@@ -181,7 +182,8 @@ class DurableBackend(BaseTaskBackend):
                 raise InvalidTask(f"task {task.module_path}: {error}") from None
             if task.schedule is not None:
                 try:
-                    self._declare_schedules(
+                    task_schedules.declare(
+                        self,
                         task.module_path,
                         task.schedule,
                         queue=task.queue_name,
@@ -239,52 +241,6 @@ class DurableBackend(BaseTaskBackend):
         return check_tasks_backend(self)
 
     # --- helpers ------------------------------------------------------------------------
-
-    def _declare_schedules(
-        self,
-        path: str,
-        schedule: Any,
-        *,
-        queue: str | None,
-        priority: int | None,
-        policy: dict[str, Any] | None,
-    ) -> None:
-        """Declare the schedules of task ``path``: each tick enqueues it as ``enqueue`` would.
-
-        Named ``task:<path>`` unless the ``Schedule`` names itself; checked, like every
-        schedule, by the system check (durable_jobs.E004).
-        """
-        from durable_jobs.schedules import declare
-
-        items = schedule if isinstance(schedule, (list, tuple)) else [schedule]
-        for item in items:
-            if isinstance(item, str):
-                item = declare.Schedule(item)
-            if not isinstance(item, declare.Schedule):
-                raise ConfigurationError(
-                    f"task {path}: schedule must be a cron expression or a durable_jobs.Schedule, "
-                    f"got {type(item).__name__}"
-                )
-            payload = {
-                "task": path,
-                "args": [],
-                "kwargs": item.input or {},
-                "backend": self.alias,
-                "run_after": None,
-                **(policy or {"max_attempts": self.max_attempts, "retry_backoff_base": None,
-                              "retry_backoff_max": None}),
-            }  # fmt: skip
-            declare.declare(
-                TASK_KIND,
-                dataclasses.replace(
-                    item,
-                    name=item.name or f"task:{path}",
-                    input=payload,
-                    queue=item.queue or queue,
-                    priority=item.priority if priority is None else priority,
-                ),
-                origin=f"task {path}",
-            )
 
     def _policy(self, task: Task) -> dict[str, Any]:
         """The task's retry policy, resolved now and stored on its job (the worker that

@@ -77,3 +77,13 @@ def test_every_tick_starts_exactly_once_across_a_killed_and_a_stopped_leader(pro
     assert all(len(jobs_for(tick)) == 1 for tick in fired)
     assert Schedule.objects.get(name=NAME).last_tick_at == fired[-1]
     assert b.popen.poll() is None and c.popen.poll() is None, "B and C still serve"
+
+
+def test_a_worker_refuses_to_start_with_a_schedule_the_check_refuses(processes):
+    bad = {"nightly": {"kind": "demo.noop", "cron": "0 25 * * *"}}
+    worker = processes.worker(
+        app_name="durable-test-sched-bad", env={"DURABLE_JOBS_SCHEDULES": json.dumps(bad)}
+    )
+    assert worker.wait(timeout=60) != 0
+    assert "durable_jobs.E004" in worker.output() and "schedule 'nightly'" in worker.output()
+    assert not Schedule.objects.exists(), "nothing was written"
