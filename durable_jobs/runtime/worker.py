@@ -192,6 +192,7 @@ class Worker(Supervision, WakeUps):
             self.hard_stop.set()
         self.stopping.set()
         self._wake_all()  # idle slots need not wait out their poll
+        self._schedules_changed.set()  # nor the scheduler its next tick
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stopping.is_set():
@@ -279,6 +280,7 @@ class Worker(Supervision, WakeUps):
             return 1 if self._failed else 0
         finally:
             self.stopping.set()
+            self._schedules_changed.set()  # the scheduler's sleep ends with the worker
             self._hand_back_everything()
             self._heartbeater.stop()
             registration.stop()
