@@ -1,7 +1,9 @@
 """The scheduler: one leader across the fleet fires each schedule's ticks, once each.
 
 Every worker runs ``run_as_leader`` on a thread of its own: it writes the schedules code
-declares (``sync_schedules``), then takes part in the ``scheduler`` leadership
+declares (``sync_schedules``), then takes part in the ``scheduler`` leadership (a
+follower connects for a moment every RECONCILE_INTERVAL to try the lease; only the
+leader keeps a connection)
 (``store.acquire_leadership``, the leased row the reconciler uses under another name).
 Its own leadership rather than a step of the reconciler's pass: a pass runs every
 RECONCILE_INTERVAL and may spend half of it deleting finished jobs or waiting on a
@@ -148,6 +150,10 @@ def run_as_leader(
             elif epoch is None and leading is not None:
                 log.info("scheduler leadership lost by %s", identity)
             leading = epoch
+            if leading is None:
+                # A follower holds no connection between its tries: a fleet of W workers
+                # keeps one for its scheduler, not W (max_connections is a shared budget).
+                connections[using].close()
             if sleep > 0:
                 wake.wait(sleep)
     finally:
