@@ -82,16 +82,17 @@ class ScheduleView:
         return "overdue" if self.overdue else "active"
 
     def as_dict(self) -> dict[str, Any]:
-        values = dataclasses.asdict(self)
-        values["state"] = self.state
-        return {
-            key: value.isoformat()
-            if isinstance(value, datetime)
-            else value
-            if not isinstance(value, uuid.UUID)
-            else str(value)
-            for key, value in values.items()
-        }
+        """The view as JSON-ready values (``durable_jobs schedules --json``)."""
+        values = {**dataclasses.asdict(self), "state": self.state}
+        return {key: _plain(value) for key, value in values.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    return value
 
 
 def list_schedules(*, using: str = DEFAULT_DB_ALIAS) -> list[ScheduleView]:
@@ -141,7 +142,7 @@ def pause_schedule(name: str, *, using: str = DEFAULT_DB_ALIAS) -> Schedule:
 
     Its jobs already started are not touched: a pause stops new ticks only.
     """
-    row = store.pause_schedule(name, using=using)
+    row = store.pause_schedule(validation.name("name", name), using=using)
     return row if row is not None else _existing(name, "pause", using)
 
 

@@ -67,7 +67,7 @@ _declared: list[tuple[str, Schedule, str]] = []  # (kind, schedule, origin)
 
 
 def declare(kind: str, schedule: Schedule | Sequence[Schedule], *, origin: str = "code") -> None:
-    """Record ``schedule`` (or several) for ``kind``; checked later by ``problems()``."""
+    """Record ``schedule`` (or several) for ``kind``; checked later, by ``checked()``."""
     items = [schedule] if isinstance(schedule, Schedule) else list(schedule)
     for item in items:
         if not isinstance(item, Schedule):
@@ -117,7 +117,7 @@ def _check(kind: Any, item: Schedule, known_kinds: set[str]) -> Declared:
     """One declaration, checked; ConfigurationError says what is wrong (without the name)."""
     if not isinstance(kind, str) or kind not in known_kinds:
         raise ConfigurationError(f"its kind {kind!r} has no registered handler")
-    expression = ticks.expand(item.cron)
+    ticks.expand(item.cron)
     zone_name = item.tz if item.tz is not None else django_settings.TIME_ZONE or "UTC"
     ticks.zone(zone_name)
     catch_up = ticks.CatchUp.of(item.catch_up)
@@ -139,7 +139,7 @@ def _check(kind: Any, item: Schedule, known_kinds: set[str]) -> Declared:
     return Declared(
         name=_name_of(kind, item),
         kind=kind,
-        expression=" ".join(item.cron.split()) if expression else expression,
+        expression=" ".join(item.cron.split()),  # as declared (an alias stays an alias)
         zone=zone_name,
         input_json=input_json,
         queue=item.queue,
