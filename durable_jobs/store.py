@@ -2399,29 +2399,34 @@ def sync_schedules(
 # The leader's one statement between ticks, read through the partial index
 # durable_jobs_schedule_due: seconds until the earliest active tick (negative: overdue),
 # NULL when no schedule is active.
+# Both statements see only the kinds the leader can start (as a worker claims only kinds
+# it can run, invariant 14b): a leader from an older deploy leaves a newer kind's ticks
+# due, instead of failing them, or waking for them, over and over.
 NEXT_SCHEDULE_TICK = f"""
 SELECT extract(epoch FROM next_tick_at - clock_timestamp())::float8
-  FROM {SCHEDULE_TABLE} WHERE {SCHEDULE_ACTIVE}
+  FROM {SCHEDULE_TABLE} WHERE {SCHEDULE_ACTIVE} AND kind = ANY(%(kinds)s)
  ORDER BY next_tick_at LIMIT 1
 """
 
 
-def next_schedule_tick(*, using: str = DEFAULT_DB_ALIAS) -> float | None:
-    """Seconds (database clock) until the earliest active schedule's tick; None when none is active."""
-    return fetch_value(using, NEXT_SCHEDULE_TICK, {})
+def next_schedule_tick(*, kinds: Sequence[str], using: str = DEFAULT_DB_ALIAS) -> float | None:
+    """Seconds (database clock) until the earliest active tick of ``kinds``; None when there is none."""
+    return fetch_value(using, NEXT_SCHEDULE_TICK, {"kinds": list(kinds)})
 
 
 # Candidates only: no lock is taken here, the CAS below decides.
 SELECT_DUE_SCHEDULES = f"""
 SELECT {SCHEDULE_COLUMNS} FROM {SCHEDULE_TABLE}
- WHERE {SCHEDULE_ACTIVE} AND next_tick_at <= clock_timestamp()
+ WHERE {SCHEDULE_ACTIVE} AND next_tick_at <= clock_timestamp() AND kind = ANY(%(kinds)s)
  ORDER BY next_tick_at LIMIT %(limit)s
 """
 
 
-def select_due_schedules(*, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[Schedule]:
-    """Active schedules whose next tick has come (database clock), earliest first."""
-    return _schedules(using, SELECT_DUE_SCHEDULES, {"limit": limit})
+def select_due_schedules(
+    *, kinds: Sequence[str], limit: int, using: str = DEFAULT_DB_ALIAS
+) -> list[Schedule]:
+    """Active schedules of ``kinds`` whose next tick has come (database clock), earliest first."""
+    return _schedules(using, SELECT_DUE_SCHEDULES, {"kinds": list(kinds), "limit": limit})
 
 
 # Invariant 24: the compare-and-set on the tick. Only the transaction that moves

@@ -29,7 +29,7 @@ import threading
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from durable_jobs import conf, db, faults, store
+from durable_jobs import conf, db, faults, registry, store
 from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.models import Schedule
 from durable_jobs.schedules import api, ticks
@@ -43,9 +43,6 @@ BATCH = 100
 LEASE_INTERVALS = 3
 #: Seconds past a tick's instant the leader wakes, so clock_timestamp() has reached it.
 SLACK = 0.005
-#: The shortest sleep after a tick failed to fire (its kind unknown here, a bad input):
-#: the tick stays due and is tried again, without turning into a busy loop.
-FAILED_PAUSE = 1.0
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,7 +56,7 @@ class FireReport:
 def fire_due(*, using: str = DEFAULT_DB_ALIAS) -> FireReport:
     """Fire every schedule whose tick has come (database clock); one transaction each."""
     report = FireReport()
-    for row in store.select_due_schedules(limit=BATCH, using=using):
+    for row in store.select_due_schedules(kinds=registry.kinds(), limit=BATCH, using=using):
         try:
             started = fire(row, using=using)
         except DatabaseError:
@@ -174,12 +171,12 @@ def _turn(identity: str, interval: float, using: str) -> tuple[int | None, float
         )
         if epoch is None:
             return None, interval
-        until = store.next_schedule_tick(using=using)
+        until = store.next_schedule_tick(kinds=registry.kinds(), using=using)
         if until is not None and until <= 0:
             report = fire_due(using=using)
             if report.failed:
-                return epoch, FAILED_PAUSE
-            until = store.next_schedule_tick(using=using)
+                return epoch, interval  # try again at the renewal, not in a busy loop
+            until = store.next_schedule_tick(kinds=registry.kinds(), using=using)
         if until is None:
             return epoch, interval
         return epoch, min(interval, max(0.0, until) + SLACK)

@@ -149,7 +149,9 @@ def test_a_leader_that_planned_a_tick_before_its_successor_fired_it_starts_nothi
     declared("tests.report", "@hourly")
     durable.sync_schedules()
     testing.fast_forward_schedule("tests.report")
-    stale = store.select_due_schedules(limit=10)[0]  # what the stopped leader had read
+    stale = store.select_due_schedules(kinds=["tests.report"], limit=10)[
+        0
+    ]  # what the stopped leader had read
     assert testing.fire_schedules() == 1  # its successor fires the tick
     assert scheduler.fire(stale) is None
     assert len(jobs_of("tests.report")) == 1
@@ -161,12 +163,26 @@ def test_a_leader_stopped_for_a_whole_tick_neither_repeats_the_old_tick_nor_take
     declared("tests.report", "@hourly")
     durable.sync_schedules()
     testing.fast_forward_schedule("tests.report")
-    stale = store.select_due_schedules(limit=10)[0]
+    stale = store.select_due_schedules(kinds=["tests.report"], limit=10)[0]
     assert testing.fire_schedules() == 1  # the successor fires the old tick
     jump_database_clock("tests.report", 3600 + 5)  # the next tick is due by now too
     assert scheduler.fire(stale) is None
     assert testing.fire_schedules() == 1, "the new tick is still there for the leader"
     assert len({job.idempotency_key for job in jobs_of("tests.report")}) == 2
+
+
+def test_a_leader_that_cannot_run_a_kind_leaves_its_tick_due_for_one_that_can(declared, kinds):
+    """As a worker claims only kinds it can run (invariant 14b): a leader from an older
+    deploy neither fails the tick nor counts it missed; a leader that knows the kind fires it."""
+    declared("tests.report", "@hourly")
+    durable.sync_schedules()
+    tick = testing.fast_forward_schedule("tests.report")
+    registry.unregister("tests.report")
+    assert testing.fire_schedules() == 0
+    assert row("tests.report").next_tick_at == tick
+    kinds.add("tests.report")
+    assert testing.fire_schedules() == 1
+    assert jobs_of("tests.report")[0].idempotency_key == api.tick_key("tests.report", tick)
 
 
 def test_the_advance_is_a_compare_and_set_on_the_next_tick(declared):
