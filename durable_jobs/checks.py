@@ -54,10 +54,12 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     wrong, or whose name is used twice: one error each, naming the schedule."""
     from durable_jobs import registry
     from durable_jobs.schedules import declare
+    from durable_jobs.tasks import setup as tasks_setup
 
     try:
         conf.get()
     except ConfigurationError:
         return []  # E001 says why; schedules in settings cannot be read before that is fixed
+    tasks_setup.discover_if_configured()  # a task's schedule is declared by its module
     _, problems = declare.checked(registry.kinds())
     return [checks.Error(message, id="durable_jobs.E004") for message in problems]

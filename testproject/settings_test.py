@@ -73,5 +73,16 @@ if os.environ.get("DURABLE_JOBS_SCHEDULES"):
     import json as _json
 
     DURABLE_JOBS["SCHEDULES"] = _json.loads(os.environ["DURABLE_JOBS_SCHEDULES"])
+# Periodic tasks for worker subprocesses: the Tasks backend's OPTIONS["SCHEDULES"], as JSON.
+if os.environ.get("DURABLE_TASKS_SCHEDULES"):
+    import json as _json
+
+    TASKS = {
+        **TASKS,
+        "default": {
+            **TASKS["default"],
+            "OPTIONS": {"SCHEDULES": _json.loads(os.environ["DURABLE_TASKS_SCHEDULES"])},
+        },
+    }
 if os.environ.get("DURABLE_JOBS_NOTIFY_CHANNEL") is not None:
     DURABLE_JOBS["NOTIFY_CHANNEL"] = os.environ["DURABLE_JOBS_NOTIFY_CHANNEL"] or None

@@ -29,8 +29,8 @@ def declare(
     priority: int | None,
     policy: dict[str, Any] | None,
 ) -> None:
-    """Declare the schedules of task ``path`` on ``backend`` (a cron string, a ``Schedule``
-    or a list); ConfigurationError when one is neither.
+    """Declare the schedules of task ``path`` on ``backend`` (a cron string, a ``Schedule``,
+    a dict of its fields -- handy in settings -- or a list); ConfigurationError otherwise.
 
     Named ``task:<path>`` unless the ``Schedule`` names itself; checked, like every
     schedule, by the system check (durable_jobs.E004). ``policy`` is the task's retry
@@ -40,10 +40,12 @@ def declare(
     for item in items:
         if isinstance(item, str):
             item = Schedule(item)
+        elif isinstance(item, dict):
+            item = _from_dict(path, item)
         if not isinstance(item, Schedule):
             raise ConfigurationError(
-                f"task {path}: schedule must be a cron expression or a durable_jobs.Schedule, "
-                f"got {type(item).__name__}"
+                f"task {path}: schedule must be a cron expression, a durable_jobs.Schedule or a "
+                f"dict with 'cron', got {type(item).__name__}"
             )
         defaults = {
             "max_attempts": backend.max_attempts,
@@ -69,3 +71,17 @@ def declare(
             ),
             origin=f"task {path}",
         )
+
+
+#: The keys of a schedule given as a dict: ``Schedule``'s fields (``input``: the kwargs).
+DICT_KEYS = frozenset({"cron", "tz", "input", "queue", "priority", "catch_up", "name"})
+
+
+def _from_dict(path: str, fields: dict[str, Any]) -> Schedule:
+    unknown = sorted(set(fields) - DICT_KEYS)
+    if unknown or "cron" not in fields:
+        raise ConfigurationError(
+            f"task {path}: a schedule dict needs 'cron' and takes {', '.join(sorted(DICT_KEYS))}"
+            + (f"; unknown keys {unknown}" if unknown else "")
+        )
+    return Schedule(fields["cron"], **{k: v for k, v in fields.items() if k != "cron"})

@@ -87,3 +87,46 @@ def test_a_worker_refuses_to_start_with_a_schedule_the_check_refuses(processes):
     assert worker.wait(timeout=60) != 0
     assert "durable_jobs.E004" in worker.output() and "schedule 'nightly'" in worker.output()
     assert not Schedule.objects.exists(), "nothing was written"
+
+
+def test_a_workers_periodic_task_is_written_before_anything_imported_the_task(processes):
+    """A task's schedule is declared when its module is imported (the backend's OPTIONS,
+    or @task): the worker imports the apps' tasks modules before it writes its schedules,
+    so the task's schedule is written, not marked removed, and its tick runs the task."""
+    name = "task:testproject.demo.tasks.add"
+    env = {
+        "DURABLE_TASKS_SCHEDULES": json.dumps(
+            {"testproject.demo.tasks.add": {"cron": "@yearly", "input": {"a": 2, "b": 3}}}
+        ),
+        "DURABLE_JOBS_RECONCILE_INTERVAL": "0.5",
+    }
+    processes.worker(app_name="durable-test-sched-task", env=env)
+    wait_until(
+        lambda: Schedule.objects.filter(name=name, removed_at__isnull=True).exists(),
+        message="the task's schedule written",
+    )
+    tick = testing.fast_forward_schedule(name)
+    wait_until(
+        lambda: Job.objects.filter(meta__tick=ticks.utc_iso(tick), status="completed").exists(),
+        message="the tick's task to run",
+    )
+    assert Job.objects.get(meta__tick=ticks.utc_iso(tick)).result == 5
+
+
+def test_a_tasks_own_schedule_is_written_by_a_worker_that_had_not_imported_it_yet(processes):
+    """``@task(schedule=...)`` is declared when the task's module is imported: the worker
+    imports the apps' tasks modules before it writes its schedules (else it would mark the
+    task's schedule removed)."""
+    name = "task:testproject.demo.tasks.periodic"
+    env = {"DURABLE_DEMO_TASK_SCHEDULE": "@yearly", "DURABLE_JOBS_RECONCILE_INTERVAL": "0.5"}
+    processes.worker(app_name="durable-test-sched-task-own", env=env)
+    wait_until(
+        lambda: Schedule.objects.filter(name=name, removed_at__isnull=True).exists(),
+        message="the task's schedule written",
+    )
+    tick = testing.fast_forward_schedule(name)
+    wait_until(
+        lambda: Job.objects.filter(meta__tick=ticks.utc_iso(tick), status="completed").exists(),
+        message="the tick's task to run",
+    )
+    assert Job.objects.get(meta__tick=ticks.utc_iso(tick)).result == "ran on its tick"

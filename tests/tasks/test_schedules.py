@@ -90,6 +90,8 @@ def test_a_bad_task_schedule_is_refused_when_the_task_is_defined():
         task(schedule=5)(tasks.add.func)
     with pytest.raises(durable.ConfigurationError, match="SCHEDULES"):
         DurableBackend("other", {"OPTIONS": {"SCHEDULES": ["@daily"]}})
+    with pytest.raises(durable.ConfigurationError, match=r"unknown keys \['kwargs'\]"):
+        DurableBackend("other", {"OPTIONS": {"SCHEDULES": {ADD: {"cron": "@daily", "kwargs": {}}}}})
 
 
 def test_a_bad_cron_on_a_task_fails_the_system_check_naming_it(forget):
