@@ -32,6 +32,21 @@ def leader_pid() -> int | None:
     return None if row is None else int(row.owner.split(":")[1])
 
 
+def result_of_a_tick(name: str):
+    """Wait for schedule ``name`` to be written (not removed), make a tick due, and return
+    the result of the job that tick started, once it completed."""
+    wait_until(
+        lambda: Schedule.objects.filter(name=name, removed_at__isnull=True).exists(),
+        message=f"schedule {name} written",
+    )
+    tick = testing.fast_forward_schedule(name)
+    wait_until(
+        lambda: Job.objects.filter(meta__tick=ticks.utc_iso(tick), status="completed").exists(),
+        message="the tick's job to complete",
+    )
+    return Job.objects.get(meta__tick=ticks.utc_iso(tick)).result
+
+
 def jobs_for(tick) -> list[Job]:
     return list(Job.objects.filter(meta__schedule=NAME, meta__tick=ticks.utc_iso(tick)))
 
@@ -101,16 +116,7 @@ def test_a_workers_periodic_task_is_written_before_anything_imported_the_task(pr
         "DURABLE_JOBS_RECONCILE_INTERVAL": "0.5",
     }
     processes.worker(app_name="durable-test-sched-task", env=env)
-    wait_until(
-        lambda: Schedule.objects.filter(name=name, removed_at__isnull=True).exists(),
-        message="the task's schedule written",
-    )
-    tick = testing.fast_forward_schedule(name)
-    wait_until(
-        lambda: Job.objects.filter(meta__tick=ticks.utc_iso(tick), status="completed").exists(),
-        message="the tick's task to run",
-    )
-    assert Job.objects.get(meta__tick=ticks.utc_iso(tick)).result == 5
+    assert result_of_a_tick(name) == 5
 
 
 def test_a_tasks_own_schedule_is_written_by_a_worker_that_had_not_imported_it_yet(processes):
@@ -120,13 +126,4 @@ def test_a_tasks_own_schedule_is_written_by_a_worker_that_had_not_imported_it_ye
     name = "task:testproject.demo.tasks.periodic"
     env = {"DURABLE_DEMO_TASK_SCHEDULE": "@yearly", "DURABLE_JOBS_RECONCILE_INTERVAL": "0.5"}
     processes.worker(app_name="durable-test-sched-task-own", env=env)
-    wait_until(
-        lambda: Schedule.objects.filter(name=name, removed_at__isnull=True).exists(),
-        message="the task's schedule written",
-    )
-    tick = testing.fast_forward_schedule(name)
-    wait_until(
-        lambda: Job.objects.filter(meta__tick=ticks.utc_iso(tick), status="completed").exists(),
-        message="the tick's task to run",
-    )
-    assert Job.objects.get(meta__tick=ticks.utc_iso(tick)).result == "ran on its tick"
+    assert result_of_a_tick(name) == "ran on its tick"
