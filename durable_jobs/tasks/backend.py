@@ -109,8 +109,8 @@ OPTIONS = {
     # Retry backoff of tasks that do not set their own; None: DURABLE_JOBS' values.
     "RETRY_BACKOFF_BASE": None,
     "RETRY_BACKOFF_MAX": None,
-    # Periodic tasks: {task path: cron expression or durable_jobs.Schedule (or a list)},
-    # for tasks that cannot say so on @task (Django 6.0's @task takes no extra arguments).
+    # Periodic tasks: {task path: a cron expression, a durable_jobs.Schedule or a dict of
+    # its fields (or a list)}, for tasks whose @task cannot say so, or an operator's choice.
     "SCHEDULES": None,
 }
 

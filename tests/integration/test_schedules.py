@@ -426,7 +426,7 @@ def test_operators_list_pause_resume_and_run_a_schedule_from_the_command_line(de
     text = cli("schedules")
     assert "tests.report" in text and "active" in text and "@hourly" in text
     assert "paused" in cli("schedule-pause", "tests.report")
-    (listed,) = json.loads(cli("schedules", "--json"))
+    (listed,) = json.loads(cli("--json", "schedules"))
     assert listed["state"] == "paused" and listed["zone"] == "Europe/Berlin"
     assert listed["catch_up"] == "skip" and listed["missed_ticks"] == 0
     assert "resumed; next run" in cli("schedule-resume", "tests.report")

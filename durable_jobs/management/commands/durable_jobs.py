@@ -191,19 +191,23 @@ class Command(BaseCommand):
             help="count every tenant's jobs (no --tenant/--organization)",
         )
 
-        p = sub.add_parser(
-            "schedules", help="every schedule: next and last run, last outcome, missed ticks"
-        )
-        p.add_argument("--json", action="store_true", help="machine-readable output")
         for action, helptext in (
+            ("schedules", "every schedule: next and last run, last outcome, missed ticks"),
             ("schedule-pause", "stop a schedule firing until it is resumed"),
             ("schedule-resume", "let a paused schedule fire again from its next tick"),
             ("schedule-run", "start one run of a schedule now (its own key, never a tick's)"),
         ):
             p = sub.add_parser(action, help=helptext)
             self._json_aware(p)
-            p.add_argument("schedule", type=name, help="the schedule's name")
-            p.add_argument("--json", action="store_true", help="machine-readable output")
+            if action != "schedules":
+                p.add_argument("schedule", type=name, help="the schedule's name")
+            # As the other actions: before the action (--json schedules) or after it.
+            p.add_argument(
+                "--json",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="machine-readable output and errors",
+            )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         problem = preflight.database_problem()
@@ -399,7 +403,7 @@ class Command(BaseCommand):
         for view in views:
             lines.append(
                 f"{view.name:<28} {view.state:<8} {view.expression:<16} {view.zone:<18} "
-                f"{_when(view.next_tick_at):<20} {_when(view.last_tick_at):<20} "
+                f"{_at(view.next_tick_at):<20} {_at(view.last_tick_at):<20} "
                 f"{view.last_job_status or '-':<12} {view.missed_ticks}"
             )
         self.stdout.write("\n".join(lines))
@@ -413,7 +417,7 @@ class Command(BaseCommand):
         self._emit(
             options,
             _schedule_dict(row),
-            f"schedule {row.name} resumed; next run {_when(row.next_tick_at)} UTC",
+            f"schedule {row.name} resumed; next run {_at(row.next_tick_at)} UTC",
         )
 
     def do_schedule_run(self, **options: Any) -> None:
@@ -421,7 +425,7 @@ class Command(BaseCommand):
         self._emit(options, as_dict(job), f"schedule {options['schedule']}: started job {job.id}")
 
 
-def _when(instant: Any) -> str:
+def _at(instant: Any) -> str:
     return "-" if instant is None else f"{instant:%Y-%m-%d %H:%M:%S}"
 
 
