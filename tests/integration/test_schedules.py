@@ -48,6 +48,14 @@ def jobs_of(name: str) -> list[Job]:
     return list(Job.objects.filter(meta__schedule=name).order_by("created_at"))
 
 
+def hourly() -> str:
+    """Hourly at the minute half an hour from the database's now: every tick is at least
+    half an hour from now, so whether a tick is on time or missed never depends on the
+    hour the test happens to run in (an ``@hourly`` tick falls within the grace of now
+    for the first minute of every hour)."""
+    return f"{(db.database_now().minute + 30) % 60} * * * *"
+
+
 def jump_database_clock(name: str, seconds: float) -> None:
     """As if the database's clock jumped ``seconds`` forward past the schedule's next tick:
     move the tick back instead (the server's clock itself is not the test's to change)."""
@@ -88,7 +96,7 @@ def test_a_second_sync_keeps_the_next_tick_and_a_changed_expression_recomputes_i
 
 def test_several_schedules_of_one_kind_each_have_their_own_name(declared):
     declared("tests.report", "@daily", name="report.daily")
-    declared("tests.report", "@hourly", name="report.hourly")
+    declared("tests.report", hourly(), name="report.hourly")
     durable.sync_schedules()
     assert sorted(s.name for s in durable.list_schedules()) == ["report.daily", "report.hourly"]
 
@@ -118,7 +126,7 @@ def test_a_schedule_declared_next_to_its_handler_is_synced(kinds):
 
 
 def test_a_due_tick_starts_one_job_keyed_by_the_schedule_and_the_tick(declared):
-    declared("tests.report", "@hourly", input={"n": 1}, queue="reports", priority=3)
+    declared("tests.report", hourly(), input={"n": 1}, queue="reports", priority=3)
     durable.sync_schedules()
     tick = testing.fast_forward_schedule("tests.report")
     assert testing.fire_schedules() == 1
@@ -133,7 +141,7 @@ def test_a_due_tick_starts_one_job_keyed_by_the_schedule_and_the_tick(declared):
 
 def test_two_leaders_firing_one_tick_on_two_connections_start_one_job(declared):
     """Invariant 24: two leaders (one stalled past its lease, one its successor) race on one tick."""
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     for _ in range(10):
         testing.fast_forward_schedule("tests.report")
@@ -146,7 +154,7 @@ def test_two_leaders_firing_one_tick_on_two_connections_start_one_job(declared):
 def test_a_leader_that_planned_a_tick_before_its_successor_fired_it_starts_nothing(declared):
     """A leader SIGSTOPped between planning a tick and firing it wakes after its successor:
     its compare-and-set finds the row moved, and its transaction (job included) rolls back."""
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     testing.fast_forward_schedule("tests.report")
     stale = store.select_due_schedules(kinds=["tests.report"], limit=10)[
@@ -160,7 +168,7 @@ def test_a_leader_that_planned_a_tick_before_its_successor_fired_it_starts_nothi
 def test_a_leader_stopped_for_a_whole_tick_neither_repeats_the_old_tick_nor_takes_the_new(declared):
     """The stale leader wakes when the row's *next* tick is due as well: its compare-and-set
     is on the tick it planned, so it cannot fire the new tick under the old one's plan."""
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     testing.fast_forward_schedule("tests.report")
     stale = store.select_due_schedules(kinds=["tests.report"], limit=10)[0]
@@ -174,7 +182,7 @@ def test_a_leader_stopped_for_a_whole_tick_neither_repeats_the_old_tick_nor_take
 def test_a_leader_that_cannot_run_a_kind_leaves_its_tick_due_for_one_that_can(declared, kinds):
     """As a worker claims only kinds it can run (invariant 14b): a leader from an older
     deploy neither fails the tick nor counts it missed; a leader that knows the kind fires it."""
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     tick = testing.fast_forward_schedule("tests.report")
     registry.unregister("tests.report")
@@ -186,7 +194,7 @@ def test_a_leader_that_cannot_run_a_kind_leaves_its_tick_due_for_one_that_can(de
 
 
 def test_the_advance_is_a_compare_and_set_on_the_next_tick(declared):
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     due = testing.fast_forward_schedule("tests.report")
     later = due + timedelta(hours=1)
@@ -200,7 +208,7 @@ def test_the_advance_is_a_compare_and_set_on_the_next_tick(declared):
 
 
 def test_a_tick_not_yet_due_by_the_database_clock_cannot_be_advanced(declared):
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     due = row("tests.report").next_tick_at
     assert not store.advance_schedule(
@@ -210,7 +218,7 @@ def test_a_tick_not_yet_due_by_the_database_clock_cannot_be_advanced(declared):
 
 def test_a_ticks_key_answers_a_second_start_with_the_first_job(declared):
     """Should two compare-and-sets ever both pass, the idempotency index still allows one job per tick."""
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     tick = testing.fast_forward_schedule("tests.report")
     first = api.start_for(
@@ -223,7 +231,7 @@ def test_a_ticks_key_answers_a_second_start_with_the_first_job(declared):
 
 
 def test_a_worker_whose_clock_is_a_day_fast_fires_nothing_early(declared, monkeypatch):
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     lie = time.time() + 86400
     monkeypatch.setattr(time, "time", lambda: lie)
@@ -238,7 +246,7 @@ def test_a_worker_whose_clock_is_a_day_fast_fires_nothing_early(declared, monkey
     ("catch_up", "started", "missed"), [("skip", 0, 5), ("once", 1, 4), (3, 3, 2)]
 )
 def test_a_database_clock_jump_follows_the_catch_up_policy(declared, catch_up, started, missed):
-    declared("tests.report", "@hourly", catch_up=catch_up)
+    declared("tests.report", hourly(), catch_up=catch_up)
     durable.sync_schedules()
     # The next tick is within the hour; five hours on, five ticks have been missed.
     jump_database_clock("tests.report", 5 * 3600)
@@ -255,7 +263,7 @@ def test_a_database_clock_jump_follows_the_catch_up_policy(declared, catch_up, s
 
 
 def test_a_paused_schedule_does_not_fire_and_resumes_from_its_next_tick(declared):
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     durable.pause_schedule("tests.report")
     jump_database_clock("tests.report", 5 * 3600)
@@ -268,7 +276,7 @@ def test_a_paused_schedule_does_not_fire_and_resumes_from_its_next_tick(declared
 
 
 def test_a_pause_survives_a_restart_sync(declared):
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     durable.pause_schedule("tests.report")
     durable.sync_schedules()
@@ -276,7 +284,7 @@ def test_a_pause_survives_a_restart_sync(declared):
 
 
 def test_run_now_starts_one_job_under_a_key_that_never_collides_with_a_tick(declared):
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     durable.pause_schedule("tests.report")
     first = durable.run_schedule("tests.report")
@@ -293,8 +301,8 @@ def test_run_now_starts_one_job_under_a_key_that_never_collides_with_a_tick(decl
 
 
 def test_a_schedule_removed_from_code_stops_and_its_jobs_stay(declared):
-    declared("tests.report", "@hourly")
-    declared("tests.other", "@hourly")
+    declared("tests.report", hourly())
+    declared("tests.other", hourly())
     durable.sync_schedules()
     testing.fast_forward_schedule("tests.report")
     testing.fire_schedules()
@@ -320,7 +328,7 @@ def test_an_unknown_schedule_is_not_found():
 
 
 def test_the_list_shows_next_and_last_run_the_last_outcome_and_missed_ticks(declared, kinds):
-    declared("tests.report", "@hourly", catch_up="skip")
+    declared("tests.report", hourly(), catch_up="skip")
     durable.sync_schedules()
     testing.fast_forward_schedule("tests.report")
     testing.fire_schedules()
@@ -335,7 +343,7 @@ def test_the_list_shows_next_and_last_run_the_last_outcome_and_missed_ticks(decl
 
 
 def test_a_schedule_nobody_fires_shows_as_overdue(declared):
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     jump_database_clock("tests.report", 2 * 3600)
     (view,) = durable.list_schedules()
@@ -445,7 +453,7 @@ def test_the_orm_refuses_to_write_a_schedule_row(declared):
     """Invariant 1: schedule rows, like job rows, are written by store.py only."""
     from durable_jobs.models import ReadOnlyJobRow
 
-    declared("tests.report", "@hourly")
+    declared("tests.report", hourly())
     durable.sync_schedules()
     with pytest.raises(ReadOnlyJobRow):
         Schedule.objects.filter(name="tests.report").update(paused_at=None)
