@@ -29,7 +29,7 @@ import threading
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from durable_jobs import conf, db, faults, registry, store
+from durable_jobs import conf, db, faults, metrics, registry, store
 from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.models import Schedule
 from durable_jobs.schedules import api, ticks
@@ -110,7 +110,10 @@ def fire(row: Schedule, *, using: str = DEFAULT_DB_ALIAS) -> int | None:
             job = api.start_for(row, key=api.tick_key(row.name, tick), tick=tick, using=using)
         if job is not None:
             store.record_schedule_job(row.name, job.id, using=using)
+    if plan.start:
+        metrics.emit("schedule_ticks_started", len(plan.start), schedule=row.name)
     if plan.missed:
+        metrics.emit("schedule_ticks_missed", plan.missed, schedule=row.name)
         log.warning(
             "schedule %s: %d missed tick(s) not started (catch_up %s)",
             row.name,

@@ -14,7 +14,7 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 
 import durable_jobs as durable
-from durable_jobs import db, registry, store, testing
+from durable_jobs import db, metrics, registry, store, testing
 from durable_jobs.models import Job, Schedule
 from durable_jobs.runtime import scheduler
 from durable_jobs.schedules import api, declare, ticks
@@ -260,6 +260,27 @@ def test_a_database_clock_jump_follows_the_catch_up_policy(declared, catch_up, s
 
 
 # --- operators ----------------------------------------------------------------------------
+
+
+def test_started_and_missed_ticks_are_counted_for_the_metrics(declared):
+    declared("tests.report", hourly(), catch_up="once")
+    durable.sync_schedules()
+    seen: list[tuple[str, float, dict]] = []
+
+    def sink(kind, name, value, labels):
+        if name.startswith("schedule_"):
+            seen.append((name, value, labels))
+
+    metrics.add_sink(sink)
+    try:
+        jump_database_clock("tests.report", 5 * 3600)
+        testing.fire_schedules()
+    finally:
+        metrics.remove_sink(sink)
+    assert sorted(seen) == [
+        ("schedule_ticks_missed", 4, {"schedule": "tests.report"}),
+        ("schedule_ticks_started", 1, {"schedule": "tests.report"}),
+    ]
 
 
 def test_a_paused_schedule_does_not_fire_and_resumes_from_its_next_tick(declared):
