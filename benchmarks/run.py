@@ -22,6 +22,8 @@ Scenarios (``--only`` picks some):
 ``scale``       throughput by total slots (1 to 64), claim contention, wake-ups per start.
 ``priorities``  100,000 due jobs across priorities: DEQUEUE flat, priority order kept.
 ``memory``      a long-running worker's RSS over many jobs.
+``schedules``   2 idle workers with 0 and with 1,000 schedules: the fleet's statements/s
+                (pg_stat_database xact_commit deltas); then all 1,000 ticks made due at once.
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
@@ -46,7 +48,17 @@ from benchmarks.django_env import setup_django
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
-SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size", "scale", "priorities", "memory")
+SCENARIOS = (
+    "start",
+    "throughput",
+    "latency",
+    "heartbeat",
+    "size",
+    "scale",
+    "priorities",
+    "memory",
+    "schedules",
+)
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
 EXTRA_SCENARIOS = ("trial",)
 
@@ -161,6 +173,8 @@ class Plan:
         self.priority_claims = 500 if quick else 2_000
         self.memory_n = args.memory_jobs or (5_000 if quick else 100_000)
         self.memory_chunk = 1_000 if quick else 5_000
+        self.schedules = 1_000
+        self.schedules_window = 20.0 if quick else 60.0
 
     def describe(self) -> dict:
         return {k: v for k, v in vars(self).items()}
@@ -1032,6 +1046,46 @@ class Results:
             "-",
             f"growth <= {TARGETS['memory_growth_mib']:g} MiB",
             report.verdict(ok),
+        )
+
+    def scenario_schedules(self) -> None:
+        """1,000 schedules: the idle fleet's statements/s with and without them, then firing."""
+        from benchmarks import schedules_bench
+
+        r = schedules_bench.run(
+            self.ctx, schedules=self.plan.schedules, window=self.plan.schedules_window
+        )
+        self.raw["schedules"] = r
+        if "error" in r:
+            self.table_obj.add("schedules", "error: " + _short(r["error"]), "-", "-", "", "MISS")
+            return
+        self.table_obj.add(
+            f"statements/s of {r['workers']} idle workers, 0 / {r['schedules']:,} schedules "
+            f"({r['window_seconds']:.0f} s)",
+            f"{r['idle_without']:.1f} / {r['idle_with']:.1f} "
+            f"({r['schedules_cost_per_second']:+.1f} for the schedules)",
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"statements/s reading the schedule table, 0 / {r['schedules']:,} schedules",
+            f"{r['schedule_reads_without']:.2f} / {r['schedule_reads_with']:.2f}",
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"{r['schedules']:,} ticks made due at once: started in s (ticks/s, transactions)",
+            f"{r['fire_seconds']:.2f} ({report.num(r['fire_per_second'])}/s, "
+            f"{r['fire_transactions']:,})"
+            + ("" if r["ticks_fired"] >= r["schedules"] else f" only {r['ticks_fired']} fired"),
+            "-",
+            "-",
+            "",
+            "info",
         )
 
     def scenario_trial(self) -> None:

@@ -579,3 +579,67 @@ class PausedQueue(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_PAUSE_REFUSAL)
+
+
+# ---------------------------------------------------------------------------------------
+# Periodic jobs (durable_jobs.schedules): one row per schedule ever declared in code.
+# ---------------------------------------------------------------------------------------
+
+SCHEDULE_TABLE = "durable_jobs_schedule"
+#: The leader's one statement for "when is the next tick": the active schedules, by tick.
+SCHEDULE_DUE_INDEX = "durable_jobs_schedule_due"
+
+
+class Schedule(models.Model):
+    """A schedule as code last declared it, and where its ticks stand (invariant 24).
+
+    Code is the source of declarations: workers upsert these rows when they start
+    (``store.sync_schedules``), and a schedule no longer declared is marked removed and
+    never fires again, its row and its jobs kept. ``next_tick_at`` is the tick the leader
+    fires next: firing advances it by compare-and-set on its old value, in the same
+    transaction as the tick's job, whose idempotency key is derived from the schedule
+    and the tick. Written only by ``store``; times are the database's.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    kind = models.CharField(max_length=100)
+    expression = models.CharField(max_length=200)
+    zone = models.CharField(max_length=100)
+    input = models.JSONField(null=True, blank=True)
+    queue_name = models.CharField(max_length=100, null=True, blank=True)
+    priority = models.IntegerField(db_default=0)
+    catch_up = models.CharField(max_length=20)
+    next_tick_at = models.DateTimeField()
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.UUIDField(null=True, blank=True)
+    missed_ticks = models.BigIntegerField(db_default=0)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+    seen_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = SCHEDULE_TABLE
+        ordering = ["name"]
+        base_manager_name = "objects"
+        default_permissions = ("view",)
+        permissions = [("change_schedule_state", "Can pause, resume and run a schedule now")]
+        indexes = [
+            models.Index(
+                F("next_tick_at"),
+                name=SCHEDULE_DUE_INDEX,
+                condition=Q(paused_at__isnull=True, removed_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
