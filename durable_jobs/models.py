@@ -10,11 +10,11 @@ from __future__ import annotations
 import uuid
 from typing import Any, NoReturn
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 
+from durable_jobs.fields import StatusArrayField
 from durable_jobs.states import LIVE_STATUSES, ErrorClass, Status
 
 TABLE = "durable_jobs_job"
@@ -186,7 +186,7 @@ class Job(models.Model):
     # from the database clock at the start), and the statuses the key covers there.
     unique_key = models.CharField(max_length=200, null=True, blank=True)
     unique_window = models.CharField(max_length=40, null=True, blank=True)
-    unique_states = ArrayField(models.CharField(max_length=16), null=True, blank=True)
+    unique_states = StatusArrayField(null=True, blank=True)
 
     objects = JobQuerySet.as_manager()
 
