@@ -16,7 +16,7 @@ from durable_jobs.db import JOB_COLUMNS as COLUMNS
 from durable_jobs.db import execute, fetch_job, fetch_jobs, fetch_value
 from durable_jobs.models import TABLE, Job
 from durable_jobs.states import Scope
-from durable_jobs.store import SCOPE, scope_params
+from durable_jobs.store import QUEUE_NOT_PAUSED, SCOPE, scope_params
 
 GET_JOB_ANY_SCOPE = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s"
 
@@ -66,7 +66,8 @@ def list_jobs(
 
 #: A job waiting out a backoff: a failed slice waiting for its retry (running, its lease
 #: released) or a re-driven one held back by the re-drive backoff; not a wait condition's
-#: hold and not a start scheduled with run_after.
+#: hold and not a start scheduled with run_after; not on a paused queue (invariant 27:
+#: nothing would claim it, so a burst run must not wait for it).
 WAITING_OUT_A_BACKOFF = f"""
 SELECT count(*), extract(epoch FROM min(next_run_at) - clock_timestamp())
   FROM {TABLE}
@@ -74,6 +75,7 @@ SELECT count(*), extract(epoch FROM min(next_run_at) - clock_timestamp())
    AND status IN ('pending', 'running') AND lease_owner IS NULL
    AND next_run_at > clock_timestamp() AND held_since IS NULL
    AND (status = 'running' OR redrives_since_commit > 0 OR consecutive_failures > 0)
+   AND {QUEUE_NOT_PAUSED}
 """
 
 

@@ -28,7 +28,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from durable_jobs import conf, service
-from durable_jobs.console import changelist, workflow_panel
+from durable_jobs.console import admin_queues, changelist, workflow_panel
 from durable_jobs.console import live as console
 from durable_jobs.console.actions import (
     ACTIONS,
@@ -354,9 +354,12 @@ class JobAdmin(JobColumns, admin.ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        return self._unless_schema_missing(
-            request, lambda: super(JobAdmin, self).changelist_view(request, extra_context)
-        )
+        def view() -> HttpResponse:
+            if request.method == "GET":
+                admin_queues.warn_paused(request)  # invariant 27: their jobs are not claimed
+            return super(JobAdmin, self).changelist_view(request, extra_context)
+
+        return self._unless_schema_missing(request, view)
 
     def change_view(
         self,

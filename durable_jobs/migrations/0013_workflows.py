@@ -12,7 +12,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_jobs", "0010_unique_jobs"),
+        ("durable_jobs", "0012_schedules"),
     ]
 
     operations = [
