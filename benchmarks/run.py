@@ -22,6 +22,11 @@ Scenarios (``--only`` picks some):
 ``scale``       throughput by total slots (1 to 64), claim contention, wake-ups per start.
 ``priorities``  100,000 due jobs across priorities: DEQUEUE flat, priority order kept.
 ``memory``      a long-running worker's RSS over many jobs.
+``schedules``   2 idle workers with 0 and with 1,000 schedules: the fleet's statements/s
+                (pg_stat_database xact_commit deltas); then all 1,000 ticks made due at once.
+``workflows``   one parent spawns 10,000 children in one slice (--quick 1,000), waits for them
+                with no lease, and resumes: spawn seconds beside ``start_many``, how soon the
+                parent finishes after its last child, and the tree's integrity.
 ``transports``  the database transport against RabbitMQ and Redis Streams at 4, 16 and 64
                 slots over several processes: jobs/s, start-to-claim latency, commits and
                 server CPU per job (``benchmarks/transport_bench.py``).
@@ -58,6 +63,8 @@ SCENARIOS = (
     "scale",
     "priorities",
     "memory",
+    "schedules",
+    "workflows",
     "transports",
 )
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
@@ -174,6 +181,9 @@ class Plan:
         self.priority_claims = 500 if quick else 2_000
         self.memory_n = args.memory_jobs or (5_000 if quick else 100_000)
         self.memory_chunk = 1_000 if quick else 5_000
+        self.schedules = 1_000
+        self.schedules_window = 20.0 if quick else 60.0
+        self.fanout_n = 1_000 if quick else 10_000
 
     def describe(self) -> dict:
         return {k: v for k, v in vars(self).items()}
@@ -1065,6 +1075,40 @@ class Results:
             report.verdict(later <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])),
         )
 
+    def scenario_workflows(self) -> None:
+        """A parent with N children: spawn speed, fan-in wake-up, an intact tree."""
+        from benchmarks import workflow_bench
+
+        r = workflow_bench.run(self.ctx, self.plan.fanout_n, timeout=self.plan.worker_timeout)
+        self.raw["workflows"] = r
+        spawn, bulk = r["spawn_seconds"], r["start_many_seconds"]
+        self.table_obj.add(
+            f"spawn_many of {r['n']:,} children in one slice: seconds (start_many of as many)",
+            f"{spawn:.2f} ({bulk:.2f})" if spawn and bulk else "n/a",
+            "-",
+            "-",
+            "bulk-start speed",
+            report.verdict(bool(spawn and bulk and spawn <= 2 * bulk + 0.5)),
+        )
+        lag = r["parent_done_after_last_child_s"]
+        self.table_obj.add(
+            "  parent finished after its last child ended (s, database clock)",
+            "n/a" if lag is None else f"{lag:.3f}",
+            "-",
+            "-",
+            "< 1 s",
+            report.verdict(lag is not None and lag < 1.0),
+        )
+        intact = r["children"] == r["completed"] == r["summary"] == r["n"]
+        self.table_obj.add(
+            "  children / completed / parent's summary",
+            f"{r['children']:,} / {r['completed']:,} / {r['summary']}",
+            "-",
+            "-",
+            "all N, once",
+            report.verdict(intact and r["status"] == "completed"),
+        )
+
     def scenario_memory(self) -> None:
         """Worker RSS flat over many jobs (no growth after warm-up)."""
         from benchmarks import durable_bench
@@ -1086,6 +1130,46 @@ class Results:
             "-",
             f"growth <= {TARGETS['memory_growth_mib']:g} MiB",
             report.verdict(ok),
+        )
+
+    def scenario_schedules(self) -> None:
+        """1,000 schedules: the idle fleet's statements/s with and without them, then firing."""
+        from benchmarks import schedules_bench
+
+        r = schedules_bench.run(
+            self.ctx, schedules=self.plan.schedules, window=self.plan.schedules_window
+        )
+        self.raw["schedules"] = r
+        if "error" in r:
+            self.table_obj.add("schedules", "error: " + _short(r["error"]), "-", "-", "", "MISS")
+            return
+        self.table_obj.add(
+            f"statements/s of {r['workers']} idle workers, 0 / {r['schedules']:,} schedules "
+            f"({r['window_seconds']:.0f} s)",
+            f"{r['idle_without']:.1f} / {r['idle_with']:.1f} "
+            f"({r['schedules_cost_per_second']:+.1f} for the schedules)",
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"statements/s reading the schedule table, 0 / {r['schedules']:,} schedules",
+            f"{r['schedule_reads_without']:.2f} / {r['schedule_reads_with']:.2f}",
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"{r['schedules']:,} ticks made due at once: started in s (ticks/s, transactions)",
+            f"{r['fire_seconds']:.2f} ({report.num(r['fire_per_second'])}/s, "
+            f"{r['fire_transactions']:,})"
+            + ("" if r["ticks_fired"] >= r["schedules"] else f" only {r['ticks_fired']} fired"),
+            "-",
+            "-",
+            "",
+            "info",
         )
 
     def scenario_trial(self) -> None:

@@ -27,6 +27,8 @@ from durable_jobs.exceptions import (
     JobNotFound,
     LeaseLost,
     LockKeyHeld,
+    ScheduleNotFound,
+    ScheduleRemoved,
     TerminalError,
     TransientError,
     UniqueKeyHeld,
@@ -36,13 +38,34 @@ from durable_jobs.exceptions import (
     WrongState,
 )
 from durable_jobs.registry import handler
-from durable_jobs.states import DONE, YIELD, Done, Outcome, Scope, Status
+from durable_jobs.schedules.declare import Schedule, schedule
+from durable_jobs.states import DONE, YIELD, Done, Outcome, QueuePause, Scope, Status
 from durable_jobs.unique import Unique
 
 if TYPE_CHECKING:
     from durable_jobs.models import Job
     from durable_jobs.runtime.context import Slice
-    from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
+    from durable_jobs.schedules.api import (
+        list_schedules,
+        pause_schedule,
+        resume_schedule,
+        run_schedule,
+        sync_schedules,
+    )
+    from durable_jobs.service import (
+        cancel,
+        cancel_tree,
+        children,
+        get,
+        list_jobs,
+        pause_queue,
+        paused_queues,
+        redrive,
+        resume_queue,
+        send_event,
+        start,
+        start_many,
+    )
 
 _LAZY = {
     "start": "durable_jobs.service",
@@ -51,6 +74,17 @@ _LAZY = {
     "list_jobs": "durable_jobs.service",
     "cancel": "durable_jobs.service",
     "redrive": "durable_jobs.service",
+    "list_schedules": "durable_jobs.schedules.api",
+    "pause_schedule": "durable_jobs.schedules.api",
+    "resume_schedule": "durable_jobs.schedules.api",
+    "run_schedule": "durable_jobs.schedules.api",
+    "sync_schedules": "durable_jobs.schedules.api",
+    "pause_queue": "durable_jobs.service",
+    "resume_queue": "durable_jobs.service",
+    "paused_queues": "durable_jobs.service",
+    "send_event": "durable_jobs.service",
+    "cancel_tree": "durable_jobs.service",
+    "children": "durable_jobs.service",
     "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }
@@ -60,10 +94,13 @@ __all__ = [
     "YIELD",
     "Done",
     "Outcome",
+    "QueuePause",
     "Scope",
     "Status",
     "Unique",
     "handler",
+    "Schedule",
+    "schedule",
     "CancelRequested",
     "ConfigurationError",
     "DurableJobsError",
@@ -75,6 +112,8 @@ __all__ = [
     "JobNotFound",
     "LeaseLost",
     "LockKeyHeld",
+    "ScheduleNotFound",
+    "ScheduleRemoved",
     "TerminalError",
     "TransientError",
     "UniqueKeyHeld",
@@ -89,6 +128,17 @@ __all__ = [
     "list_jobs",
     "cancel",
     "redrive",
+    "list_schedules",
+    "pause_schedule",
+    "resume_schedule",
+    "run_schedule",
+    "sync_schedules",
+    "pause_queue",
+    "resume_queue",
+    "paused_queues",
+    "send_event",
+    "cancel_tree",
+    "children",
     "Slice",
     "Job",
 ]

@@ -10,11 +10,11 @@ from __future__ import annotations
 import uuid
 from typing import Any, NoReturn
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 
+from durable_jobs.fields import StatusArrayField
 from durable_jobs.states import LIVE_STATUSES, ErrorClass, Status
 
 TABLE = "durable_jobs_job"
@@ -24,6 +24,8 @@ IDEMPOTENCY_INDEX = "durable_jobs_idempotency"
 WAIT_KEY_INDEX = "durable_jobs_wait_key_live"
 UNIQUE_LIVE_INDEX = "durable_jobs_unique_live"
 UNIQUE_WINDOW_INDEX = "durable_jobs_unique_window"
+CHILD_KEY_INDEX = "durable_jobs_child_key"
+EVENT_TABLE = "durable_jobs_event"
 # A null organization ("tenant-wide") is folded to this value in the lock-key index, so
 # tenant-wide is one value there. The service refuses it as a real organization id.
 NO_ORGANIZATION = ""
@@ -186,7 +188,30 @@ class Job(models.Model):
     # from the database clock at the start), and the statuses the key covers there.
     unique_key = models.CharField(max_length=200, null=True, blank=True)
     unique_window = models.CharField(max_length=40, null=True, blank=True)
-    unique_states = ArrayField(models.CharField(max_length=16), null=True, blank=True)
+    unique_states = StatusArrayField(null=True, blank=True)
+
+    # workflows (durable_jobs.workflows; invariants 29 and 30). A child names its parent and
+    # the key its parent spawned it under; its id derives from both, so a re-run slice
+    # finds the child it already started. The parent counts its children (spawned, ended,
+    # ended without completing): each child's terminal statement moves the counters under
+    # the parent's row lock, which is what decides "woken exactly once". ``flow_wait`` is
+    # the parent's last wait (children, an event, a sleep); a job held by one is pending
+    # with no lease, and its ``next_run_at`` is NULL until something wakes it.
+    parent_id = models.UUIDField(null=True, blank=True)
+    spawn_key = models.CharField(max_length=200, null=True, blank=True)
+    children_total = models.IntegerField(db_default=0)
+    children_ended = models.IntegerField(db_default=0)
+    children_failed = models.IntegerField(db_default=0)
+    flow_wait = models.JSONField(null=True, blank=True)
+    # Dependencies (``start(after=[...])``): the jobs that wait for this one are named on
+    # its own row, appended under its row lock by their start, so its terminal statement
+    # reads them from the very row version it ends (no snapshot can miss a dependent).
+    # A dependent counts its dependencies like a parent counts children.
+    # (jsonb, an array of ids: an ArrayField needs django.contrib.postgres installed.)
+    dependents = models.JSONField(null=True, blank=True)
+    deps_total = models.IntegerField(db_default=0)
+    deps_ended = models.IntegerField(db_default=0)
+    deps_failed = models.IntegerField(db_default=0)
 
     objects = JobQuerySet.as_manager()
 
@@ -238,6 +263,13 @@ class Job(models.Model):
                 F("unique_key"),
                 condition=Q(unique_key__isnull=False, status__in=LIVE_STATUSES),
                 name=UNIQUE_LIVE_INDEX,
+            ),
+            # Invariant 29: a child is born once. One child per (parent, spawn key); its
+            # id is derived from the pair too, so the primary key agrees.
+            models.UniqueConstraint(
+                fields=["parent_id", "spawn_key"],
+                condition=Q(parent_id__isnull=False),
+                name=CHILD_KEY_INDEX,
             ),
         ]
         # Each candidate query reads an index holding only its candidates, so a table of
@@ -526,6 +558,154 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return self.identity
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+
+# ---------------------------------------------------------------------------------------
+# Paused queues (invariant 27): a queue named here is not claimed from.
+# ---------------------------------------------------------------------------------------
+
+PAUSED_QUEUE_TABLE = "durable_jobs_paused_queue"
+_PAUSE_REFUSAL = (
+    "paused queues are written only by durable_jobs.store; use durable_jobs.pause_queue() "
+    "or resume_queue() instead"
+)
+
+
+class PausedQueue(models.Model):
+    """A queue an operator paused: no worker claims from it until it is resumed.
+
+    The row *is* the pause: the dequeue statement reads this table in the same statement
+    that claims (invariant 27), so every worker on every host honours a pause from its
+    next claim on, with no cache to go stale. Written only by ``store.pause_queue`` /
+    ``store.resume_queue`` (through ``durable_jobs.pause_queue`` / ``resume_queue``);
+    ``paused_at`` is the database's clock. Resuming deletes the row: a queue that is not
+    here is running.
+    """
+
+    queue_name = models.CharField(max_length=100, primary_key=True)
+    paused_at = models.DateTimeField()
+    paused_by = models.CharField(max_length=200, null=True, blank=True)
+    reason = models.CharField(max_length=500, null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = PAUSED_QUEUE_TABLE
+        ordering = ["queue_name"]
+        default_permissions = ("view",)
+        permissions = [("pause_queue", "Can pause and resume a queue")]
+        base_manager_name = "objects"
+        verbose_name = "paused queue"
+
+    def __str__(self) -> str:
+        return self.queue_name
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_PAUSE_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_PAUSE_REFUSAL)
+
+
+# ---------------------------------------------------------------------------------------
+# Periodic jobs (durable_jobs.schedules): one row per schedule ever declared in code.
+# ---------------------------------------------------------------------------------------
+
+SCHEDULE_TABLE = "durable_jobs_schedule"
+#: The leader's one statement for "when is the next tick": the active schedules, by tick.
+SCHEDULE_DUE_INDEX = "durable_jobs_schedule_due"
+
+
+class Schedule(models.Model):
+    """A schedule as code last declared it, and where its ticks stand (invariant 24).
+
+    Code is the source of declarations: workers upsert these rows when they start
+    (``store.sync_schedules``), and a schedule no longer declared is marked removed and
+    never fires again, its row and its jobs kept. ``next_tick_at`` is the tick the leader
+    fires next: firing advances it by compare-and-set on its old value, in the same
+    transaction as the tick's job, whose idempotency key is derived from the schedule
+    and the tick. Written only by ``store``; times are the database's.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    kind = models.CharField(max_length=100)
+    expression = models.CharField(max_length=200)
+    zone = models.CharField(max_length=100)
+    input = models.JSONField(null=True, blank=True)
+    queue_name = models.CharField(max_length=100, null=True, blank=True)
+    priority = models.IntegerField(db_default=0)
+    catch_up = models.CharField(max_length=20)
+    next_tick_at = models.DateTimeField()
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.UUIDField(null=True, blank=True)
+    missed_ticks = models.BigIntegerField(db_default=0)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+    seen_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = SCHEDULE_TABLE
+        ordering = ["name"]
+        base_manager_name = "objects"
+        default_permissions = ("view",)
+        permissions = [("change_schedule_state", "Can pause, resume and run a schedule now")]
+        indexes = [
+            models.Index(
+                F("next_tick_at"),
+                name=SCHEDULE_DUE_INDEX,
+                condition=Q(paused_at__isnull=True, removed_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+
+class JobEvent(models.Model):
+    """An event sent to a job (``durable_jobs.send_event``), kept until the job consumes it.
+
+    Written only by ``store`` (invariant 1): sent in the sender's transaction, consumed in
+    the receiving slice's fenced transaction, so a payload is delivered exactly once. Events
+    of one name are kept in the order they were sent (``id``); each wait takes the oldest.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.UUIDField()
+    name = models.CharField(max_length=100)
+    payload = models.JSONField(null=True, blank=True)
+    sent_at = models.DateTimeField()
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = EVENT_TABLE
+        default_permissions = ("view",)
+        indexes = [
+            models.Index(
+                fields=["job_id", "name", "id"],
+                condition=Q(consumed_at__isnull=True),
+                name="durable_jobs_event_unread",
+            ),
+            models.Index(fields=["job_id", "id"], name="durable_jobs_event_job"),
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.name} for {self.job_id}"
 
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)

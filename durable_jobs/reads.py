@@ -16,7 +16,7 @@ from durable_jobs.db import JOB_COLUMNS as COLUMNS
 from durable_jobs.db import execute, fetch_job, fetch_jobs, fetch_value, job_from_row
 from durable_jobs.models import TABLE, Job
 from durable_jobs.states import Scope
-from durable_jobs.store import SCOPE, scope_params
+from durable_jobs.store import QUEUE_NOT_PAUSED, SCOPE, scope_params
 
 GET_JOB_ANY_SCOPE = f"SELECT {COLUMNS} FROM {TABLE} WHERE id = %(id)s"
 
@@ -66,8 +66,10 @@ def list_jobs(
 
 #: A job waiting out a backoff: a failed slice waiting for its retry (running, its lease
 #: released) or a re-driven one held back by the re-drive backoff; not a wait condition's
-#: hold and not a start scheduled with run_after. ``slack_ms``: a broker queue's retry is
-#: still on its way a moment past its run time (its delay rounded up, a read cycle).
+#: hold and not a start scheduled with run_after; not on a paused queue (invariant 27:
+#: nothing would claim it, so a burst run must not wait for it). ``slack_ms``: a broker
+#: queue's retry is still on its way a moment past its run time (its delay rounded up, a
+#: read cycle).
 WAITING_OUT_A_BACKOFF = f"""
 SELECT count(*), extract(epoch FROM min(next_run_at) - clock_timestamp())
   FROM {TABLE}
@@ -76,6 +78,7 @@ SELECT count(*), extract(epoch FROM min(next_run_at) - clock_timestamp())
    AND next_run_at > clock_timestamp() - (%(slack_ms)s::bigint * interval '1 millisecond')
    AND held_since IS NULL
    AND (status = 'running' OR redrives_since_commit > 0 OR consecutive_failures > 0)
+   AND {QUEUE_NOT_PAUSED}
 """
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 
 
@@ -79,6 +80,7 @@ class SliceEnd(str, enum.Enum):
     INTERRUPTED = "interrupted"  # lost its connection, or its handler process died
     TIME_LIMIT = "time_limit"  # ran past its kind's time limit and was ended
     WITHDRAWN = "withdrawn"  # taken back from the handler process before it started
+    WAIT = "wait"  # returned a workflow wait (children, an event, a sleep): held, no lease
 
     def __str__(self) -> str:
         return self.value
@@ -101,7 +103,7 @@ class SliceOutcome(str, enum.Enum):
     BOOKKEEPING_FAILED = "bookkeeping_failed"  # the write failed twice: left to its lease
     DEFERRED = "deferred"  # finished; completed with the slot's batch
     ABANDONED = "abandoned"  # the worker gave up on it and recorded that itself
-    HELD = "held"  # its wait condition has not cleared
+    HELD = "held"  # its wait condition has not cleared, or it waits in a workflow
 
     def __str__(self) -> str:
         return self.value
@@ -164,3 +166,18 @@ WAIT_FAULTS_EXHAUSTED = "wait_faults_exhausted"  # WAIT_MAX_FAULTS "cannot tell"
 WAIT_MAX_HOLD = "wait_max_hold"  # checks still said "not yet" past WAIT_MAX_HOLD
 WAIT_UNREADABLE = "wait_unreadable"  # a stored condition this version cannot read
 WAIT_ERROR_CODES = (WAIT_NEVER, WAIT_FAULTS_EXHAUSTED, WAIT_MAX_HOLD, WAIT_UNREADABLE)
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class QueuePause:
+    """A paused queue (invariant 27): since when (database clock), by whom, and why.
+
+    ``newly_paused`` is False when a pause call found the queue already paused: the first
+    pause is kept, with its time, author and reason.
+    """
+
+    queue: str
+    paused_at: datetime.datetime
+    paused_by: str | None = None
+    reason: str | None = None
+    newly_paused: bool = False

@@ -63,10 +63,13 @@ from durable_jobs.db import (
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, UniqueKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     ATTEMPT_TABLE,
+    EVENT_TABLE,
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
     LOCK_KEY_INDEX,
     NO_ORGANIZATION,
+    PAUSED_QUEUE_TABLE,
+    SCHEDULE_TABLE,
     TABLE,
     TASK_ATTEMPT_TABLE,
     UNIQUE_LIVE_INDEX,
@@ -74,8 +77,9 @@ from durable_jobs.models import (
     WAIT_KEY_INDEX,
     WORKER_TABLE,
     Job,
+    Schedule,
 )
-from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, Scope
+from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, QueuePause, Scope
 
 T = TypeVar("T")
 
@@ -102,6 +106,10 @@ SCOPE = "tenant_id = %(tenant)s AND organization_id IS NOT DISTINCT FROM %(organ
 
 #: The lease-holder fence (invariant 4).
 LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
+
+#: A job held by a workflow wait with nothing scheduled (children, dependencies, an event
+#: without a timeout): not late, just waiting; woken by a statement, never by a re-drive.
+_FLOW_HELD = "(next_run_at IS NULL AND flow_wait IS NOT NULL)"
 
 
 # ---------------------------------------------------------------------------------------
@@ -814,6 +822,18 @@ def _attempt_params(
 # 2. Claim and lease (invariant 4): the delivery fence, the heartbeat, checkpoints, yields
 # ---------------------------------------------------------------------------------------
 
+
+def _paused_row(queue: str) -> str:
+    """The one definition of "``queue`` is paused" (invariant 27), shared by the dequeue
+    statement and the reads that explain a waiting job (invariant 28)."""
+    return f"FROM {PAUSED_QUEUE_TABLE} AS paused WHERE paused.queue_name = {queue}"
+
+
+#: A job row's queue is not paused (the unaliased job table's ``queue_name``; a bare
+#: ``queue_name`` inside the subquery would name the paused table's own column).
+QUEUE_NOT_PAUSED = f"NOT EXISTS (SELECT 1 {_paused_row(f'{TABLE}.queue_name')})"
+
+
 CLAIM = f"""
 UPDATE {TABLE}
    SET status = 'running',
@@ -830,6 +850,7 @@ UPDATE {TABLE}
    AND continuation_seq = %(seq)s AND redrives = %(redrives)s
    AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
    AND cancel_requested_at IS NULL
+   AND {QUEUE_NOT_PAUSED}
 RETURNING {COLUMNS}
 """
 
@@ -854,7 +875,9 @@ def claim(
     A job whose cancellation was requested claims nothing, as the dequeue refuses it:
     a broker transport cannot always take back a message it holds, so a cancelled job's
     delivery must fail the claim and leave the job to the reconciler's cancel step
-    (invariant 8; invariant 31: the broker only says "look now").
+    (invariant 8; invariant 31: the broker only says "look now"). Nor does a job whose
+    queue is paused (invariant 27, the dequeue's own predicate): the consumer hands such
+    a message back to its broker instead of dropping it (``runtime.intake``).
     """
     return fetch_job(
         using,
@@ -899,7 +922,14 @@ def _deliverable(alias: str = "") -> str:
 
 DEQUEUE = f"""
 WITH candidates AS MATERIALIZED (
-    SELECT due.id FROM unnest(%(queues)s::text[]) AS q(name)
+    -- Invariant 27: paused queues are left out of the list, here in the statement that
+    -- claims, so a pause committed before this statement's snapshot holds for every
+    -- worker (no cache to go stale). An ARRAY(...) InitPlan, evaluated once before any
+    -- scan: a paused queue's rows are never probed nor locked.
+    SELECT due.id FROM unnest(ARRAY(
+        SELECT wanted.name FROM unnest(%(queues)s::text[]) AS wanted(name)
+         WHERE NOT EXISTS (SELECT 1 {_paused_row("wanted.name")})
+    )) AS q(name)
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(priority) AS (
             (SELECT priority FROM {TABLE}
@@ -1814,10 +1844,13 @@ def charge_interruption(
 # Awaiting a delivery a broker may have lost: pending, or a released lease (a failed slice
 # waiting for its retry, whose delayed delivery is as losable as a start's), and due for
 # longer than the pending TTL. A running job under a live claim is the orphan take's.
-_AWAITING_DELIVERY = """(status = 'pending' OR (status = 'running' AND lease_owner IS NULL))
-   AND cancel_requested_at IS NULL
+# Neither a job held by a workflow wait (woken by a statement, never lost) nor one on a
+# paused queue (invariant 27: nobody may claim it, so it is not late) awaits a delivery.
+_AWAITING_DELIVERY = f"""(status = 'pending' OR (status = 'running' AND lease_owner IS NULL))
+   AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
-       < clock_timestamp() - """ + _ms("pending_ttl_ms")
+       < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {QUEUE_NOT_PAUSED}"""
 
 REDRIVE_PENDING = f"""
 UPDATE {TABLE}
@@ -1920,14 +1953,18 @@ def operator_redrive(
     holding the row.
     """
     params = {"id": job_id, **scope_params(scope), "force": force, "grace_ms": grace_ms}
+
+    def redrive() -> Job | None:
+        # A failed child made live again is uncounted on its parent in the same
+        # transaction, its old status read under the row lock (invariant 30).
+        was = lock_child(job_id, scope, using=using)
+        job = fetch_job(using, OPERATOR_REDRIVE, params)
+        if job is not None and was is not None and was[0] == "failed" and was[1] is not None:
+            uncount_child(was[1], using=using)
+        return job
+
     try:
-        return _waiting_at_most(
-            lock_timeout_ms,
-            job_id,
-            "redrive",
-            lambda: fetch_job(using, OPERATOR_REDRIVE, params),
-            using=using,
-        )
+        return _waiting_at_most(lock_timeout_ms, job_id, "redrive", redrive, using=using)
     except IntegrityError as error:
         constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
         if constraint == WAIT_KEY_INDEX:
@@ -2161,6 +2198,9 @@ def select_parked_untold(
     )
 
 
+# Invariant 27: a paused queue's backlog waits by design. It is neither stale (no warning,
+# no stale_pending gauge to page anyone) nor re-driven (a broker transport's re-drive
+# would spend redrives_since_commit on a job nobody was allowed to claim).
 SELECT_STALE_PENDING = f"""
 SELECT {COLUMNS} FROM {TABLE}
  WHERE (%(queues)s::text[] IS NULL OR queue_name = ANY(%(queues)s::text[]))
@@ -2200,9 +2240,10 @@ def select_stale_pending(
 
 COUNT_STALE_PENDING = f"""
 SELECT count(*) FROM {TABLE}
- WHERE status = 'pending' AND cancel_requested_at IS NULL
+ WHERE status = 'pending' AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
+   AND {QUEUE_NOT_PAUSED}
    AND {_TENANT_FILTER}
 """
 
@@ -2540,6 +2581,324 @@ def unregister_worker(identity: str, *, using: str = DEFAULT_DB_ALIAS) -> None:
 
 
 # ---------------------------------------------------------------------------------------
+# Paused queues (invariant 27): one row per paused queue, read by DEQUEUE in the same
+# statement that claims. Pausing writes no job row: running slices go on, yield and fail
+# under their own fences; what is pending, handed back or waiting out a retry simply
+# waits, uncharged, because nothing claims it. Both writes are decided under the primary
+# key (a unique index), never read-then-write.
+# ---------------------------------------------------------------------------------------
+
+# Idempotent: pausing a paused queue keeps the first pause (its paused_at, by and
+# reason) and reports it as not new. ON CONFLICT DO UPDATE (a no-op assignment) rather
+# than DO NOTHING: it locks and returns the existing row even when that row committed
+# after this statement's snapshot, where a separate SELECT would see nothing.
+# xmax = 0 only on a row this statement inserted.
+PAUSE_QUEUE = f"""
+INSERT INTO {PAUSED_QUEUE_TABLE} AS paused (queue_name, paused_at, paused_by, reason)
+VALUES (%(queue)s, clock_timestamp(), %(by)s, %(reason)s)
+ON CONFLICT (queue_name) DO UPDATE SET queue_name = paused.queue_name
+RETURNING queue_name, paused_at, paused_by, reason, (xmax = 0) AS newly_paused
+"""
+
+
+def pause_queue(
+    queue: str, *, by: str | None, reason: str | None, using: str = DEFAULT_DB_ALIAS
+) -> QueuePause:
+    """Pause ``queue``; return the pause in force (``newly_paused`` False: it already was).
+
+    Invariant 27: from the first dequeue statement whose snapshot sees this commit on,
+    no worker claims from ``queue``. Nothing else changes.
+    """
+    with execute(using, PAUSE_QUEUE, {"queue": queue, "by": by, "reason": reason}) as cursor:
+        *row, newly = cursor.fetchone()
+    return _paused(row, newly_paused=bool(newly))
+
+
+# The wake-up rides in the same statement as the delete: PostgreSQL delivers a NOTIFY at
+# commit, so idle workers look at the queue exactly when the resume is visible (the same
+# channel and payload a start() sends), and a rolled-back resume wakes nobody.
+RESUME_QUEUE = f"""
+WITH resumed AS (
+    DELETE FROM {PAUSED_QUEUE_TABLE} WHERE queue_name = %(queue)s
+    RETURNING queue_name, paused_at, paused_by, reason
+)
+SELECT queue_name, paused_at, paused_by, reason,
+       CASE WHEN %(channel)s::text IS NOT NULL THEN pg_notify(%(channel)s, queue_name) END
+  FROM resumed
+"""
+
+
+def resume_queue(
+    queue: str, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> QueuePause | None:
+    """Resume ``queue`` and wake idle workers; the pause it ended, or None if it was not paused."""
+    with execute(using, RESUME_QUEUE, {"queue": queue, "channel": notify_channel}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else _paused(row[:4])
+
+
+GET_PAUSED_QUEUE = f"SELECT queue_name, paused_at, paused_by, reason {_paused_row('%(queue)s')}"
+
+
+def get_paused_queue(queue: str, *, using: str = DEFAULT_DB_ALIAS) -> QueuePause | None:
+    """Return ``queue``'s pause, read with DEQUEUE's own predicate (invariant 28); None if running."""
+    with execute(using, GET_PAUSED_QUEUE, {"queue": queue}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else _paused(row)
+
+
+LIST_PAUSED_QUEUES = (
+    f"SELECT queue_name, paused_at, paused_by, reason FROM {PAUSED_QUEUE_TABLE} ORDER BY queue_name"
+)
+
+
+def list_paused_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[QueuePause]:
+    """Return every paused queue, by name."""
+    with execute(using, LIST_PAUSED_QUEUES, {}) as cursor:
+        return [_paused(row) for row in cursor.fetchall()]
+
+
+def _paused(row: Sequence[Any], *, newly_paused: bool = False) -> QueuePause:
+    queue, paused_at, paused_by, reason = row
+    return QueuePause(
+        queue=queue,
+        paused_at=paused_at,
+        paused_by=paused_by,
+        reason=reason,
+        newly_paused=newly_paused,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Periodic jobs (durable_jobs.schedules, invariant 24). The schedule row says which tick
+# fires next; firing it is a compare-and-set on that value, committed in one transaction
+# with the tick's job, whose idempotency key is derived from the schedule and the tick.
+# Two leaders (a stalled one waking beside its successor, one killed mid-tick and the
+# next) race on the row: the first to advance it wins, the other's CAS finds zero rows
+# and its transaction, job included, rolls back; and should two CASes ever both pass,
+# the idempotency index still answers the second start with the first's job. Every
+# instant in a predicate is the database's; tick instants come from its clock too.
+# ---------------------------------------------------------------------------------------
+
+SCHEDULE_COLUMNS = ", ".join(str(f.column) for f in Schedule._meta.concrete_fields)
+_SCHEDULE_FIELD_NAMES = tuple(f.attname for f in Schedule._meta.concrete_fields)
+_SCHEDULE_JSON = frozenset(
+    i for i, f in enumerate(Schedule._meta.concrete_fields) if f.get_internal_type() == "JSONField"
+)
+#: A schedule that fires: neither paused by an operator nor removed from code.
+SCHEDULE_ACTIVE = "paused_at IS NULL AND removed_at IS NULL"
+#: The NOTIFY payload that says "the schedules changed": never a queue name (no "!"
+#: there), so a worker's listener tells it apart and wakes its scheduler, not a slot.
+SCHEDULES_CHANGED = "!schedules"
+
+
+def _schedules(using: str, sql: str, params: dict[str, Any]) -> list[Schedule]:
+    with execute(using, sql, params) as cursor:
+        rows = cursor.fetchall()
+    return [
+        Schedule.from_db(
+            using,
+            _SCHEDULE_FIELD_NAMES,
+            [
+                json.loads(v) if i in _SCHEDULE_JSON and isinstance(v, str) else v
+                for i, v in enumerate(row)
+            ],
+        )
+        for row in rows
+    ]
+
+
+# Upsert what code declares, and mark removed what it no longer declares, in one
+# statement (both parts see one snapshot; they touch disjoint rows). A schedule whose
+# expression or zone changed, or that comes back after a removal, starts from the next
+# tick the caller computed from the database's clock; an unchanged one keeps its own
+# next tick, so a worker restarting mid-minute neither skips nor repeats a tick. The
+# operator's pause survives a deploy. Ordered by name, so two workers syncing at once
+# lock rows in one order.
+SYNC_SCHEDULES = f"""
+WITH declared AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
+        name text, kind text, expression text, zone text, input jsonb, queue text,
+        priority int, catch_up text, next_tick_at timestamptz)
+), upserted AS (
+    INSERT INTO {SCHEDULE_TABLE} AS s (
+        name, kind, expression, zone, input, queue_name, priority, catch_up, next_tick_at,
+        missed_ticks, seen_at, created_at, updated_at)
+    SELECT name, kind, expression, zone, NULLIF(input, 'null'::jsonb), queue, priority,
+           catch_up, next_tick_at, 0, now(), now(), now()
+      FROM declared ORDER BY name
+    ON CONFLICT (name) DO UPDATE
+       SET next_tick_at = CASE
+               WHEN s.removed_at IS NOT NULL OR s.expression <> excluded.expression
+                 OR s.zone <> excluded.zone THEN excluded.next_tick_at
+               ELSE s.next_tick_at END,
+           kind = excluded.kind, expression = excluded.expression, zone = excluded.zone,
+           input = excluded.input, queue_name = excluded.queue_name,
+           priority = excluded.priority, catch_up = excluded.catch_up,
+           removed_at = NULL, seen_at = now(), updated_at = now()
+    RETURNING name
+), removed AS (
+    UPDATE {SCHEDULE_TABLE} SET removed_at = now(), updated_at = now()
+     WHERE removed_at IS NULL AND name NOT IN (SELECT name FROM declared)
+    RETURNING name
+)
+SELECT (SELECT count(*) FROM upserted), (SELECT count(*) FROM removed)
+"""
+
+
+def sync_schedules(
+    rows: Sequence[dict[str, Any]], *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, int]:
+    """Write the declared schedules (``rows``: name, kind, expression, zone, input as JSON
+    text, queue, priority, catch_up, next_tick_at) and mark the others removed; return
+    ``(written, removed)``, and wake the schedulers at commit.
+
+    A removed schedule keeps its row and its jobs; it never fires (``SCHEDULE_ACTIVE``).
+    """
+    declared = [
+        {
+            **row,
+            "input": None if row["input"] is None else json.loads(row["input"]),
+            "next_tick_at": row["next_tick_at"].isoformat(),
+        }
+        for row in sorted(rows, key=lambda row: row["name"])
+    ]
+    with transaction.atomic(using=using):
+        with execute(using, SYNC_SCHEDULES, {"rows": json.dumps(declared)}) as cursor:
+            written, removed = cursor.fetchone()
+        notify_schedules(notify_channel, using=using)
+    return written, removed
+
+
+# The leader's one statement between ticks, read through the partial index
+# durable_jobs_schedule_due: seconds until the earliest active tick (negative: overdue),
+# NULL when no schedule is active.
+# Both statements see only the kinds the leader can start (as a worker claims only kinds
+# it can run, invariant 14b): a leader from an older deploy leaves a newer kind's ticks
+# due, instead of failing them, or waking for them, over and over.
+NEXT_SCHEDULE_TICK = f"""
+SELECT extract(epoch FROM next_tick_at - clock_timestamp())::float8
+  FROM {SCHEDULE_TABLE} WHERE {SCHEDULE_ACTIVE} AND kind = ANY(%(kinds)s)
+ ORDER BY next_tick_at LIMIT 1
+"""
+
+
+def next_schedule_tick(*, kinds: Sequence[str], using: str = DEFAULT_DB_ALIAS) -> float | None:
+    """Seconds (database clock) until the earliest active tick of ``kinds``; None when there is none."""
+    return fetch_value(using, NEXT_SCHEDULE_TICK, {"kinds": list(kinds)})
+
+
+# Candidates only: no lock is taken here, the CAS below decides.
+SELECT_DUE_SCHEDULES = f"""
+SELECT {SCHEDULE_COLUMNS} FROM {SCHEDULE_TABLE}
+ WHERE {SCHEDULE_ACTIVE} AND next_tick_at <= clock_timestamp() AND kind = ANY(%(kinds)s)
+ ORDER BY next_tick_at LIMIT %(limit)s
+"""
+
+
+def select_due_schedules(
+    *, kinds: Sequence[str], limit: int, using: str = DEFAULT_DB_ALIAS
+) -> list[Schedule]:
+    """Active schedules of ``kinds`` whose next tick has come (database clock), earliest first."""
+    return _schedules(using, SELECT_DUE_SCHEDULES, {"kinds": list(kinds), "limit": limit})
+
+
+# Invariant 24: the compare-and-set on the tick. Only the transaction that moves
+# next_tick_at off the value it planned from may start that tick's job; a second leader
+# blocks on the row lock, then finds the value moved and updates nothing. The tick must
+# be due by the database's clock, whatever the leader's clock says.
+ADVANCE_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE}
+   SET next_tick_at = %(following)s, last_tick_at = coalesce(%(last_tick)s, last_tick_at),
+       missed_ticks = missed_ticks + %(missed)s, updated_at = now()
+ WHERE name = %(name)s AND next_tick_at = %(due)s AND {SCHEDULE_ACTIVE}
+   AND next_tick_at <= clock_timestamp()
+RETURNING name
+"""
+
+
+def advance_schedule(
+    name: str,
+    *,
+    due: datetime.datetime,
+    following: datetime.datetime,
+    last_tick: datetime.datetime | None,
+    missed: int,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """Move schedule ``name`` from tick ``due`` to ``following``; False when another got there first.
+
+    Call it inside the transaction that starts the tick's jobs (invariant 24).
+    """
+    params = {
+        "name": name,
+        "due": due,
+        "following": following,
+        "last_tick": last_tick,
+        "missed": missed,
+    }
+    return fetch_value(using, ADVANCE_SCHEDULE, params) is not None
+
+
+RECORD_SCHEDULE_JOB = f"""
+UPDATE {SCHEDULE_TABLE} SET last_job_id = %(job_id)s, updated_at = now()
+ WHERE name = %(name)s
+RETURNING name
+"""
+
+
+def record_schedule_job(name: str, job_id: uuid.UUID, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Remember the job a schedule started last (in the transaction that started it)."""
+    return fetch_value(using, RECORD_SCHEDULE_JOB, {"name": name, "job_id": job_id}) is not None
+
+
+PAUSE_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE} SET paused_at = now(), updated_at = now()
+ WHERE name = %(name)s AND {SCHEDULE_ACTIVE}
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+
+def pause_schedule(name: str, *, using: str = DEFAULT_DB_ALIAS) -> Schedule | None:
+    """Stop schedule ``name`` from firing; None when it is not active (paused, removed, unknown)."""
+    rows = _schedules(using, PAUSE_SCHEDULE, {"name": name})
+    return rows[0] if rows else None
+
+
+# Ticks that fell while paused are not missed ticks: the operator did not want them. The
+# schedule resumes from the first tick after now, which the caller computed from the
+# database's clock. The NOTIFY (delivered at commit) wakes the leader, whose sleep may
+# be longer than the time to this tick.
+RESUME_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE} SET paused_at = NULL, next_tick_at = %(following)s, updated_at = now()
+ WHERE name = %(name)s AND paused_at IS NOT NULL AND removed_at IS NULL
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+
+def resume_schedule(
+    name: str,
+    *,
+    following: datetime.datetime,
+    notify_channel: str | None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Schedule | None:
+    """Let paused schedule ``name`` fire again from tick ``following``; None when it is not paused."""
+    with transaction.atomic(using=using):
+        rows = _schedules(using, RESUME_SCHEDULE, {"name": name, "following": following})
+        if rows:
+            notify_schedules(notify_channel, using=using)
+    return rows[0] if rows else None
+
+
+def notify_schedules(channel: str | None, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Wake the schedulers at commit (``SCHEDULES_CHANGED``); nothing without a channel."""
+    if channel:
+        with execute(using, NOTIFY, {"channel": channel, "queue": SCHEDULES_CHANGED}):
+            pass
+
+
+# ---------------------------------------------------------------------------------------
 # 8. For the testing helpers only (durable_jobs.testing)
 # ---------------------------------------------------------------------------------------
 
@@ -2554,3 +2913,445 @@ RETURNING {COLUMNS}
 def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Bring a scheduled job's run time to now (the testing helpers' fast-forward)."""
     return fetch_job(using, MAKE_DUE, {"id": job_id})
+
+
+# Brings a schedule's next tick to the database's now, so a test sees a tick fire without
+# waiting for the minute: the tick instant is this statement's clock, a real instant the
+# tick's key is derived from like any other.
+FAST_FORWARD_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE} SET next_tick_at = clock_timestamp(), updated_at = now()
+ WHERE name = %(name)s AND {SCHEDULE_ACTIVE} AND next_tick_at > clock_timestamp()
+RETURNING next_tick_at
+"""
+
+
+def fast_forward_schedule(
+    name: str, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> datetime.datetime | None:
+    """Make schedule ``name``'s next tick due now; the tick's instant, or None if it is not active or already due."""
+    with transaction.atomic(using=using):
+        tick = fetch_value(using, FAST_FORWARD_SCHEDULE, {"name": name})
+        if tick is not None:
+            notify_schedules(notify_channel, using=using)
+    return tick
+
+
+# ---------------------------------------------------------------------------------------
+# 9. Workflows (durable_jobs.workflows): children, fan-in, events, durable sleep
+#
+# Invariant 29, a child is born once: a child is inserted by its parent's lease holder,
+# fenced by the parent's lease in the same statement (and, inside ``fenced()``, under the
+# row lock that transaction already holds), with an id derived from the parent and the
+# spawn key; a re-run slice's insert finds the child and adds nothing.
+#
+# Invariant 30, waiting holds no lease: a wait is a yield (continuation_seq + 1, lease
+# released) whose next_run_at is NULL until something wakes it, or the instant a sleep or
+# an event's timeout ends. The deliverable predicate needs next_run_at, so a held job is
+# simply not claimed. Who wakes it decides under the job's row lock, never from a read:
+# a child's terminal statement moves its parent's counters (children_ended,
+# children_failed) and wakes it in the same UPDATE when what it waits for has happened;
+# that UPDATE matches the parent row unconditionally and puts its condition in the SET,
+# so two children ending at once are serialised on the parent row and the second one
+# re-evaluates against the first one's committed counters (never zero wakes, never two).
+# ---------------------------------------------------------------------------------------
+
+_ENDED = "('completed', 'failed', 'cancelled')"
+
+
+def _children_ready(ended: str, failed: str, total: str, wait: str) -> str:
+    """SQL: has what ``wait`` (a flow_wait jsonb) waits for happened, given the counters?
+
+    ``at_least`` (None: all children) is capped at the children spawned; policy ``wait``
+    counts only completed children, ``continue`` every ended one, and ``fail``/``cancel``
+    wake at the first failed or cancelled child too (see durable_jobs.workflows.policy).
+    """
+    want = f"least(coalesce(({wait}->>'at_least')::int, {total}), {total})"
+    return f"""(CASE coalesce({wait}->>'policy', 'fail')
+            WHEN 'wait' THEN ({ended}) - ({failed}) >= {want}
+            WHEN 'continue' THEN ({ended}) >= {want}
+            ELSE ({failed}) > 0 OR ({ended}) >= {want} END)"""
+
+
+def _dependencies_ready(ended: str, failed: str, total: str, wait: str) -> str:
+    """SQL: may a job started ``after=[...]`` run (policy ``fail``: or end failed) now?"""
+    return f"""(({ended}) >= ({total})
+            OR (coalesce({wait}->>'policy', 'fail') = 'fail' AND ({failed}) > 0))"""
+
+
+def _held_for(on: str) -> str:
+    """SQL: the row ``p`` is held by a wait ``on`` children or dependencies, not yet woken."""
+    return (
+        "p.status = 'pending' AND p.lease_owner IS NULL AND p.next_run_at IS NULL "
+        f"AND p.flow_wait->>'on' = '{on}'"
+    )
+
+
+#: The ends a tally counts: every ended row, and those that did not complete.
+_ENDS = "count(*)::int AS ended, (count(*) FILTER (WHERE e.status <> 'completed'))::int AS failed"
+
+
+def _count_ends(
+    source: str, name: str, tally: str, counters: str, on: str, ready: Callable[..., str]
+) -> str:
+    """Three CTEs: ``tally`` (rows ``id, ended, failed``: the waiting jobs and what ended for
+    them) added to their ``{counters}_ended`` / ``_failed``, each woken by the UPDATE whose
+    counters first satisfy its wait ``on`` (invariant 30).
+
+    The waiting rows are locked in id order (two batches ending rows for the same jobs
+    cannot deadlock), and a row ending in this same statement is left alone. The UPDATE
+    matches each row whatever its state and decides the wake in its SET: waiting for a
+    concurrent ender's lock, it re-reads the row and counts on top of what that one wrote.
+    """
+    satisfied = ready(
+        f"p.{counters}_ended + t.ended",
+        f"p.{counters}_failed + t.failed",
+        f"p.{counters}_total",
+        "p.flow_wait",
+    )
+    return f"""{source}_{name} AS (
+    {tally}
+), {source}_{name}_locked AS MATERIALIZED (
+    SELECT p.id FROM {TABLE} AS p JOIN {source}_{name} AS t ON p.id = t.id
+     WHERE p.id NOT IN (SELECT id FROM {source})
+     ORDER BY p.id
+       FOR UPDATE OF p
+), {source}_{name}_told AS (
+    UPDATE {TABLE} AS p
+       SET {counters}_ended = p.{counters}_ended + t.ended,
+           {counters}_failed = p.{counters}_failed + t.failed,
+           next_run_at = CASE WHEN {_held_for(on)} AND {satisfied}
+                              THEN clock_timestamp() ELSE p.next_run_at END,
+           updated_at = now()
+      FROM {source}_{name} AS t, {source}_{name}_locked AS l
+     WHERE p.id = t.id AND p.id = l.id
+    RETURNING p.id
+)"""
+
+
+def _tell_parents(source: str) -> str:
+    """CTEs that count the rows of ``source`` (id, parent_id, dependents, status) that
+    ended on their parents and on the jobs started after them (``_count_ends``)."""
+    parents = f"""SELECT e.parent_id AS id, {_ENDS} FROM {source} AS e
+     WHERE e.parent_id IS NOT NULL AND e.status IN {_ENDED} GROUP BY e.parent_id"""
+    dependents = f"""SELECT d.id::uuid AS id, {_ENDS}
+      FROM {source} AS e
+     CROSS JOIN LATERAL jsonb_array_elements_text(coalesce(e.dependents, '[]'::jsonb)) AS d(id)
+     WHERE e.status IN {_ENDED} GROUP BY d.id"""
+    return (
+        _count_ends(source, "parents", parents, "children", "children", _children_ready)
+        + ", "
+        + _count_ends(source, "dependents", dependents, "deps", "after", _dependencies_ready)
+    )
+
+
+def _telling_parents(statement: str) -> str:
+    """``statement`` (a terminal UPDATE) with its parent's counters moved in the same statement.
+
+    Works on the two shapes the terminal statements have: ``UPDATE … RETURNING {COLUMNS}``
+    and ``WITH x AS (UPDATE …), … SELECT {COLUMNS} FROM x``.
+    """
+    body = statement.strip()
+    tail = f"RETURNING {COLUMNS}"
+    if body.startswith("UPDATE") and body.endswith(tail):
+        return (
+            f"WITH ended AS (\n{body}\n), {_tell_parents('ended')}\nSELECT {COLUMNS} FROM ended\n"
+        )
+    head, _, source = body.rpartition(f"\nSELECT {COLUMNS} FROM ")
+    assert head.startswith("WITH") and source.isidentifier(), "a terminal statement's shape"
+    return f"{head},\n{_tell_parents(source)}\nSELECT {COLUMNS} FROM {source}\n"
+
+
+# Every statement that ends a job tells its parent, in the same statement (invariant 30):
+# the terminal CAS, the batched completion, a pending job's cancellation, and every park.
+COMPLETE = _telling_parents(COMPLETE)
+FAIL_TERMINAL = _telling_parents(FAIL_TERMINAL)
+FINISH_CANCELLED = _telling_parents(FINISH_CANCELLED)
+CANCEL_PENDING = _telling_parents(CANCEL_PENDING)
+PARK = _telling_parents(PARK)
+BUMP_MIRROR_ATTEMPTS = _telling_parents(BUMP_MIRROR_ATTEMPTS)
+BUMP_PENDING_MIRROR_ATTEMPTS = _telling_parents(BUMP_PENDING_MIRROR_ATTEMPTS)
+TAKE_ORPHAN = _telling_parents(TAKE_ORPHAN)
+CHARGE_INTERRUPTION = _telling_parents(CHARGE_INTERRUPTION)
+COMPLETE_MANY = (
+    "WITH ended AS (\n"
+    + COMPLETE_MANY.strip().removesuffix("RETURNING j.id")
+    + "RETURNING j.id, j.parent_id, j.status, j.dependents\n), "
+    + f"{_tell_parents('ended')}\nSELECT id FROM ended\n"
+)
+
+# The child's row: the parent's scope and queue settings, a creator naming the parent.
+# ON CONFLICT DO NOTHING: the child this parent already spawned under this key (the same
+# id, the same (parent, key)) is the answer, and the insert adds nothing (invariant 29).
+SPAWN_CHILDREN = f"""
+WITH parent AS (
+    SELECT id, tenant_id, organization_id, priority FROM {TABLE}
+     WHERE id = %(id)s AND {LEASE_HELD}
+       FOR UPDATE
+), born AS (
+    INSERT INTO {TABLE} (
+        id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
+        input, parent_id, spawn_key, queue_name, priority, next_run_at, pending_since
+    )
+    SELECT r.id, p.tenant_id, p.organization_id, r.kind, 'pending', 'job:' || p.id::text,
+           now(), now(), r.input, p.id, r.spawn_key, r.queue, coalesce(r.priority, p.priority),
+           clock_timestamp(), now()
+      FROM parent AS p,
+           jsonb_to_recordset(%(rows)s::jsonb)
+           AS r(id uuid, kind text, spawn_key text, input jsonb, queue text, priority smallint)
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue_name
+), counted AS (
+    UPDATE {TABLE} AS j
+       SET children_total = j.children_total + (SELECT count(*) FROM born), updated_at = now()
+      FROM parent AS p
+     WHERE j.id = p.id
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM parent), (SELECT count(*) FROM born),
+       (SELECT count(pg_notify(%(channel)s, q.queue_name))
+          FROM (SELECT DISTINCT queue_name FROM born) AS q
+         WHERE %(channel)s::text IS NOT NULL)
+"""
+
+
+def spawn_children(
+    lease: Lease,
+    rows: Sequence[dict[str, Any]],
+    *,
+    notify_channel: str | None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Insert the parent's children (fenced by its lease); how many were new, None: lease gone.
+
+    ``rows`` carry ``id`` (``workflows.child_id``), ``kind``, ``spawn_key``, ``input``,
+    ``queue`` and ``priority``. A child already spawned under its key is left as it is.
+    The wake-up NOTIFY is delivered at the caller's commit (or dropped with its rollback).
+    """
+    params = {**_lease(lease), "rows": json.dumps(list(rows)), "channel": notify_channel}
+    with execute(using, SPAWN_CHILDREN, params) as cursor:
+        found, born, _ = cursor.fetchone()
+    return None if not found else int(born)
+
+
+# The wait: a yield that holds. Run by the worker after assert_lease has locked the row in
+# the same transaction, so the EXISTS below (its own statement, a fresh snapshot) sees
+# every event whose sender committed before the lock was granted; a sender after it waits
+# for this row and then wakes the job itself (SEND_EVENT).
+HOLD_FOR_WAIT = f"""
+UPDATE {TABLE}
+   SET status = 'pending',
+       continuation_seq = continuation_seq + 1,
+       lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       pending_since = now(),
+       flow_wait = %(wait)s::jsonb,
+       next_run_at = CASE %(on)s
+           WHEN 'sleep' THEN clock_timestamp() + {_ms("delay_ms")}
+           WHEN 'children' THEN CASE
+               WHEN {_children_ready("children_ended", "children_failed", "children_total", "%(wait)s::jsonb")}
+               THEN clock_timestamp() END
+           ELSE CASE
+               WHEN EXISTS (SELECT 1 FROM {EVENT_TABLE} AS e
+                             WHERE e.job_id = %(id)s AND e.name = %(event)s AND e.consumed_at IS NULL)
+               THEN clock_timestamp()
+               ELSE clock_timestamp() + {_ms("delay_ms")} END
+           END,
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING next_run_at IS NULL OR next_run_at > clock_timestamp(), next_run_at
+"""
+
+
+def hold_for_wait(
+    lease: Lease, wait: dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[bool, Any] | None:
+    """Hold the job for ``wait`` (``Wait.as_json()``); ``(held, next_run_at)``, None: lease gone.
+
+    Run inside a transaction that has just re-asserted the lease (``assert_lease``).
+    ``held`` is False when what it waits for has already happened (the job is due now).
+    """
+    params = {
+        **_lease(lease),
+        "wait": dump_json(wait),
+        "on": wait["on"],
+        "event": wait.get("event"),
+        "delay_ms": wait.get("delay_ms"),
+    }
+    with execute(using, HOLD_FOR_WAIT, params) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else (bool(row[0]), row[1])
+
+
+# Sent in the caller's transaction: a rollback sends nothing. The UPDATE matches the job's
+# row whatever its state and decides the wake in its SET, so it always takes the row lock:
+# a wait committing meanwhile makes it re-read the row and wake it (invariant 30); a wait
+# starting after it blocks on the lock and then finds the event in its own EXISTS.
+SEND_EVENT = f"""
+WITH target AS (
+    SELECT id FROM {TABLE} WHERE id = %(id)s AND {SCOPE} AND status IN {LIVE}
+), sent AS (
+    INSERT INTO {EVENT_TABLE} (job_id, name, payload, sent_at)
+    SELECT id, %(name)s, %(payload)s::jsonb, now() FROM target
+    RETURNING id
+), woken AS (
+    UPDATE {TABLE} AS j
+       SET next_run_at = CASE
+               WHEN j.status = 'pending' AND j.lease_owner IS NULL
+                AND j.flow_wait->>'on' = 'event' AND j.flow_wait->>'event' = %(name)s
+                AND (j.next_run_at IS NULL OR j.next_run_at > clock_timestamp())
+               THEN clock_timestamp() ELSE j.next_run_at END,
+           updated_at = now()
+      FROM target AS t
+     WHERE j.id = t.id
+    RETURNING j.id
+)
+SELECT (SELECT id FROM sent)
+"""
+
+
+def send_event(
+    job_id: object,
+    scope: Scope,
+    name: str,
+    payload_json: str | None,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Keep an event for a live job (and wake it if it waits for that name); its id, None: no live job."""
+    params = {"id": job_id, **scope_params(scope), "name": name, "payload": payload_json}
+    return fetch_value(using, SEND_EVENT, params)
+
+
+# Consumed by the lease holder only, oldest first: a crashed slice's consumption rolls back
+# with its fenced transaction, and a committed one is never delivered again.
+RECEIVE_EVENT = f"""
+UPDATE {EVENT_TABLE} SET consumed_at = now()
+ WHERE id = (SELECT e.id FROM {EVENT_TABLE} AS e
+              WHERE e.job_id = %(id)s AND e.name = %(name)s AND e.consumed_at IS NULL
+              ORDER BY e.id LIMIT 1 FOR UPDATE)
+   AND EXISTS (SELECT 1 FROM {TABLE} WHERE id = %(id)s AND {LEASE_HELD})
+RETURNING id, payload
+"""
+
+
+def receive_event(
+    lease: Lease, name: str, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, Any] | None:
+    """Consume the oldest unread event ``name`` of the leased job; ``(id, payload)`` or None."""
+    with execute(using, RECEIVE_EVENT, {**_lease(lease), "name": name}) as cursor:
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    payload = row[1]
+    return row[0], json.loads(payload) if isinstance(payload, str) else payload
+
+
+# A failed or cancelled child re-driven by an operator is live again: its parent counts it
+# as not ended (a parent waiting with policy 'wait' resumes when it completes). Run in the
+# redrive's transaction, after the child's row was locked and its old status read.
+UNCOUNT_CHILD = f"""
+UPDATE {TABLE}
+   SET children_ended = greatest(children_ended - 1, 0),
+       children_failed = greatest(children_failed - 1, 0),
+       updated_at = now()
+ WHERE id = %(parent)s
+RETURNING 1
+"""
+
+LOCK_CHILD = f"SELECT status, parent_id FROM {TABLE} WHERE id = %(id)s AND {SCOPE} FOR UPDATE"
+
+
+def lock_child(
+    job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[str, Any] | None:
+    """Lock a job's row for a redrive and return ``(status, parent_id)``; None when absent."""
+    with execute(using, LOCK_CHILD, {"id": job_id, **scope_params(scope)}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def uncount_child(parent_id: object, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Count a re-driven child as live again on its parent."""
+    return fetch_value(using, UNCOUNT_CHILD, {"parent": parent_id}) is not None
+
+
+# Cancel across a tree, one bounded batch per statement: the caller runs it until it
+# answers nothing, so a thousand children never make one giant transaction (a request,
+# never a status write: invariant 8). Returns each child and whether it has children.
+REQUEST_CANCEL_CHILDREN = f"""
+WITH batch AS (
+    SELECT id FROM {TABLE}
+     WHERE parent_id = %(parent)s AND {SCOPE} AND status IN {LIVE}
+       AND cancel_requested_at IS NULL
+     ORDER BY id
+     LIMIT %(limit)s
+       FOR UPDATE
+)
+UPDATE {TABLE} AS j
+   SET cancel_requested_at = now(), cancelled_by = %(by)s, updated_at = now()
+  FROM batch
+ WHERE j.id = batch.id AND j.status IN {LIVE} AND j.cancel_requested_at IS NULL
+RETURNING j.id, j.children_total > 0
+"""
+
+
+def request_cancel_children(
+    parent_id: object, scope: Scope, *, by: str | None, limit: int, using: str = DEFAULT_DB_ALIAS
+) -> list[tuple[Any, bool]]:
+    """Request cancellation of up to ``limit`` live children; ``(id, has children)`` each."""
+    params = {"parent": parent_id, **scope_params(scope), "by": by, "limit": limit}
+    with execute(using, REQUEST_CANCEL_CHILDREN, params) as cursor:
+        return [(row[0], bool(row[1])) for row in cursor.fetchall()]
+
+
+# Dependencies: ``start(after=[...])``. In the start's transaction, right after its insert
+# (the new job is invisible to workers until the caller commits): the live dependencies
+# name the new job on their own rows, under their row lock, so a dependency's terminal
+# statement reads its dependents from the row version it ends; the rest have already
+# ended. Then the new job counts them and is held unless it may run now.
+LINK_DEPENDENCIES = f"""
+UPDATE {TABLE}
+   SET dependents = coalesce(dependents, '[]'::jsonb) || jsonb_build_array(%(job)s::text),
+       updated_at = now()
+ WHERE id = ANY(%(after)s::uuid[]) AND {SCOPE} AND status IN {LIVE}
+RETURNING id
+"""
+
+HOLD_DEPENDENT = f"""
+WITH deps AS (
+    SELECT id, status FROM {TABLE} WHERE id = ANY(%(after)s::uuid[]) AND {SCOPE}
+), counted AS (
+    SELECT count(*)::int AS total,
+           (count(*) FILTER (WHERE status IN {_ENDED}))::int AS ended,
+           (count(*) FILTER (WHERE status IN ('failed', 'cancelled')))::int AS failed
+      FROM deps
+)
+UPDATE {TABLE} AS p
+   SET flow_wait = %(wait)s::jsonb, deps_total = c.total, deps_ended = c.ended,
+       deps_failed = c.failed,
+       next_run_at = CASE WHEN {_dependencies_ready("c.ended", "c.failed", "c.total", "%(wait)s::jsonb")}
+                          THEN p.next_run_at END,
+       updated_at = now()
+  FROM counted AS c
+ WHERE p.id = %(job)s AND p.status = 'pending' AND p.lease_owner IS NULL
+RETURNING p.deps_total
+"""
+
+
+def link_dependencies(
+    job_id: object,
+    after: Sequence[Any],
+    scope: Scope,
+    *,
+    policy: str,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Make the just-inserted ``job_id`` wait for ``after``; how many of them exist in ``scope``.
+
+    Run in the start's transaction, after its insert. The caller compares the answer with
+    the ids it named: another scope's job is simply absent (invariant 10).
+    """
+    params = {"job": job_id, "after": list(after), **scope_params(scope)}
+    execute(using, LINK_DEPENDENCIES, params).close()
+    wait = dump_json({"on": "after", "policy": policy})
+    return fetch_value(using, HOLD_DEPENDENT, {**params, "wait": wait})

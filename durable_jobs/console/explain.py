@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from durable_jobs import conf, db, registry
+from durable_jobs import conf, db, registry, store, workflows
 from durable_jobs.console import workers
 from durable_jobs.models import Job
 from durable_jobs.states import Status
@@ -91,6 +91,13 @@ def explain(job: Job, *, now: datetime | None = None) -> list[str]:
         and job.wait_satisfied_at is None
     ):
         reasons.extend(_held_reasons(job, now))
+    elif (
+        job.flow_wait
+        and job.status == Status.PENDING.value
+        and job.lease_owner is None
+        and (job.next_run_at is None or job.next_run_at > now)
+    ):
+        reasons.append(workflows.describe_wait(job))  # a workflow wait (invariant 30)
     elif job.next_run_at is None:
         reasons.append("It has no run time, so no worker will claim it.")
     elif job.next_run_at > now:
@@ -102,6 +109,14 @@ def explain(job: Job, *, now: datetime | None = None) -> list[str]:
         reasons.append(
             f"It is not due until {job.next_run_at:%Y-%m-%d %H:%M:%S %Z} "
             f"(in {_duration((job.next_run_at - now).total_seconds())}), {waiting}."
+        )
+    # Invariant 28: read with the dequeue statement's own "paused" predicate.
+    pause = store.get_paused_queue(job.queue_name)
+    if pause is not None:
+        reasons.append(
+            f"Queue {job.queue_name!r} is paused since {pause.paused_at:%Y-%m-%d %H:%M:%S %Z} "
+            f"by {pause.paused_by or 'an unnamed operator'}: {pause.reason or 'no reason given'}. "
+            f"No worker claims from it until `durable_jobs resume {job.queue_name}`."
         )
     unserved = workers.who_serves(job, workers.live_workers())
     if unserved is not None:

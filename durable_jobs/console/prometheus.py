@@ -7,7 +7,7 @@ Two halves, because a job system lives in several processes:
   duration histogram. A worker exposes them with ``durable_worker --metrics-port 9108``.
 * **Gauges read from the database at scrape time** — ``metrics_view`` (mount it in your
   URLconf) reports the fleet-wide truth: jobs by kind and status, the pending backlog's
-  oldest age, running jobs with expired leases, parked jobs by reason. Any web process
+  oldest age, running jobs with expired leases, parked jobs by reason, paused queues. Any web process
   can serve it. A scrape costs the same at ten million finished rows as at ten: live and
   parked jobs are counted through partial indexes, finished ones come from the planner's
   statistics once the table is large (see ``durable_jobs.console.stats``). It answers a
@@ -44,6 +44,8 @@ _LABELS = {
     "jobs_parked": ("kind", "reason"),
     "orphans_taken": ("kind",),
     "slices": ("kind", "outcome"),
+    "schedule_ticks_started": ("schedule",),
+    "schedule_ticks_missed": ("schedule",),
 }
 
 
@@ -113,6 +115,22 @@ class DatabaseCollector:
         for reason, n in data["parked_by_reason"].items():
             parked.add_metric([reason or ""], n)
         yield parked
+        # Invariant 27: 1 for a paused queue, 0 for every other known queue.
+        paused = GaugeMetricFamily(
+            "durable_jobs_queue_paused",
+            "1 while the queue is paused (no worker claims from it)",
+            labels=["queue"],
+        )
+        backlog = GaugeMetricFamily(
+            "durable_jobs_queue_backlog",
+            "Jobs waiting to be claimed, by queue (due now or later)",
+            labels=["queue"],
+        )
+        for queue in stats.queues():
+            paused.add_metric([queue["queue"]], 1.0 if queue["paused"] else 0.0)
+            backlog.add_metric([queue["queue"]], queue["backlog"])
+        yield paused
+        yield backlog
         yield from _transport_gauges(data["transports"])
 
 

@@ -274,3 +274,20 @@ def attempts_of(
         )
         attempts = attempts.filter(job_id__in=in_scope.values("id"))
     return list(attempts.order_by("-attempt")[: max(0, int(limit))])
+
+
+# Read off durable_jobs_deliverable (its partial predicate, store._deliverable): the
+# jobs a claim could take, per queue, whether their run time has come or not. The cost
+# follows the live backlog, never the finished history.
+QUEUE_BACKLOGS = f"""
+SELECT queue_name, count(*), count(*) FILTER (WHERE next_run_at <= statement_timestamp())
+  FROM {TABLE}
+ WHERE status IN {LIVE} AND lease_owner IS NULL AND next_run_at IS NOT NULL
+ GROUP BY queue_name
+"""
+
+
+def queue_backlogs(*, using: str = DEFAULT_DB_ALIAS) -> dict[str, tuple[int, int]]:
+    """Return ``{queue: (waiting to be claimed, of which due now)}`` for every tenant."""
+    with execute(using, QUEUE_BACKLOGS, {}) as cursor:
+        return {row[0]: (int(row[1]), int(row[2])) for row in cursor.fetchall()}

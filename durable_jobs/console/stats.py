@@ -8,6 +8,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Case, Count, F, QuerySet, Value, When
 
+from durable_jobs import conf, store
 from durable_jobs.console import live as console
 from durable_jobs.console import queries, workers
 from durable_jobs.models import Job
@@ -106,6 +107,15 @@ def collect(
         # Held by a wait condition (a subset of pending): read off durable_jobs_held.
         "held": figures["held"],
         "parked_by_reason": parked,
+        # Invariant 27: queues no worker claims from until an operator resumes them.
+        "paused_queues": {
+            pause.queue: {
+                "paused_at": pause.paused_at.isoformat(),
+                "paused_by": pause.paused_by,
+                "reason": pause.reason,
+            }
+            for pause in store.list_paused_queues(using=using)
+        },
         "finished_last": throughput,
         # Windows past queries.FINISHED_SAMPLE rows are the newest rows' rate, not a count.
         "finished_last_estimated": [f"{minutes}m" for minutes in figures["finished_estimated"]],
@@ -138,3 +148,35 @@ def _add_finished_estimates(
         n, _ = console.estimate_count(jobs.filter(status=status), exact_below=0)
         if n > 1:  # the planner never estimates fewer than one row: 1 means "none seen"
             by_kind.setdefault("*", {})[status] = n
+
+
+def queues(*, using: str = DEFAULT_DB_ALIAS) -> list[dict[str, Any]]:
+    """Every known queue, with its pause (invariant 27) and its backlog, by name.
+
+    Known: the declared ``QUEUES`` (or the default queue), the queues live workers serve,
+    those with jobs waiting to be claimed, and the paused ones. ``backlog`` counts the
+    jobs a claim could take (pending, handed back or waiting out a retry), ``due`` those
+    whose run time has come; a paused queue's backlog grows until it is resumed.
+    """
+    settings = conf.get()
+    backlogs = queries.queue_backlogs(using=using)
+    paused = {pause.queue: pause for pause in store.list_paused_queues(using=using)}
+    served = {queue for worker in workers.live_workers(using=using) for queue in worker.queues}
+    names = set(settings.QUEUES or (settings.DEFAULT_QUEUE,)) | served | set(backlogs) | set(paused)
+    answer = []
+    for name in sorted(names):
+        pause = paused.get(name)
+        backlog, due = backlogs.get(name, (0, 0))
+        answer.append(
+            {
+                "queue": name,
+                "paused": pause is not None,
+                "paused_at": None if pause is None else pause.paused_at.isoformat(),
+                "paused_by": None if pause is None else pause.paused_by,
+                "reason": None if pause is None else pause.reason,
+                "backlog": backlog,
+                "due": due,
+                "served_by_a_live_worker": name in served,
+            }
+        )
+    return answer

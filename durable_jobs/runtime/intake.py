@@ -10,6 +10,10 @@ the fence makes harmless: a duplicate, a redelivery of a slice that already ran,
 straggler of an earlier epoch and a cancelled job all claim nothing, are acked and
 dropped, and logged at DEBUG.
 
+Invariant 27: a paused queue's messages are not read (the paused queues are read once per
+claim step); one read just before a pause committed is refused by the claim, which reads
+the pause with the dequeue's own predicate, and handed back to its broker, not dropped.
+
 Invariant 14b: a message for a kind this worker cannot run is handed back to the broker
 (RabbitMQ: ``basic_nack`` with requeue, so another consumer takes it; Redis: left
 pending, so ``XAUTOCLAIM`` gives it to another consumer after a while) and the slot
@@ -90,9 +94,13 @@ class Intake:
                 return claimed, AGAIN
             self._draining.clear()  # whatever the outage left in the table has been taken
         answer = WAITED if self.brokers and not from_table else REST
-        for transport, queues in self.brokers.items():
-            if self.outages.down(transport) and time.monotonic() < self._retry_at.get(
-                transport, 0.0
+        paused = self._paused_queues() if self.brokers else set()
+        for transport, served in self.brokers.items():
+            # Invariant 27: a paused queue's messages stay in its broker, unread.
+            queues = [queue for queue in served if queue not in paused]
+            if not queues or (
+                self.outages.down(transport)
+                and time.monotonic() < self._retry_at.get(transport, 0.0)
             ):
                 answer = REST
                 continue
@@ -104,6 +112,10 @@ class Intake:
             if then != WAITED:
                 answer = AGAIN if AGAIN in (then, answer) else REST
         return [], answer
+
+    def _paused_queues(self) -> set[str]:
+        """The paused queues, read once per claim step: one small read, no cache to go stale."""
+        return {pause.queue for pause in store.list_paused_queues(using=self.using)}
 
     def _served_from_table(self) -> list[str]:
         return [
@@ -161,6 +173,11 @@ class Intake:
         except Exception:
             broker.requeue(received)  # the database did not answer: the message stays
             raise
+        if job is None and store.get_paused_queue(received.queue, using=self.using) is not None:
+            # Paused after this step read the paused queues: the claim refused it, and
+            # the message goes back for whoever claims once the queue is resumed.
+            broker.requeue(received)
+            return None, REST
         self._ack(broker, received)
         if job is None:
             log.debug(

@@ -161,6 +161,48 @@ def test_a_kind_this_worker_cannot_run__is_left_for_another(brokered, kinds, mon
     assert [j.id for j in claimed] == [job.id]
 
 
+def test_paused_queue__its_messages_stay_unread_in_the_broker_until_the_resume(brokered):
+    """Invariant 27 on a broker queue: not claimed, not charged, not lost."""
+    job = durable.start("demo.noop", queue=QUEUE)
+    durable.pause_queue(QUEUE, reason="incident")
+    worker = Intake([QUEUE])
+
+    assert take(worker, wait=0.5) == ([], intake.REST)
+    assert backlog(settles_at=(1, 0)) == (1, 0)  # still deliverable, nobody read it
+    durable.resume_queue(QUEUE)
+    claimed, _ = take(worker)
+
+    assert [j.id for j in claimed] == [job.id]
+    row = reload(job)
+    assert (row.redrives, row.consecutive_failures, row.interruptions) == (0, 0, 0)
+
+
+def test_paused_queue__a_message_read_as_the_pause_commits_goes_back_to_its_broker(
+    brokered, monkeypatch
+):
+    """The pause lands between the claim step's read of the paused queues and its claim:
+    the claim refuses the job (the dequeue's own predicate) and the message is handed
+    back, so the resume finds it."""
+    monkeypatch.setattr(streams, "REDELIVER_AFTER_MS", 0)
+    monkeypatch.setattr(streams, "RECLAIM_EVERY", 0.0)
+    job = durable.start("demo.noop", queue=QUEUE)
+    worker = Intake([QUEUE])
+    real_claim = store.claim
+
+    def claim_as_the_pause_commits(*args, **kwargs):
+        durable.pause_queue(QUEUE, reason="landed mid-step")  # autocommit: committed now
+        return real_claim(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim", claim_as_the_pause_commits)
+    assert take(worker, wait=0.5) == ([], intake.REST)
+    monkeypatch.setattr(store, "claim", real_claim)
+    assert reload(job).status == "pending" and reload(job).redrives == 0
+
+    durable.resume_queue(QUEUE)
+    claimed, _ = take(worker)
+    assert [j.id for j in claimed] == [job.id]
+
+
 def test_lost_publish__is_re_driven_by_the_stale_pending_pass(brokered, settings, caplog):
     """A broker that is down at commit loses nothing: one WARNING, then the reconciler's
     stale-pending pass re-drives the job under (seq, redrives + 1) and publishes again."""

@@ -8,6 +8,7 @@ like the fence it pins.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -121,3 +122,13 @@ def in_thread(target) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def wait_until(check, message: str, timeout: float = 10.0) -> None:
+    """Poll ``check`` until it is true; fail naming ``message`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {message}")

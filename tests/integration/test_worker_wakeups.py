@@ -14,6 +14,7 @@ import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.models import Job
 from durable_jobs.runtime.worker import Worker
+from tests.integration.support import wait_until as _wait
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,12 +102,3 @@ def _wait_quiet(calls: list[int], message: str, quiet: float = 0.3) -> None:
         return now - last["since"] >= quiet
 
     _wait(settled, message)
-
-
-def _wait(check, message: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {message}")

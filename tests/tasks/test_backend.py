@@ -339,3 +339,26 @@ def test_a_job_naming_a_path_that_is_no_task__fails_terminally_without_importing
     )
     assert module not in sys.modules, f"{module} was imported"
     assert not marker.exists()
+
+
+def test_a_task_enqueued_onto_a_paused_queue__is_stored_ready_and_runs_after_the_resume():
+    """Invariant 27 through Django's API: the backend says the queue is paused; the task
+    is stored (READY), not run, and runs once the queue is resumed."""
+    backend = default_task_backend
+    durable.pause_queue("default", reason="incident 42", by="alice")
+    assert backend.paused_queues() == ["default"]
+    pause = backend.queue_pause("default")
+    assert pause is not None and (pause.paused_by, pause.reason) == ("alice", "incident 42")
+    assert backend.queue_pause("other") is None
+
+    result = tasks.add.enqueue(1, 2)
+    assert result.status == TaskResultStatus.READY
+    assert testing.run_jobs() == [], "paused: no worker claims it"
+    result.refresh()
+    assert result.status == TaskResultStatus.READY
+
+    durable.resume_queue("default")
+    assert backend.queue_pause("default") is None
+    testing.run_jobs()
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 3)

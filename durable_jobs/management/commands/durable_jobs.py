@@ -1,4 +1,5 @@
-"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats``: see and steer jobs, no SQL.
+"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats|queues|pause|resume|schedules|...``:
+see and steer jobs, queues and schedules, no SQL.
 
 Human output by default, ``--json`` (before or after the action) for scripts. Every
 action goes through the same service functions as code and the admin. Exit status: 0
@@ -13,6 +14,7 @@ import dataclasses
 import json
 import re
 import sys
+from datetime import datetime
 from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
@@ -22,6 +24,7 @@ from durable_jobs.console import stats, workers
 from durable_jobs.exceptions import DurableJobsError, InvalidInput
 from durable_jobs.management import preflight
 from durable_jobs.models import Job
+from durable_jobs.schedules import api as schedules
 from durable_jobs.states import Scope, Status
 from durable_jobs.transports import publishing
 from durable_jobs.validation import NAME
@@ -48,6 +51,11 @@ def subject(text: str) -> tuple[str, str]:
     if not sep or not kind or not ident:
         raise ValueError("TYPE:ID, e.g. reports.report:42")
     return kind, ident
+
+
+def _when(iso: str) -> str:
+    """An ISO instant from ``stats``' answer, as the other human lines show instants."""
+    return f"{datetime.fromisoformat(iso):%Y-%m-%d %H:%M:%S %Z}"
 
 
 def progress_bar(job: Job) -> str:
@@ -190,12 +198,52 @@ class Command(BaseCommand):
             help="count every tenant's jobs (no --tenant/--organization)",
         )
 
+        for action, helptext in (
+            ("schedules", "every schedule: next and last run, last outcome, missed ticks"),
+            ("schedule-pause", "stop a schedule firing until it is resumed"),
+            ("schedule-resume", "let a paused schedule fire again from its next tick"),
+            ("schedule-run", "start one run of a schedule now (its own key, never a tick's)"),
+        ):
+            p = sub.add_parser(action, help=helptext)
+            self._json_aware(p)
+            if action != "schedules":
+                p.add_argument("schedule", type=name, help="the schedule's name")
+            # As the other actions: before the action (--json schedules) or after it.
+            p.add_argument(
+                "--json",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="machine-readable output and errors",
+            )
+        self._add_queue_actions(sub)
+
+    def _add_queue_actions(self, sub: Any) -> None:
+        """``queues``, ``pause QUEUE``, ``resume QUEUE``: paused queues (invariant 27)."""
+        for action, helptext in (
+            ("queues", "every known queue: paused or not, its backlog, whether a worker serves it"),
+            ("pause", "stop every worker from claiming from a queue (running slices go on)"),
+            ("resume", "let workers claim from a paused queue again, waking idle ones"),
+        ):
+            p = sub.add_parser(action, help=helptext)
+            self._json_aware(p)
+            p.add_argument(
+                "--json",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="machine-readable output and errors",
+            )
+            if action != "queues":
+                p.add_argument("queue", type=name)
+            if action == "pause":
+                p.add_argument("--reason", default=None, help="why (shown by stats and explain)")
+                p.add_argument("--by", default="cli", help="who pauses (recorded with the pause)")
+
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         problem = preflight.database_problem()
         if problem is not None:
             raise CommandError(problem)
         try:
-            getattr(self, f"do_{action}")(**options)
+            getattr(self, f"do_{action.replace('-', '_')}")(**options)
         except DurableJobsError as error:
             raise Refused(error) from None
 
@@ -249,6 +297,7 @@ class Command(BaseCommand):
     def do_explain(self, **options: Any) -> None:
         job = service.get(options["job_id"], scope=self._scope(options))
         explanation = explain_hold(job)
+        pauses = {p.queue: p for p in service.paused_queues()}
         if options["json"]:
             data = (
                 None
@@ -269,8 +318,24 @@ class Command(BaseCommand):
                     )
                 }
             )
-            self._emit(options, {"id": str(job.id), "status": job.status, "held": data}, "")
+            paused = pauses.get(job.queue_name)
+            self._emit(
+                options,
+                {
+                    "id": str(job.id),
+                    "status": job.status,
+                    "held": data,
+                    "queue_paused": None if paused is None else dataclasses.asdict(paused),
+                },
+                "",
+            )
             return
+        if job.queue_name in pauses:  # invariant 27: nothing is claimed from it
+            p = pauses[job.queue_name]
+            self.stdout.write(
+                f"queue {p.queue} is paused since {p.paused_at:%Y-%m-%d %H:%M:%S %Z} by "
+                f"{p.paused_by or '-'}: {p.reason or 'no reason given'}"
+            )
         if explanation is None:
             self.stdout.write(f"{job.kind} {job.id}: {job.status}, not held by a wait condition")
             return
@@ -350,6 +415,14 @@ class Command(BaseCommand):
             + (
                 ", ".join(f"{kind} ({n} jobs)" for kind, n in data["unserved_kinds"].items()) or "-"
             ),
+            "paused queues: "
+            + (
+                "; ".join(
+                    f"{queue} since {_when(p['paused_at'])} by {p['paused_by'] or '-'}: {p['reason'] or '-'}"
+                    for queue, p in data["paused_queues"].items()
+                )
+                or "none"
+            ),
             "parked: "
             + (
                 ", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items())
@@ -373,3 +446,99 @@ class Command(BaseCommand):
                 for found in data["transports"]
             ]
         self.stdout.write("\n".join(lines))
+
+    def do_queues(self, **options: Any) -> None:
+        known = stats.queues()
+        if options["json"]:
+            self._emit(options, known, "")
+            return
+        lines = [
+            f"{'queue':<24} {'state':<8} {'backlog':>9} {'due':>9}  served  paused since, by: reason"
+        ]
+        for q in known:
+            since = (
+                ""
+                if not q["paused"]
+                else f"{q['paused_at']}, {q['paused_by'] or '-'}: {q['reason'] or '-'}"
+            )
+            lines.append(
+                f"{q['queue']:<24} {'paused' if q['paused'] else 'running':<8} {q['backlog']:>9} "
+                f"{q['due']:>9}  {'yes' if q['served_by_a_live_worker'] else 'no':<6}  {since}".rstrip()
+            )
+        self.stdout.write("\n".join(lines))
+
+    def do_pause(self, **options: Any) -> None:
+        pause = service.pause_queue(options["queue"], reason=options["reason"], by=options["by"])
+        data = dataclasses.asdict(pause)
+        state = "paused" if pause.newly_paused else "already paused"
+        self._emit(
+            options,
+            data,
+            f"queue {pause.queue} {state} since {pause.paused_at:%Y-%m-%d %H:%M:%S %Z} by "
+            f"{pause.paused_by or '-'}: {pause.reason or 'no reason given'}; running slices go on, "
+            f"nothing is claimed from it until `durable_jobs resume {pause.queue}`",
+        )
+
+    def do_resume(self, **options: Any) -> None:
+        ended = service.resume_queue(options["queue"])
+        data = {"queue": options["queue"], "resumed": ended is not None}
+        self._emit(
+            options,
+            data,
+            f"queue {options['queue']} resumed: idle workers were woken"
+            if ended is not None
+            else f"queue {options['queue']} was not paused: nothing changed",
+        )
+
+    def do_schedules(self, **options: Any) -> None:
+        views = schedules.list_schedules()
+        if options["json"]:
+            self._emit(options, [view.as_dict() for view in views], "")
+            return
+        if not views:
+            self.stdout.write("no schedules (they are written when a worker starts)")
+            return
+        lines = [
+            f"{'name':<28} {'state':<8} {'cron':<16} {'zone':<18} {'next run (UTC)':<20} "
+            f"{'last run (UTC)':<20} {'last outcome':<12} missed"
+        ]
+        for view in views:
+            lines.append(
+                f"{view.name:<28} {view.state:<8} {view.expression:<16} {view.zone:<18} "
+                f"{_at(view.next_tick_at):<20} {_at(view.last_tick_at):<20} "
+                f"{view.last_job_status or '-':<12} {view.missed_ticks}"
+            )
+        self.stdout.write("\n".join(lines))
+
+    def do_schedule_pause(self, **options: Any) -> None:
+        row = schedules.pause_schedule(options["schedule"])
+        self._emit(options, _schedule_dict(row), f"schedule {row.name} paused")
+
+    def do_schedule_resume(self, **options: Any) -> None:
+        row = schedules.resume_schedule(options["schedule"])
+        self._emit(
+            options,
+            _schedule_dict(row),
+            f"schedule {row.name} resumed; next run {_at(row.next_tick_at)} UTC",
+        )
+
+    def do_schedule_run(self, **options: Any) -> None:
+        job = schedules.run_schedule(options["schedule"])
+        self._emit(options, as_dict(job), f"schedule {options['schedule']}: started job {job.id}")
+
+
+def _at(instant: Any) -> str:
+    return "-" if instant is None else f"{instant:%Y-%m-%d %H:%M:%S}"
+
+
+def _schedule_dict(row: Any) -> dict[str, Any]:
+    return {
+        field.attname: (
+            value.isoformat()
+            if hasattr(value := getattr(row, field.attname), "isoformat")
+            else str(value)
+            if field.attname == "last_job_id" and value is not None
+            else value
+        )
+        for field in row._meta.concrete_fields
+    }
