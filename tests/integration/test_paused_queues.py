@@ -246,7 +246,8 @@ def test_a_paused_queue_s_old_backlog_is_not_stale_and_is_never_re_driven():
 
     assert store.count_stale_pending(pending_ttl_ms=60_000) == 1
     assert [
-        job.queue_name for job in store.select_stale_pending(pending_ttl_ms=60_000, limit=10)
+        job.queue_name
+        for job in store.select_stale_pending(queues=None, pending_ttl_ms=60_000, limit=10)
     ] == ["mail"]
     assert store.redrive_pending(old.id, pending_ttl_ms=60_000) is None
     assert (reload(old).redrives, reload(old).redrives_since_commit) == (0, 0)
