@@ -35,6 +35,8 @@ from durable_jobs.exceptions import (
     WaitKeyHeld,
     WrongState,
 )
+from durable_jobs.limits.policy import FlowControl, Rate
+from durable_jobs.limits.reasons import Reason
 from durable_jobs.registry import handler
 from durable_jobs.states import DONE, YIELD, Done, Outcome, QueuePause, Scope, Status
 from durable_jobs.unique import Unique
@@ -44,12 +46,15 @@ if TYPE_CHECKING:
     from durable_jobs.runtime.context import Slice
     from durable_jobs.service import (
         cancel,
+        explain,
+        flow_keys,
         get,
         list_jobs,
         pause_queue,
         paused_queues,
         redrive,
         resume_queue,
+        set_flow_limit,
         start,
         start_many,
     )
@@ -64,6 +69,9 @@ _LAZY = {
     "pause_queue": "durable_jobs.service",
     "resume_queue": "durable_jobs.service",
     "paused_queues": "durable_jobs.service",
+    "explain": "durable_jobs.service",
+    "set_flow_limit": "durable_jobs.service",
+    "flow_keys": "durable_jobs.service",
     "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }
@@ -77,6 +85,9 @@ __all__ = [
     "Scope",
     "Status",
     "Unique",
+    "FlowControl",
+    "Rate",
+    "Reason",
     "handler",
     "CancelRequested",
     "ConfigurationError",
@@ -106,6 +117,9 @@ __all__ = [
     "pause_queue",
     "resume_queue",
     "paused_queues",
+    "explain",
+    "set_flow_limit",
+    "flow_keys",
     "Slice",
     "Job",
 ]

@@ -63,6 +63,7 @@ from durable_jobs.db import (
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, UniqueKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     ATTEMPT_TABLE,
+    FLOW_KEY_TABLE,
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
     LOCK_KEY_INDEX,
@@ -76,7 +77,15 @@ from durable_jobs.models import (
     WORKER_TABLE,
     Job,
 )
-from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, QueuePause, Scope
+from durable_jobs.states import (
+    VERDICT_CODES,
+    Delivery,
+    FailReply,
+    FlowKeyState,
+    Lease,
+    QueuePause,
+    Scope,
+)
 
 T = TypeVar("T")
 
@@ -136,7 +145,7 @@ START_FROM_PARAMS = {
     "created_by": "created_by", "idempotency_key": "idempotency_key", "lock_key": "lock_key",
     "subject_type": "subject_type", "subject_id": "subject_id",
     "progress_job_id": "progress_job_id", "queue_name": "queue", "priority": "priority",
-    "wait_key": "wait_key", "wait_label": "wait_label",
+    "wait_key": "wait_key", "wait_label": "wait_label", "flow_key": "flow_key",
 }  # fmt: skip
 #: column -> its literal value
 START_LITERALS = {"status": "pending"}
@@ -149,13 +158,13 @@ INSERT_JOB = f"""
 INSERT INTO {TABLE} (
     id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
     input, meta, idempotency_key, lock_key, subject_type, subject_id, progress_job_id,
-    queue_name, priority, total_count, next_run_at, pending_since,
+    queue_name, priority, flow_key, total_count, next_run_at, pending_since,
     wait_for, wait_key, wait_label
 ) VALUES (
     %(id)s, %(tenant)s, %(organization)s, %(kind)s, 'pending', %(created_by)s, now(), now(),
     %(input)s::jsonb, %(meta)s::jsonb, %(idempotency_key)s, %(lock_key)s,
     %(subject_type)s, %(subject_id)s, %(progress_job_id)s,
-    %(queue)s, %(priority)s, %(total_count)s::bigint,
+    %(queue)s, %(priority)s, %(flow_key)s, %(total_count)s::bigint,
     coalesce(%(run_at)s::timestamptz, clock_timestamp() + {_ms("delay_ms")}), now(),
     %(wait_for)s::jsonb, %(wait_key)s, %(wait_label)s
 )
@@ -345,16 +354,16 @@ INSERT_JOBS = f"""
 INSERT INTO {TABLE} (
     id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
     input, meta, idempotency_key, lock_key, subject_type, subject_id,
-    queue_name, priority, total_count, next_run_at, pending_since
+    queue_name, priority, flow_key, total_count, next_run_at, pending_since
 )
 SELECT r.id, %(tenant)s, %(organization)s, r.kind, 'pending', r.created_by, now(), now(),
        r.input, r.meta, r.idempotency_key, r.lock_key, r.subject_type, r.subject_id,
-       r.queue, r.priority, r.total_count,
+       r.queue, r.priority, r.flow_key, r.total_count,
        coalesce(r.run_at, clock_timestamp() + r.delay_ms * interval '1 millisecond'), now()
   FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
        id uuid, kind text, created_by text, input jsonb, meta jsonb, idempotency_key text, lock_key text,
-       subject_type text, subject_id text, queue text, priority smallint, total_count bigint,
-       run_at timestamptz, delay_ms bigint)
+       subject_type text, subject_id text, queue text, priority smallint, flow_key text,
+       total_count bigint, run_at timestamptz, delay_ms bigint)
 RETURNING id
 """
 
@@ -557,6 +566,7 @@ _BULK_FIELDS = (
     "subject_id",
     "queue",
     "priority",
+    "flow_key",
     "total_count",
     "run_at",
     "delay_ms",
@@ -903,16 +913,167 @@ def _deliverable(alias: str = "") -> str:
     return f"{column}status IN {LIVE} AND {column}lease_owner IS NULL AND {column}next_run_at IS NOT NULL"
 
 
+# ---------------------------------------------------------------------------------------
+# 2b. Flow control (invariants 26 and 28): the predicates the claim and explain share
+# ---------------------------------------------------------------------------------------
+#
+# A job with a flow key (durable_jobs.limits chose it at start) runs only while its key
+# has room: fewer permits held than its concurrency limit, fewer slice starts inside the
+# rate window than its rate. The key's row (FLOW_KEY_TABLE) keeps the permits the claim
+# granted, each as (job id, the epoch it was claimed at, the claiming transaction), and
+# the starts of the sliding window. Nothing but the claim writes them: a permit is
+# *released* when its job's row no longer holds a lease at that epoch (a yield, a failed
+# slice waiting out its backoff, the end, an orphan take or a redrive all clear the owner
+# or bump the epoch), so no release path keeps any bookkeeping (invariant 26).
+#
+# Why the permits sit on the key's row rather than being counted from the job rows: a
+# claim statement in READ COMMITTED reads every table from the snapshot it started
+# with; a count of leased rows taken under a lock acquired later in the same statement
+# misses a claim committed in between, and N + 1 jobs run. The key row is the one row
+# the statement locks and re-reads at its newest version, so every grant committed
+# before our lock is in it. Whether a permit is still held is then read from its job row
+# in our snapshot, which can only err towards "held": a permit whose claiming transaction
+# our snapshot cannot see yet is held (that claim is newer than our snapshot); one it can
+# see is held exactly when the job row shows a live lease at the permit's epoch.
+
+
+def _permit_held(entry: str) -> str:
+    """A permit (a jsonb entry of ``holders``) is still held (invariant 26).
+
+    A permit granted earlier in our own transaction counts as committed: its job row's
+    lease is visible to us, and our snapshot lists our own transaction as running."""
+    return f"""(NOT (pg_visible_in_snapshot(({entry} ->> 'xid')::xid8, pg_current_snapshot())
+             OR coalesce(({entry} ->> 'xid')::xid8 = pg_current_xact_id_if_assigned(), false))
+        OR EXISTS (SELECT 1 FROM {TABLE} AS holder
+                    WHERE holder.id = ({entry} ->> 'id')::uuid
+                      AND holder.lease_epoch = ({entry} ->> 'epoch')::bigint
+                      AND holder.status = 'running' AND holder.lease_owner IS NOT NULL))"""
+
+
+#: The statement's one reading of the clock, as epoch seconds (an InitPlan).
+_FLOW_NOW = "(SELECT extract(epoch FROM clock_timestamp()))"
+
+
+def _flow_limit(row: str, field: str, key: str, kind: str, cast: str) -> str:
+    """A key's limit: the operator's (the key row), else the settings' for the key, else the kind's."""
+    return (
+        f"coalesce({row}.{field}, (%(flow)s::jsonb #>> ARRAY['keys', {key}, '{field}'])::{cast},"
+        f" (%(flow)s::jsonb #>> ARRAY['kinds', {kind}, '{field}'])::{cast})"
+    )
+
+
+def _flow_window_s(row: str, key: str, kind: str) -> str:
+    return f"(coalesce({_flow_limit(row, 'rate_window_ms', key, kind, 'bigint')}, 1000) / 1000.0)"
+
+
+def _flow_held(row: str) -> str:
+    """How many of a key row's permits are held."""
+    return (
+        f"coalesce((SELECT count(*) FROM jsonb_array_elements({row}.holders) AS permit"
+        f" WHERE {_permit_held('permit')}), 0)"
+    )
+
+
+def _flow_recent(row: str, key: str, kind: str) -> str:
+    """How many slice starts of a key row fall inside its rate window (a sliding window)."""
+    return (
+        f"coalesce((SELECT count(*) FROM jsonb_array_elements_text({row}.starts) AS started"
+        f" WHERE started::float8 > {_FLOW_NOW} - {_flow_window_s(row, key, kind)}), 0)"
+    )
+
+
+def _flow_room(row: str, key: str, kind: str) -> str:
+    """How many more jobs of the key may start now: the tighter of its two limits.
+
+    The one definition the claim's pre-check, the claim's grant and explain all read
+    (invariant 28). A limit left unset (null everywhere) does not bind."""
+    concurrency = _flow_limit(row, "concurrency", key, kind, "int")
+    rate = _flow_limit(row, "rate", key, kind, "int")
+    return f"""greatest(0, least(
+        coalesce({concurrency} - {_flow_held(row)}, 2147483647),
+        coalesce({rate} - {_flow_recent(row, key, kind)}, 2147483647)))"""
+
+
+def _flow_weight(row: str, key: str, kind: str) -> str:
+    return f"greatest(coalesce({_flow_limit(row, 'weight', key, kind, 'float8')}, 1), 0.001)"
+
+
+def _flow_deliverable(alias: str = "") -> str:
+    """The partial predicate of durable_jobs_flow_deliverable: a deliverable row with a flow key."""
+    column = f"{alias}." if alias else ""
+    return f"{_deliverable(alias)} AND {column}flow_key IS NOT NULL"
+
+
+#: A deliverable row may be claimed now (besides its queue and its key): due, no cancel
+#: asked, a kind this worker runs (invariant 14b). DEQUEUE and explain both read it.
+def _claimable(alias: str = "") -> str:
+    column = f"{alias}." if alias else ""
+    return f"""{column}next_run_at <= (SELECT clock_timestamp())
+               AND {column}cancel_requested_at IS NULL
+               AND (%(kinds)s::text[] IS NULL OR {column}kind = ANY(%(kinds)s::text[]))"""
+
+
+def _first(array: str, count: str) -> str:
+    """The first ``count`` items of a jsonb array, in order."""
+    return (
+        f"(SELECT coalesce(jsonb_agg(offered.item ORDER BY offered.at), '[]'::jsonb)"
+        f" FROM jsonb_array_elements({array}) WITH ORDINALITY AS offered(item, at)"
+        f" WHERE offered.at <= {count})"
+    )
+
+
+def _stamps(count: str) -> str:
+    """``count`` slice starts at the statement's clock, for the sliding window's log."""
+    return (
+        f"(SELECT coalesce(jsonb_agg(to_jsonb({_FLOW_NOW}::float8)), '[]'::jsonb)"
+        f" FROM generate_series(1, {count}))"
+    )
+
+
+def _held_permits(row: str) -> str:
+    return (
+        f"(SELECT coalesce(jsonb_agg(permit), '[]'::jsonb) FROM jsonb_array_elements({row}.holders)"
+        f" AS permit WHERE {_permit_held('permit')})"
+    )
+
+
+def _recent_starts(row: str, key: str, kind: str) -> str:
+    return (
+        f"(SELECT coalesce(jsonb_agg(started), '[]'::jsonb) FROM jsonb_array_elements({row}.starts)"
+        f" AS started WHERE started::float8 > {_FLOW_NOW} - {_flow_window_s(row, key, kind)})"
+    )
+
+
+#: A key that has no row yet: no operator limit, no permit, no start, no share used.
+_NO_FLOW_ROW = """(SELECT NULL::int AS concurrency, NULL::int AS rate, NULL::bigint AS rate_window_ms,
+        NULL::float8 AS weight, '[]'::jsonb AS holders, '[]'::jsonb AS starts) AS fresh_key"""
+
+
+#: How many of the offered jobs a key is granted: the room the key row has, read at its
+#: newest version under its lock.
+_GRANT = f"least(jsonb_array_length(o.wanted), {_flow_room('s', 'o.key', 'o.kind')})"
+
+
+# Flow keys (invariant 26). Keyed rows are read off durable_jobs_flow_deliverable, one
+# probe per distinct key of the queue (a skip scan) plus one for the kind of its next
+# job, never per waiting job: a key whose permits are taken costs the same with one
+# waiting job as with 100,000, and it cannot fill the batch and starve other keys (its
+# room is 0, so its rows are not even locked). Keys with room are taken in fair-share
+# order (each key's pass: stride scheduling, a claim advances it by 1/weight), at most
+# `limit` of them, and each gives at most `room` of its due jobs in (priority, run time)
+# order, so priority orders work within a key. Unkeyed rows compete as one more key.
+# The room read here is the snapshot's, a guide only: the grant (granted, fresh) decides
+# under the key row's lock, and a candidate it refuses is left unclaimed.
 DEQUEUE = f"""
-WITH candidates AS MATERIALIZED (
+WITH queues AS MATERIALIZED (
     -- Invariant 27: paused queues are left out of the list, here in the statement that
     -- claims, so a pause committed before this statement's snapshot holds for every
-    -- worker (no cache to go stale). An ARRAY(...) InitPlan, evaluated once before any
-    -- scan: a paused queue's rows are never probed nor locked.
-    SELECT due.id FROM unnest(ARRAY(
-        SELECT wanted.name FROM unnest(%(queues)s::text[]) AS wanted(name)
-         WHERE NOT EXISTS (SELECT 1 {_paused_row("wanted.name")})
-    )) AS q(name)
+    -- worker (no cache to go stale). Evaluated once, before any scan: a paused queue's
+    -- rows are never probed nor locked.
+    SELECT wanted.name FROM unnest(%(queues)s::text[]) AS wanted(name)
+     WHERE NOT EXISTS (SELECT 1 {_paused_row("wanted.name")})
+), unkeyed AS MATERIALIZED (
+    SELECT due.id, due.priority, due.next_run_at FROM queues AS q
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(priority) AS (
             (SELECT priority FROM {TABLE}
@@ -929,9 +1090,7 @@ WITH candidates AS MATERIALIZED (
         CROSS JOIN LATERAL (
             SELECT id, priority, next_run_at FROM {TABLE}
              WHERE queue_name = q.name AND priority = levels.priority AND {_deliverable()}
-               AND next_run_at <= (SELECT clock_timestamp())
-               AND cancel_requested_at IS NULL
-               AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+               AND flow_key IS NULL AND {_claimable()}
              ORDER BY next_run_at
              LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED
@@ -940,6 +1099,100 @@ WITH candidates AS MATERIALIZED (
     ) AS due
     ORDER BY due.priority DESC, due.next_run_at
     LIMIT %(limit)s
+), keys AS MATERIALIZED (
+    SELECT q.name AS queue, k.key, head.kind, s.fair_pass, s.served_at,
+           {_flow_room("s", "k.key", "head.kind")} AS room,
+           {_flow_weight("s", "k.key", "head.kind")} AS weight
+      FROM queues AS q
+     CROSS JOIN LATERAL (
+        WITH RECURSIVE flow_keys(key) AS (
+            (SELECT flow_key FROM {TABLE}
+              WHERE queue_name = q.name AND {_flow_deliverable()}
+              ORDER BY flow_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT nxt.flow_key FROM {TABLE} AS nxt
+                     WHERE nxt.queue_name = q.name AND nxt.flow_key > flow_keys.key
+                       AND {_flow_deliverable("nxt")}
+                     ORDER BY nxt.flow_key LIMIT 1)
+              FROM flow_keys WHERE flow_keys.key IS NOT NULL
+        )
+        SELECT key FROM flow_keys WHERE key IS NOT NULL
+     ) AS k
+     CROSS JOIN LATERAL (
+        SELECT kind FROM {TABLE}
+         WHERE queue_name = q.name AND flow_key = k.key AND {_flow_deliverable()}
+         ORDER BY priority DESC, next_run_at LIMIT 1
+     ) AS head
+      LEFT JOIN {FLOW_KEY_TABLE} AS s ON s.key = k.key
+), turns AS MATERIALIZED (
+    SELECT keys.*, coalesce(keys.fair_pass, bottom.pass) - bottom.pass AS behind, bottom.pass AS floor
+      FROM keys, (SELECT coalesce(min(fair_pass), 0) AS pass FROM keys) AS bottom
+     WHERE keys.room > 0
+     ORDER BY behind, keys.served_at NULLS FIRST, keys.key
+     LIMIT %(limit)s
+), keyed AS MATERIALIZED (
+    SELECT head.*, turns.behind + (row_number() OVER (
+               PARTITION BY turns.queue, turns.key ORDER BY head.priority DESC, head.next_run_at
+           ) - 1) / turns.weight AS fair,
+           turns.kind AS limit_kind, turns.floor, turns.served_at
+      FROM turns
+     CROSS JOIN LATERAL (
+        SELECT id, flow_key, lease_epoch, priority, next_run_at FROM {TABLE}
+         WHERE queue_name = turns.queue AND flow_key = turns.key AND {_flow_deliverable()}
+           AND {_claimable()}
+         ORDER BY priority DESC, next_run_at
+         LIMIT least(turns.room, %(limit)s)
+         FOR UPDATE SKIP LOCKED
+     ) AS head
+), candidates AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT id, NULL::text AS flow_key, NULL::bigint AS lease_epoch, priority, next_run_at,
+               (row_number() OVER (ORDER BY priority DESC, next_run_at) - 1)::float8 AS fair,
+               NULL::text AS limit_kind, NULL::float8 AS floor, NULL::timestamptz AS served_at
+          FROM unkeyed
+        UNION ALL
+        SELECT id, flow_key, lease_epoch, priority, next_run_at, fair, limit_kind, floor, served_at
+          FROM keyed
+    ) AS both_kinds
+    -- A tie between keys goes to the one served longest ago (a new key first).
+    ORDER BY fair, served_at NULLS FIRST, priority DESC, next_run_at
+    LIMIT %(limit)s
+), offers AS MATERIALIZED (
+    SELECT flow_key AS key, min(limit_kind) AS kind, min(floor) AS floor,
+           jsonb_agg(jsonb_build_object('id', id, 'epoch', lease_epoch + 1,
+                                        'xid', pg_current_xact_id()::text)
+                     ORDER BY fair, priority DESC, next_run_at) AS wanted
+      FROM candidates WHERE flow_key IS NOT NULL
+     GROUP BY flow_key
+), fresh AS (
+    -- A key seen for the first time. A key another claim created after our snapshot
+    -- conflicts and grants nothing here (nor in `granted`, which cannot see it): safe.
+    INSERT INTO {FLOW_KEY_TABLE} AS s (key, holders, starts, fair_pass, served_at)
+    SELECT o.key, {_first("o.wanted", "room.n")}, {_stamps("room.n")},
+           o.floor + room.n / {_flow_weight("fresh_key", "o.key", "o.kind")}, clock_timestamp()
+      FROM offers AS o, {_NO_FLOW_ROW}
+     CROSS JOIN LATERAL (SELECT least(jsonb_array_length(o.wanted),
+                                      {_flow_room("fresh_key", "o.key", "o.kind")}) AS n) AS room
+     ORDER BY o.key
+    ON CONFLICT (key) DO NOTHING
+    RETURNING s.holders
+), locked AS MATERIALIZED (
+    -- The per-key lock, taken in key order (two claims never wait on each other in a
+    -- circle), and the newest version of each key row read under it.
+    SELECT s.key FROM {FLOW_KEY_TABLE} AS s WHERE s.key IN (SELECT key FROM offers)
+     ORDER BY s.key FOR UPDATE
+), granted AS (
+    -- Invariant 26, decided here under the key row's lock: grant at most `room` of the
+    -- offered jobs, prune the released permits and the starts past the window, and move
+    -- the key's fair-share pass on by what it was granted.
+    UPDATE {FLOW_KEY_TABLE} AS s
+       SET holders = {_held_permits("s")} || {_first("o.wanted", _GRANT)},
+           starts = {_recent_starts("s", "o.key", "o.kind")} || {_stamps(_GRANT)},
+           fair_pass = greatest(s.fair_pass, o.floor) + {_GRANT} / {_flow_weight("s", "o.key", "o.kind")},
+           served_at = CASE WHEN {_GRANT} > 0 THEN clock_timestamp() ELSE s.served_at END
+      FROM offers AS o
+     WHERE s.key = o.key AND s.key IN (SELECT key FROM locked)
+    RETURNING s.holders
 )
 UPDATE {TABLE} AS j
    SET status = 'running',
@@ -953,6 +1206,11 @@ UPDATE {TABLE} AS j
        updated_at = now()
   FROM candidates c
  WHERE j.id = c.id
+   AND (c.flow_key IS NULL OR c.id IN (
+        SELECT (permit ->> 'id')::uuid
+          FROM (SELECT holders FROM fresh UNION ALL SELECT holders FROM granted) AS grant_rows,
+               jsonb_array_elements(grant_rows.holders) AS permit
+         WHERE permit ->> 'xid' = pg_current_xact_id()::text))
 RETURNING {_J_COLUMNS}
 """
 
@@ -964,6 +1222,7 @@ def dequeue(
     *,
     kinds: Sequence[str] | None,
     limit: int = 1,
+    flow: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[Job]:
     """Claim up to ``limit`` due jobs of ``kinds`` from ``queues``: the database transport (DESIGN §6).
@@ -977,6 +1236,11 @@ def dequeue(
     never locked, let alone claimed. ``kinds=None`` claims any kind (operators' tools).
     Rows of kinds this worker lacks are stepped over in the index scan: their cost grows
     with how many of them are due ahead of a claimable row in the same queue.
+
+    Invariant 26: a job with a flow key is claimed only when its key has room, decided
+    under the key row's lock in this statement; ``flow`` is the JSON of the settings'
+    and the kinds' limits (``durable_jobs.limits.claim_settings``), the operator's
+    runtime limits being read from the key rows themselves.
     """
     return fetch_jobs(
         using,
@@ -987,6 +1251,7 @@ def dequeue(
             "ttl_ms": ttl_ms,
             "limit": limit,
             "kinds": None if kinds is None else list(kinds),
+            "flow": flow or "{}",
         },
     )
 
@@ -2601,6 +2866,143 @@ def _paused(row: Sequence[Any], *, newly_paused: bool = False) -> QueuePause:
         reason=reason,
         newly_paused=newly_paused,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# 7b. Flow keys: an operator's runtime limits, and the reads explain and the console make
+# ---------------------------------------------------------------------------------------
+
+# An operator's limits for one key, effective from the next claim statement on (every
+# claim reads the key row under its lock: nothing to restart, no cache). A field left
+# None keeps its value unless `clear` names it; the permits and the window are the
+# claim's and are never touched here.
+SET_FLOW_LIMIT = f"""
+INSERT INTO {FLOW_KEY_TABLE} AS s (key, concurrency, rate, rate_window_ms, weight, holders, starts,
+                                   fair_pass, changed_at, changed_by)
+VALUES (%(key)s, %(concurrency)s, %(rate)s, %(rate_window_ms)s, %(weight)s, '[]'::jsonb, '[]'::jsonb,
+        coalesce((SELECT min(fair_pass) FROM {FLOW_KEY_TABLE}), 0), now(), %(changed_by)s)
+ON CONFLICT (key) DO UPDATE
+   SET concurrency = CASE WHEN 'concurrency' = ANY(%(clear)s::text[]) THEN NULL
+                          ELSE coalesce(EXCLUDED.concurrency, s.concurrency) END,
+       rate = CASE WHEN 'rate' = ANY(%(clear)s::text[]) THEN NULL ELSE coalesce(EXCLUDED.rate, s.rate) END,
+       rate_window_ms = CASE WHEN 'rate' = ANY(%(clear)s::text[]) THEN NULL
+                             ELSE coalesce(EXCLUDED.rate_window_ms, s.rate_window_ms) END,
+       weight = CASE WHEN 'weight' = ANY(%(clear)s::text[]) THEN NULL ELSE coalesce(EXCLUDED.weight, s.weight) END,
+       changed_at = now(), changed_by = EXCLUDED.changed_by
+RETURNING key
+"""
+
+
+def set_flow_limit(
+    key: str,
+    *,
+    concurrency: int | None = None,
+    rate: int | None = None,
+    rate_window_ms: int | None = None,
+    weight: float | None = None,
+    clear: Sequence[str] = (),
+    changed_by: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> None:
+    """Set (or ``clear``) an operator's limits on ``key``; the next claim applies them."""
+    params = {
+        "key": key,
+        "concurrency": concurrency,
+        "rate": rate,
+        "rate_window_ms": rate_window_ms,
+        "weight": weight,
+        "clear": list(clear),
+        "changed_by": changed_by,
+    }
+    fetch_value(using, SET_FLOW_LIMIT, params)
+
+
+# Why a job is not claimed, read with the claim's own fragments (invariant 28): the same
+# due and cancel test (_claimable), the same paused-queue row (_paused_row), the same
+# room of its key (_flow_room over the key row, or over no row for a key never claimed),
+# the same permit test naming who holds the key (_permit_held), and the instant the
+# sliding window frees a start. `kinds` is NULL: explain asks about the job, not about a
+# worker's kinds (those are the live workers' answer, read beside it).
+EXPLAIN_JOB = f"""
+SELECT clock_timestamp(),
+       ({_claimable("j")}) AS due,
+       EXISTS (SELECT 1 {_paused_row("j.queue_name")}) AS paused,
+       CASE WHEN j.flow_key IS NULL THEN NULL ELSE {_flow_room("k", "j.flow_key", "j.kind")} END AS room,
+       {_flow_limit("k", "concurrency", "j.flow_key", "j.kind", "int")} AS concurrency,
+       {_flow_limit("k", "rate", "j.flow_key", "j.kind", "int")} AS rate,
+       {_flow_window_s("k", "j.flow_key", "j.kind")} AS window_s,
+       (SELECT coalesce(array_agg((permit ->> 'id')::uuid), '{{}}') FROM jsonb_array_elements(k.holders) AS permit
+         WHERE {_permit_held("permit")}) AS holders,
+       (SELECT to_timestamp(min(started::float8) + {_flow_window_s("k", "j.flow_key", "j.kind")})
+          FROM jsonb_array_elements_text(k.starts) AS started
+         WHERE started::float8 > {_FLOW_NOW} - {_flow_window_s("k", "j.flow_key", "j.kind")}) AS rate_frees_at,
+       k.fair_pass - (SELECT min(fair_pass) FROM {FLOW_KEY_TABLE}) AS behind,
+       (SELECT other.id FROM {TABLE} AS other
+         WHERE j.lock_key IS NOT NULL AND other.id <> j.id AND other.lock_key = j.lock_key
+           AND other.tenant_id = j.tenant_id
+           AND other.organization_id IS NOT DISTINCT FROM j.organization_id
+           AND other.status IN {LIVE} LIMIT 1) AS lock_holder
+  FROM {TABLE} AS j
+  LEFT JOIN LATERAL (
+      SELECT concurrency, rate, rate_window_ms, weight, holders, starts, fair_pass
+        FROM {FLOW_KEY_TABLE} WHERE key = j.flow_key
+       UNION ALL
+      SELECT NULL::int, NULL::int, NULL::bigint, NULL::float8, '[]'::jsonb, '[]'::jsonb, NULL::float8
+       WHERE NOT EXISTS (SELECT 1 FROM {FLOW_KEY_TABLE} WHERE key = j.flow_key)
+  ) AS k ON true
+ WHERE j.id = %(id)s AND {SCOPE.replace("tenant_id", "j.tenant_id").replace("organization_id", "j.organization_id")}
+"""
+
+
+def explain_job(
+    job_id: object, scope: Scope, *, flow: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> dict[str, Any] | None:
+    """Return the claim's verdicts on one job (invariant 28), or None if it is not in scope."""
+    params = {"id": job_id, **scope_params(scope), "kinds": None, "flow": flow or "{}"}
+    with execute(using, EXPLAIN_JOB, params) as cursor:
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        names = [column.name for column in cursor.description]
+    return dict(zip(["now", *names[1:]], row, strict=True))
+
+
+# The console's and the metrics' view of the keys: each key's limits (the operator's,
+# else the settings' and then the kind's of its latest job), the permits held and the
+# starts inside its window. One row per key row; keys never claimed have none.
+LIST_FLOW_KEYS = f"""
+SELECT k.key, k.concurrency, k.rate, k.rate_window_ms, k.weight,
+       {_flow_limit("k", "concurrency", "k.key", "kind.kind", "int")},
+       {_flow_limit("k", "rate", "k.key", "kind.kind", "int")},
+       {_flow_held("k")}, {_flow_recent("k", "k.key", "kind.kind")},
+       (SELECT count(*) FROM {TABLE} AS w WHERE w.flow_key = k.key AND {_deliverable("w")}),
+       k.changed_at, k.changed_by
+  FROM {FLOW_KEY_TABLE} AS k
+  LEFT JOIN LATERAL (SELECT kind FROM {TABLE} WHERE flow_key = k.key ORDER BY created_at DESC LIMIT 1) AS kind ON true
+ ORDER BY k.key
+"""
+
+
+def list_flow_keys(*, flow: str | None = None, using: str = DEFAULT_DB_ALIAS) -> list[FlowKeyState]:
+    """Every flow key the claim has met or an operator has set, with its occupancy."""
+    with execute(using, LIST_FLOW_KEYS, {"flow": flow or "{}"}) as cursor:
+        return [
+            FlowKeyState(
+                key=row[0],
+                operator_concurrency=row[1],
+                operator_rate=row[2],
+                operator_rate_window_ms=row[3],
+                operator_weight=row[4],
+                concurrency=row[5],
+                rate=row[6],
+                running=int(row[7]),
+                recent_starts=int(row[8]),
+                waiting=int(row[9]),
+                changed_at=row[10],
+                changed_by=row[11],
+            )
+            for row in cursor.fetchall()
+        ]
 
 
 # ---------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
 from durable_jobs import conf, db, faults, reads, registry, store
+from durable_jobs.limits import claims
 from durable_jobs.runtime import pooling, zygote
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import (
@@ -391,6 +392,7 @@ class Worker(Supervision, WakeUps):
                         ttl_ms,
                         kinds=registry.kinds(),  # invariant 14b: only what it can run
                         limit=slot.batch,
+                        flow=claims.claim_settings(),  # invariant 26: the kinds' limits
                         using=self.using,
                     )
                     failures = 0
