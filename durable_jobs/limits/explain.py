@@ -41,17 +41,23 @@ def explain(job: Job, *, using: str = DEFAULT_DB_ALIAS) -> tuple[Reason, ...]:
     found = [*_schedule(job, verdict, now), *_flow(job, verdict), *_workers(job, now, using)]
     if verdict["paused"]:
         pause = store.get_paused_queue(job.queue_name, using=using)
+        said = (
+            f" since {pause.paused_at:{_AT}} by {pause.paused_by or 'an unnamed operator'}: "
+            f"{pause.reason or 'no reason given'}"
+            if pause
+            else ""
+        )
         found.append(
             Reason(
                 code=r.QUEUE_PAUSED,
-                sentence=f"Queue {job.queue_name!r} is paused"
-                + (
-                    f" since {pause.paused_at:{_AT}} by {pause.paused_by or 'an operator'}"
-                    if pause
-                    else ""
-                )
-                + f": no worker claims from it until `durable_jobs resume {job.queue_name}`.",
-                fields={"queue": job.queue_name, "since": pause.paused_at if pause else None},
+                sentence=f"Queue {job.queue_name!r} is paused{said}. No worker claims from it "
+                f"until `durable_jobs resume {job.queue_name}`.",
+                fields={
+                    "queue": job.queue_name,
+                    "since": pause.paused_at if pause else None,
+                    "by": pause.paused_by if pause else None,
+                    "reason": pause.reason if pause else None,
+                },
             )
         )
     if verdict["lock_holder"] is not None:
@@ -62,18 +68,16 @@ def explain(job: Job, *, using: str = DEFAULT_DB_ALIAS) -> tuple[Reason, ...]:
                 fields={"lock_key": job.lock_key, "holder": str(verdict["lock_holder"])},
             )
         )
-    if not any(reason.blocks_claim for reason in found) and not _unserved(found):
+    if not any(reason.blocks_claim for reason in found):
+        # The claim would take it: say so even when no worker is asking (the reason
+        # beside it says that), so "claimable" always means what the claim means.
         found.append(_claimable(job, verdict))
     return tuple(found)
 
 
-def _unserved(found: list[Reason]) -> bool:
-    return any(reason.code in (r.NO_WORKER, r.NO_KIND) for reason in found)
-
-
 def _settled(job: Job, now: datetime) -> tuple[Reason, ...] | None:
     """The answer for a job that is running or finished: no claim is involved."""
-    if job.status == Status.RUNNING.value and job.lease_owner is not None:
+    if job.status in (Status.RUNNING.value, Status.PENDING.value) and job.lease_owner is not None:
         if job.lease_expires_at is not None and job.lease_expires_at < now:
             return (
                 Reason(
@@ -86,7 +90,8 @@ def _settled(job: Job, now: datetime) -> tuple[Reason, ...] | None:
         return (
             Reason(
                 code=r.RUNNING,
-                sentence=f"It is running, leased by {job.lease_owner} until {job.lease_expires_at:{_AT}}.",
+                sentence=f"It is running: its lease is held by {job.lease_owner} until "
+                f"{job.lease_expires_at:{_AT}}.",
                 fields={"owner": job.lease_owner, "until": job.lease_expires_at},
             ),
         )
@@ -219,10 +224,13 @@ def _claimable(job: Job, verdict: dict[str, Any]) -> Reason:
             "than the least-served key, so keys behind it go first.",
             fields={"key": job.flow_key, "behind": float(behind)},
         )
+    since = job.next_run_at or job.pending_since or job.created_at
     return Reason(
         code=r.CLAIMABLE,
-        sentence=f"Nothing holds it: the next free worker slot serving queue {job.queue_name!r} claims it.",
-        fields={"queue": job.queue_name},
+        sentence=f"It is due since {since:{_AT}}: the next free worker slot serving queue "
+        f"{job.queue_name!r} claims it. If this lasts, check that workers are running "
+        "(`durable_jobs stats` shows the oldest pending job).",
+        fields={"queue": job.queue_name, "due_since": since},
     )
 
 
@@ -230,28 +238,33 @@ def _workers(job: Job, now: datetime, using: str) -> list[Reason]:
     """No live worker serves its queue (and when one last did), or none runs its kind (invariant 14b)."""
     ttl = timedelta(seconds=conf.get().LEASE_TTL)
     rows = list(WorkerProcess.objects.using(using).values("queues", "kinds", "beat_at"))
-    serving = [w for w in rows if job.queue_name in (w["queues"] or [])]
-    live = [w for w in serving if w["beat_at"] >= now - ttl]
-    if not live:
-        last = max((w["beat_at"] for w in serving), default=None)
+    live = [w for w in rows if w["beat_at"] >= now - ttl]
+    serving = [w for w in live if job.queue_name in (w["queues"] or [])]
+    if not serving:
+        served = [w["beat_at"] for w in rows if job.queue_name in (w["queues"] or [])]
+        last = max(served, default=None)
+        if not live:
+            sentence = "No live worker is running (none has beaten within LEASE_TTL): start durable_worker."
+        else:
+            queues = sorted({q for w in live for q in w["queues"] or []})
+            sentence = f"No live worker serves queue {job.queue_name!r}; workers serve " + (
+                ", ".join(repr(q) for q in queues) + "."
+            )
+        if last is not None:
+            sentence += f" One last served it at {last:{_AT}}."
         return [
             Reason(
                 code=r.NO_WORKER,
-                sentence=f"No live worker serves queue {job.queue_name!r}"
-                + (
-                    f"; the last one beat at {last:{_AT}}."
-                    if last
-                    else "; none ever has: start durable_worker."
-                ),
+                sentence=sentence,
                 fields={"queue": job.queue_name, "last_seen": last},
             )
         ]
-    if not any(job.kind in (w["kinds"] or []) for w in live):
+    if not any(job.kind in (w["kinds"] or []) for w in serving):
         return [
             Reason(
                 code=r.NO_KIND,
-                sentence=f"No live worker serving {job.queue_name!r} runs kind {job.kind!r} (an older "
-                "deploy?); it waits, uncharged, for one that can.",
+                sentence=f"No live worker serving {job.queue_name!r} can run kind {job.kind!r} (it is "
+                "not registered in any of them: an older deploy?); it waits, uncharged, for one that can.",
                 fields={"queue": job.queue_name, "kind": job.kind},
             )
         ]

@@ -216,3 +216,42 @@ def test_dequeue__a_tenant_flood_delays_another_tenants_job_by_a_claim_or_two(ki
     assert (
         Job.objects.get(id=urgent.id).status == "running"
     )  # A's first claim took its priority-5 job
+
+
+@pytest.mark.django_db
+def test_cli__set_limit_and_limits_show_a_key_and_its_occupancy(limited):
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    for _ in range(4):
+        durable.start(limited, input={"account": 9})
+    _claim(10)
+    out = io.StringIO()
+    call_command(
+        "durable_jobs", "set-limit", "flow.limited:account=9", "--concurrency", "3", stdout=out
+    )
+    assert "concurrency 3" in out.getvalue()
+    assert len(_claim(10)) == 1
+
+    out = io.StringIO()
+    call_command("durable_jobs", "limits", "--json", stdout=out)
+    [key] = json.loads(out.getvalue())
+    assert (key["key"], key["concurrency"], key["running"], key["waiting"]) == (
+        "flow.limited:account=9",
+        3,
+        3,
+        1,
+    )
+    assert key["changed_by"] == "cli"
+    out = io.StringIO()
+    call_command(
+        "durable_jobs",
+        "explain",
+        str(Job.objects.filter(status="pending").get().id),
+        "--json",
+        stdout=out,
+    )
+    codes = [reason["code"] for reason in json.loads(out.getvalue())["reasons"]]
+    assert "concurrency_full" in codes
