@@ -22,6 +22,9 @@ Scenarios (``--only`` picks some):
 ``scale``       throughput by total slots (1 to 64), claim contention, wake-ups per start.
 ``priorities``  100,000 due jobs across priorities: DEQUEUE flat, priority order kept.
 ``memory``      a long-running worker's RSS over many jobs.
+``flow``        flow control: throughput and claim time with each limit at 4 and 16 slots,
+                DEQUEUE flat beside a full key's backlog, the fairness bound against a
+                flood (``benchmarks/flow_bench.py``).
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
@@ -46,7 +49,17 @@ from benchmarks.django_env import setup_django
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 RESULTS = HERE / "results"
-SCENARIOS = ("start", "throughput", "latency", "heartbeat", "size", "scale", "priorities", "memory")
+SCENARIOS = (
+    "start",
+    "throughput",
+    "latency",
+    "heartbeat",
+    "size",
+    "scale",
+    "priorities",
+    "memory",
+    "flow",
+)
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
 EXTRA_SCENARIOS = ("trial",)
 
@@ -161,6 +174,8 @@ class Plan:
         self.priority_claims = 500 if quick else 2_000
         self.memory_n = args.memory_jobs or (5_000 if quick else 100_000)
         self.memory_chunk = 1_000 if quick else 5_000
+        self.flow_n = 500 if quick else 5_000
+        self.flow_flood = 10_000 if quick else 100_000
 
     def describe(self) -> dict:
         return {k: v for k, v in vars(self).items()}
@@ -1009,6 +1024,59 @@ class Results:
             "-",
             "flat",
             report.verdict(later <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])),
+        )
+
+    def scenario_flow(self) -> None:
+        """Flow control: each limit's cost, DEQUEUE flat beside a full key, the fairness bound."""
+        from benchmarks import flow_bench
+
+        plan = self.plan
+        shapes = flow_bench.shapes(
+            self.ctx,
+            plan.flow_n,
+            slots=(4, 16),
+            reps=plan.explain_reps,
+            timeout=plan.worker_timeout,
+        )
+        flat = flow_bench.flat(self.ctx, plan.flow_flood, reps=plan.explain_reps)
+        fair = flow_bench.fairness(self.ctx, plan.flow_flood)
+        self.raw["flow"] = {"shapes": shapes, "flat": flat, "fairness": fair}
+        base = shapes["unkeyed (default claim)"]
+        for name, entry in shapes.items():
+            cells = []
+            for count in (4, 16):
+                rate = entry.get(f"throughput_{count}")
+                ratio = (
+                    ""
+                    if not rate or not base.get(f"throughput_{count}")
+                    else (f" ({rate / base[f'throughput_{count}']:.2f}x)")
+                )
+                cells.append(f"{rate:,.0f}{ratio}" if rate else "-")
+            self.table_obj.add(
+                f"flow: {plan.flow_n:,} no-op jobs, {name}: jobs/s at 4 / 16 slots; DEQUEUE server ms",
+                f"{cells[0]} / {cells[1]}; {entry['dequeue_ms']:.3f}",
+                "-",
+                "-",
+                "-",
+                "info",
+            )
+        flat_ok = flat["ms_blocked"] <= max(0.5, 1.5 * flat["ms_small"])
+        self.table_obj.add(
+            f"flow: DEQUEUE server ms, {flat['blocked_small']} / {flat['blocked']:,} jobs blocked on a full key",
+            f"{flat['ms_small']:.3f} / {flat['ms_blocked']:.3f}",
+            "-",
+            "-",
+            "flat",
+            report.verdict(flat_ok),
+        )
+        bound = fair["fair"]["claims_until_lone"]
+        self.table_obj.add(
+            f"flow: claims until a lone tenant's job, beside a {fair['flood']:,}-job flood: fair / unfair",
+            f"{bound} / {fair['unfair']['claims_until_lone']:,}",
+            "-",
+            "-",
+            "<= 3",
+            report.verdict(bound <= 3),
         )
 
     def scenario_memory(self) -> None:

@@ -108,6 +108,20 @@ CONSOLE_INDEXES = [
 #: permits are all taken costs one probe however many jobs wait on it; the second finds
 #: the jobs holding a key's permits for explain and the console.
 FLOW_INDEXES = [
+    # The default claim's index: durable_jobs_deliverable's rows without a flow key, so
+    # the unkeyed scan never steps over a full key's waiting jobs.
+    models.Index(
+        F("queue_name"),
+        F("priority").desc(),
+        F("next_run_at"),
+        condition=Q(
+            status__in=LIVE_STATUSES,
+            lease_owner__isnull=True,
+            next_run_at__isnull=False,
+            flow_key__isnull=True,
+        ),
+        name="durable_jobs_open_deliverable",
+    ),
     models.Index(
         F("queue_name"),
         F("flow_key"),

@@ -998,6 +998,12 @@ def _flow_weight(row: str, key: str, kind: str) -> str:
     return f"greatest(coalesce({_flow_limit(row, 'weight', key, kind, 'float8')}, 1), 0.001)"
 
 
+def _open_deliverable(alias: str = "") -> str:
+    """The partial predicate of durable_jobs_open_deliverable: a deliverable row without a flow key."""
+    column = f"{alias}." if alias else ""
+    return f"{_deliverable(alias)} AND {column}flow_key IS NULL"
+
+
 def _flow_deliverable(alias: str = "") -> str:
     """The partial predicate of durable_jobs_flow_deliverable: a deliverable row with a flow key."""
     column = f"{alias}." if alias else ""
@@ -1062,8 +1068,12 @@ _GRANT = f"least(jsonb_array_length(o.wanted), {_flow_room('s', 'o.key', 'o.kind
 # order (each key's pass: stride scheduling, a claim advances it by 1/weight), at most
 # `limit` of them, and each gives at most `room` of its due jobs in (priority, run time)
 # order, so priority orders work within a key. Unkeyed rows compete as one more key.
-# The room read here is the snapshot's, a guide only: the grant (granted, fresh) decides
-# under the key row's lock, and a candidate it refuses is left unclaimed.
+# The room read here is the snapshot's, a guide only: the grant (grants) decides
+# under the key row's lock, and a candidate it refuses is left unclaimed. The grant is an
+# INSERT ... ON CONFLICT DO UPDATE rather than an UPDATE: it locks each key row and reads
+# its newest version without an EvalPlanQual recheck of the whole plan (an UPDATE whose
+# rows another claim had just changed crashed a PostgreSQL 18.6 backend under load), and
+# it serves a key met for the first time in the same step.
 DEQUEUE = f"""
 WITH queues AS MATERIALIZED (
     -- Invariant 27: paused queues are left out of the list, here in the statement that
@@ -1077,20 +1087,20 @@ WITH queues AS MATERIALIZED (
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(priority) AS (
             (SELECT priority FROM {TABLE}
-              WHERE queue_name = q.name AND {_deliverable()}
+              WHERE queue_name = q.name AND {_open_deliverable()}
               ORDER BY priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT lower.priority FROM {TABLE} AS lower
                      WHERE lower.queue_name = q.name AND lower.priority < levels.priority
-                       AND {_deliverable("lower")}
+                       AND {_open_deliverable("lower")}
                      ORDER BY lower.priority DESC LIMIT 1)
               FROM levels WHERE levels.priority IS NOT NULL
         )
         SELECT level.id, level.priority, level.next_run_at FROM levels
         CROSS JOIN LATERAL (
             SELECT id, priority, next_run_at FROM {TABLE}
-             WHERE queue_name = q.name AND priority = levels.priority AND {_deliverable()}
-               AND flow_key IS NULL AND {_claimable()}
+             WHERE queue_name = q.name AND priority = levels.priority AND {_open_deliverable()}
+               AND {_claimable()}
              ORDER BY next_run_at
              LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED
@@ -1164,9 +1174,13 @@ WITH queues AS MATERIALIZED (
                      ORDER BY fair, priority DESC, next_run_at) AS wanted
       FROM candidates WHERE flow_key IS NOT NULL
      GROUP BY flow_key
-), fresh AS (
-    -- A key seen for the first time. A key another claim created after our snapshot
-    -- conflicts and grants nothing here (nor in `granted`, which cannot see it): safe.
+), grants AS (
+    -- Invariant 26, decided here under each key row's lock, taken in key order (two
+    -- claims never wait on each other in a circle): grant at most the room the key's
+    -- newest row version has, prune the released permits and the starts past the
+    -- window, and move the key's fair-share pass on by what it was granted. A key met
+    -- for the first time is inserted with its first grants; one a concurrent claim
+    -- inserts meanwhile is waited for, then updated like any other.
     INSERT INTO {FLOW_KEY_TABLE} AS s (key, holders, starts, fair_pass, served_at)
     SELECT o.key, {_first("o.wanted", "room.n")}, {_stamps("room.n")},
            o.floor + room.n / {_flow_weight("fresh_key", "o.key", "o.kind")}, clock_timestamp()
@@ -1174,24 +1188,13 @@ WITH queues AS MATERIALIZED (
      CROSS JOIN LATERAL (SELECT least(jsonb_array_length(o.wanted),
                                       {_flow_room("fresh_key", "o.key", "o.kind")}) AS n) AS room
      ORDER BY o.key
-    ON CONFLICT (key) DO NOTHING
-    RETURNING s.holders
-), locked AS MATERIALIZED (
-    -- The per-key lock, taken in key order (two claims never wait on each other in a
-    -- circle), and the newest version of each key row read under it.
-    SELECT s.key FROM {FLOW_KEY_TABLE} AS s WHERE s.key IN (SELECT key FROM offers)
-     ORDER BY s.key FOR UPDATE
-), granted AS (
-    -- Invariant 26, decided here under the key row's lock: grant at most `room` of the
-    -- offered jobs, prune the released permits and the starts past the window, and move
-    -- the key's fair-share pass on by what it was granted.
-    UPDATE {FLOW_KEY_TABLE} AS s
-       SET holders = {_held_permits("s")} || {_first("o.wanted", _GRANT)},
-           starts = {_recent_starts("s", "o.key", "o.kind")} || {_stamps(_GRANT)},
-           fair_pass = greatest(s.fair_pass, o.floor) + {_GRANT} / {_flow_weight("s", "o.key", "o.kind")},
-           served_at = CASE WHEN {_GRANT} > 0 THEN clock_timestamp() ELSE s.served_at END
-      FROM offers AS o
-     WHERE s.key = o.key AND s.key IN (SELECT key FROM locked)
+    ON CONFLICT (key) DO UPDATE
+       SET holders = {_held_permits("s")} || (SELECT {_first("o.wanted", _GRANT)} FROM offers AS o WHERE o.key = s.key),
+           starts = (SELECT {_recent_starts("s", "o.key", "o.kind")} || {_stamps(_GRANT)}
+                       FROM offers AS o WHERE o.key = s.key),
+           fair_pass = (SELECT greatest(s.fair_pass, o.floor) + {_GRANT} / {_flow_weight("s", "o.key", "o.kind")}
+                          FROM offers AS o WHERE o.key = s.key),
+           served_at = clock_timestamp()
     RETURNING s.holders
 )
 UPDATE {TABLE} AS j
@@ -1208,7 +1211,7 @@ UPDATE {TABLE} AS j
  WHERE j.id = c.id
    AND (c.flow_key IS NULL OR c.id IN (
         SELECT (permit ->> 'id')::uuid
-          FROM (SELECT holders FROM fresh UNION ALL SELECT holders FROM granted) AS grant_rows,
+          FROM grants AS grant_rows,
                jsonb_array_elements(grant_rows.holders) AS permit
          WHERE permit ->> 'xid' = pg_current_xact_id()::text))
 RETURNING {_J_COLUMNS}
