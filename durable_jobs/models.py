@@ -103,10 +103,11 @@ CONSOLE_INDEXES = [
 ]
 
 
-#: Flow control (durable_jobs.limits, invariant 26). The dequeue walks the distinct flow
-#: keys of a queue's deliverable rows (a skip scan on the first index), so a key whose
-#: permits are all taken costs one probe however many jobs wait on it; the second finds
-#: the jobs holding a key's permits for explain and the console.
+#: Flow control (durable_jobs.limits, invariant 26). The default claim reads the first
+#: index (deliverable rows without a key); the keyed claim walks the distinct flow keys of
+#: a queue's deliverable rows on the second (a skip scan), so a key whose permits are all
+#: taken costs one probe however many jobs wait on it; the third counts a key's live jobs
+#: for the console and the metrics.
 FLOW_INDEXES = [
     # The default claim's index: durable_jobs_deliverable's rows without a flow key, so
     # the unkeyed scan never steps over a full key's waiting jobs.
@@ -137,8 +138,8 @@ FLOW_INDEXES = [
     ),
     models.Index(
         F("flow_key"),
-        condition=Q(lease_owner__isnull=False, flow_key__isnull=False),
-        name="durable_jobs_flow_holding",
+        condition=Q(status__in=LIVE_STATUSES, flow_key__isnull=False),
+        name="durable_jobs_flow_live",
     ),
 ]
 

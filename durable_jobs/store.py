@@ -2978,10 +2978,11 @@ SELECT k.key, k.concurrency, k.rate, k.rate_window_ms, k.weight,
        {_flow_limit("k", "concurrency", "k.key", "kind.kind", "int")},
        {_flow_limit("k", "rate", "k.key", "kind.kind", "int")},
        {_flow_held("k")}, {_flow_recent("k", "k.key", "kind.kind")},
-       (SELECT count(*) FROM {TABLE} AS w WHERE w.flow_key = k.key AND {_deliverable("w")}),
+       (SELECT count(*) FROM {TABLE} AS w WHERE w.flow_key = k.key AND w.status IN {LIVE}
+           AND w.lease_owner IS NULL AND w.next_run_at IS NOT NULL),
        k.changed_at, k.changed_by
   FROM {FLOW_KEY_TABLE} AS k
-  LEFT JOIN LATERAL (SELECT kind FROM {TABLE} WHERE flow_key = k.key ORDER BY created_at DESC LIMIT 1) AS kind ON true
+  LEFT JOIN LATERAL (SELECT kind FROM {TABLE} WHERE flow_key = k.key AND status IN {LIVE} LIMIT 1) AS kind ON true
  ORDER BY k.key
 """
 

@@ -255,3 +255,16 @@ def test_cli__set_limit_and_limits_show_a_key_and_its_occupancy(limited):
     )
     codes = [reason["code"] for reason in json.loads(out.getvalue())["reasons"]]
     assert "concurrency_full" in codes
+
+
+@pytest.mark.django_db
+def test_stats__show_each_key_s_occupancy(limited):
+    from durable_jobs.console import stats
+
+    for _ in range(3):
+        durable.start(limited, input={"account": 5})
+    _claim(10)
+
+    figures = stats.collect()["flow_keys"]["flow.limited:account=5"]
+
+    assert (figures["running"], figures["concurrency"], figures["waiting"]) == (2, 2, 1)

@@ -489,6 +489,15 @@ class Command(BaseCommand):
                 )
                 or "none"
             ),
+            "flow keys: "
+            + (
+                "; ".join(
+                    f"{key} {f['running']}/{f['concurrency'] if f['concurrency'] is not None else '-'} "
+                    f"running, {f['waiting']} waiting"
+                    for key, f in data["flow_keys"].items()
+                )
+                or "none"
+            ),
             "parked: "
             + (
                 ", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items())
