@@ -1074,15 +1074,22 @@ _GRANT = f"least(jsonb_array_length(o.wanted), {_flow_room('s', 'o.key', 'o.kind
 # its newest version without an EvalPlanQual recheck of the whole plan (an UPDATE whose
 # rows another claim had just changed crashed a PostgreSQL 18.6 backend under load), and
 # it serves a key met for the first time in the same step.
-DEQUEUE = f"""
-WITH queues AS MATERIALIZED (
+#: The claim's own paused-queue filter (invariant 27): the queues asked for, less the
+#: paused ones, evaluated once before any scan: a paused queue's rows are never probed
+#: nor locked, and a pause committed before the statement's snapshot holds for every
+#: worker (no cache to go stale).
+_CLAIM_QUEUES = f"""queues AS MATERIALIZED (
     -- Invariant 27: paused queues are left out of the list, here in the statement that
     -- claims, so a pause committed before this statement's snapshot holds for every
     -- worker (no cache to go stale). Evaluated once, before any scan: a paused queue's
     -- rows are never probed nor locked.
     SELECT wanted.name FROM unnest(%(queues)s::text[]) AS wanted(name)
      WHERE NOT EXISTS (SELECT 1 {_paused_row("wanted.name")})
-), unkeyed AS MATERIALIZED (
+)"""
+
+#: The unkeyed candidates: one index scan per queue and priority level on
+#: durable_jobs_open_deliverable, in (priority, run time) order, locked SKIP LOCKED.
+_UNKEYED_CANDIDATES = f"""
     SELECT due.id, due.priority, due.next_run_at FROM queues AS q
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(priority) AS (
@@ -1109,7 +1116,36 @@ WITH queues AS MATERIALIZED (
     ) AS due
     ORDER BY due.priority DESC, due.next_run_at
     LIMIT %(limit)s
-), keys AS MATERIALIZED (
+"""
+
+#: What a claim writes on each row it takes (invariant 4: a new epoch, an owner unique
+#: to the claim).
+_CLAIM_SET = f"""
+   SET status = 'running',
+       lease_owner = %(owner)s || ':' || j.id::text,
+       lease_epoch = j.lease_epoch + 1,
+       lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},
+       heartbeat_at = clock_timestamp(),
+       pending_since = NULL,
+       next_run_at = NULL,
+       started_at = coalesce(j.started_at, now()),
+       updated_at = now()
+"""
+
+# The default claim: no flow key anywhere in the worker's reach (``dequeue`` without
+# ``flow``). Today's statement, reading only the rows without a key, so it costs what it
+# did before flow control existed and never takes a keyed job.
+DEQUEUE_OPEN = f"""
+WITH {_CLAIM_QUEUES}, candidates AS MATERIALIZED ({_UNKEYED_CANDIDATES})
+UPDATE {TABLE} AS j
+{_CLAIM_SET}
+  FROM candidates c
+ WHERE j.id = c.id
+RETURNING {_J_COLUMNS}
+"""
+
+DEQUEUE = f"""
+WITH {_CLAIM_QUEUES}, unkeyed AS MATERIALIZED ({_UNKEYED_CANDIDATES}), keys AS MATERIALIZED (
     SELECT q.name AS queue, k.key, head.kind, s.fair_pass, s.served_at,
            {_flow_room("s", "k.key", "head.kind")} AS room,
            {_flow_weight("s", "k.key", "head.kind")} AS weight
@@ -1198,15 +1234,7 @@ WITH queues AS MATERIALIZED (
     RETURNING s.holders
 )
 UPDATE {TABLE} AS j
-   SET status = 'running',
-       lease_owner = %(owner)s || ':' || j.id::text,
-       lease_epoch = j.lease_epoch + 1,
-       lease_expires_at = clock_timestamp() + {_ms("ttl_ms")},
-       heartbeat_at = clock_timestamp(),
-       pending_since = NULL,
-       next_run_at = NULL,
-       started_at = coalesce(j.started_at, now()),
-       updated_at = now()
+{_CLAIM_SET}
   FROM candidates c
  WHERE j.id = c.id
    AND (c.flow_key IS NULL OR c.id IN (
@@ -1242,12 +1270,14 @@ def dequeue(
 
     Invariant 26: a job with a flow key is claimed only when its key has room, decided
     under the key row's lock in this statement; ``flow`` is the JSON of the settings'
-    and the kinds' limits (``durable_jobs.limits.claim_settings``), the operator's
-    runtime limits being read from the key rows themselves.
+    and the kinds' limits (``durable_jobs.limits.claims.claim_settings``), the operator's
+    runtime limits being read from the key rows themselves. Without ``flow`` the claim
+    is DEQUEUE_OPEN, which takes only jobs without a flow key (and costs what the claim
+    cost before flow control): a keyed job is never claimed but through its key.
     """
     return fetch_jobs(
         using,
-        DEQUEUE,
+        DEQUEUE_OPEN if flow is None else DEQUEUE,
         {
             "queues": list(queues),
             "owner": owner,
@@ -2918,6 +2948,21 @@ def set_flow_limit(
         "changed_by": changed_by,
     }
     fetch_value(using, SET_FLOW_LIMIT, params)
+
+
+# Whether any job with a flow key waits in these queues: a worker none of whose kinds has
+# a flow policy asks this now and then, to know whether it must claim through DEQUEUE
+# (keys) or may use DEQUEUE_OPEN. One probe of durable_jobs_flow_deliverable per queue.
+HAS_KEYED_WORK = f"""
+SELECT EXISTS (SELECT 1 FROM unnest(%(queues)s::text[]) AS q(name)
+                WHERE EXISTS (SELECT 1 FROM {TABLE}
+                               WHERE queue_name = q.name AND {_flow_deliverable()}))
+"""
+
+
+def has_keyed_work(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """True when a job with a flow key waits to be claimed in one of ``queues``."""
+    return bool(fetch_value(using, HAS_KEYED_WORK, {"queues": list(queues)}))
 
 
 # Why a job is not claimed, read with the claim's own fragments (invariant 28): the same

@@ -9,10 +9,13 @@ the key's settings, then the kind's), and both statements read the same answer
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from durable_jobs import conf, registry
+from django.db import DEFAULT_DB_ALIAS
+
+from durable_jobs import conf, registry, store
 from durable_jobs.limits.policy import Rate, StartFacts, key_for, limits_of
 
 
@@ -29,6 +32,37 @@ def claim_settings(kinds: Iterable[str] | None = None) -> str:
         if handler is not None and handler.flow is not None:
             by_kind[kind] = handler.flow.limits()
     return json.dumps({"keys": keys, "kinds": by_kind}, sort_keys=True)
+
+
+#: How long a worker trusts its last look for keyed jobs (seconds): a keyed job started
+#: for a kind without a policy here (another deploy's, or one an operator limits) waits at
+#: most this long before this worker claims through the keyed statement.
+KEYED_LOOK_TTL = 2.0
+_looked: dict[tuple[str, ...], tuple[float, bool]] = {}
+
+
+def for_claim(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> str | None:
+    """The ``flow`` parameter of a worker's claim, or None for the default claim.
+
+    The keyed claim (DEQUEUE) costs more to plan than the default one (DEQUEUE_OPEN), so a
+    worker uses it only when flow control can apply: one of its kinds has a policy,
+    ``FLOW_KEYS`` is set, or (looked up at most every KEYED_LOOK_TTL seconds) a job with
+    a flow key waits in its queues. The default claim never takes a keyed job, so a stale
+    answer only delays one; it never lets one past its key.
+    """
+    settings = conf.get()
+    if settings.FLOW_KEYS or any(
+        (handler := registry.get(kind)) is not None and handler.flow is not None
+        for kind in registry.kinds()
+    ):
+        return claim_settings()
+    now = time.monotonic()
+    key = tuple(queues)
+    seen = _looked.get(key)
+    if seen is None or now - seen[0] > KEYED_LOOK_TTL:
+        seen = (now, store.has_keyed_work(queues, using=using))
+        _looked[key] = seen
+    return claim_settings() if seen[1] else None
 
 
 def flow_key(fields: dict[str, Any], tenant: str, organization: str | None) -> str | None:

@@ -392,7 +392,7 @@ class Worker(Supervision, WakeUps):
                         ttl_ms,
                         kinds=registry.kinds(),  # invariant 14b: only what it can run
                         limit=slot.batch,
-                        flow=claims.claim_settings(),  # invariant 26: the kinds' limits
+                        flow=claims.for_claim(self.queues, using=self.using),  # invariant 26
                         using=self.using,
                     )
                     failures = 0

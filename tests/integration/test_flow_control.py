@@ -268,3 +268,33 @@ def test_stats__show_each_key_s_occupancy(limited):
     figures = stats.collect()["flow_keys"]["flow.limited:account=5"]
 
     assert (figures["running"], figures["concurrency"], figures["waiting"]) == (2, 2, 1)
+
+
+@pytest.mark.django_db
+def test_the_default_claim_never_takes_a_keyed_job(limited):
+    """Invariant 26: without ``flow`` the claim is DEQUEUE_OPEN, blind to keyed jobs."""
+    keyed = durable.start(limited, input={"account": 3})
+    free = durable.start("flow.free")
+
+    assert [j.id for j in store.dequeue(["default"], "w", TTL_MS, kinds=None, limit=10)] == [free.id]
+    assert [j.id for j in _claim(10)] == [keyed.id]
+
+
+@pytest.mark.django_db
+def test_a_worker_without_flow_policies_still_claims_keyed_jobs_through_their_key(
+    kinds, monkeypatch
+):
+    """A keyed job of a kind that has no policy in this deploy (another deploy's, or one an
+    operator limits) makes the worker claim through the keyed statement."""
+    from tests.factories import JobFactory
+
+    from durable_jobs import registry
+
+    kinds.add("flow.plain")
+    monkeypatch.setattr(registry, "kinds", lambda: ["flow.plain"])  # a deploy without policies
+    claims._looked.clear()
+    assert claims.for_claim(["default"]) is None
+    JobFactory(kind="flow.plain", flow_key="ops:limited")
+    claims._looked.clear()
+
+    assert claims.for_claim(["default"]) is not None
