@@ -954,48 +954,64 @@ def _permit_held(entry: str) -> str:
 _FLOW_NOW = "(SELECT extract(epoch FROM clock_timestamp()))"
 
 
-def _flow_limit(row: str, field: str, key: str, kind: str, cast: str) -> str:
-    """A key's limit: the operator's (the key row), else the settings' for the key, else the kind's."""
-    return (
-        f"coalesce({row}.{field}, (%(flow)s::jsonb #>> ARRAY['keys', {key}, '{field}'])::{cast},"
-        f" (%(flow)s::jsonb #>> ARRAY['kinds', {kind}, '{field}'])::{cast})"
+def _flow_settings(key: str, kind: str) -> str:
+    """A key's limits from the settings (the key's FLOW_KEYS entry, else its kind's
+    FlowControl), read from the one ``flow`` parameter once: a lateral row of
+    (concurrency, rate, rate_window_ms, weight)."""
+    fields = (
+        ("concurrency", "int"),
+        ("rate", "int"),
+        ("rate_window_ms", "bigint"),
+        ("weight", "float8"),
     )
-
-
-def _flow_window_s(row: str, key: str, kind: str) -> str:
-    return f"(coalesce({_flow_limit(row, 'rate_window_ms', key, kind, 'bigint')}, 1000) / 1000.0)"
-
-
-def _flow_held(row: str) -> str:
-    """How many of a key row's permits are held."""
-    return (
-        f"coalesce((SELECT count(*) FROM jsonb_array_elements({row}.holders) AS permit"
-        f" WHERE {_permit_held('permit')}), 0)"
+    columns = ",\n               ".join(
+        f"coalesce((cfg.flow #>> ARRAY['keys', {key}, '{name}'])::{cast},"
+        f" (cfg.flow #>> ARRAY['kinds', {kind}, '{name}'])::{cast}) AS {name}"
+        for name, cast in fields
     )
+    return f"SELECT {columns}\n          FROM (SELECT %(flow)s::jsonb AS flow) AS cfg"
 
 
-def _flow_recent(row: str, key: str, kind: str) -> str:
-    """How many slice starts of a key row fall inside its rate window (a sliding window)."""
-    return (
-        f"coalesce((SELECT count(*) FROM jsonb_array_elements_text({row}.starts) AS started"
-        f" WHERE started::float8 > {_FLOW_NOW} - {_flow_window_s(row, key, kind)}), 0)"
-    )
+def _flow_in_force(row: str, settings: str, field: str) -> str:
+    """A limit in force: the operator's (the key row's), else the settings'."""
+    return f"coalesce({row}.{field}, {settings}.{field})"
 
 
-def _flow_room(row: str, key: str, kind: str) -> str:
-    """How many more jobs of the key may start now: the tighter of its two limits.
+def _flow_usage(row: str, settings: str) -> str:
+    """A key row's permits still held and its starts inside the rate window (a sliding
+    window), each as the kept jsonb list and its length: a lateral row of (holders,
+    held, starts, recent). The one reading the claim's pre-check, its grant and explain
+    share (invariants 26, 28)."""
+    window_s = f"(coalesce({_flow_in_force(row, settings, 'rate_window_ms')}, 1000) / 1000.0)"
+    return f"""SELECT held.holders, held.n AS held, recent.starts, recent.n AS recent
+          FROM (SELECT coalesce(jsonb_agg(permit), '[]'::jsonb) AS holders, count(*) AS n
+                  FROM jsonb_array_elements({row}.holders) AS permit
+                 WHERE {_permit_held("permit")}) AS held,
+               (SELECT coalesce(jsonb_agg(started), '[]'::jsonb) AS starts, count(*) AS n
+                  FROM jsonb_array_elements({row}.starts) AS started
+                 WHERE started::float8 > {_FLOW_NOW} - {window_s}) AS recent"""
 
-    The one definition the claim's pre-check, the claim's grant and explain all read
-    (invariant 28). A limit left unset (null everywhere) does not bind."""
-    concurrency = _flow_limit(row, "concurrency", key, kind, "int")
-    rate = _flow_limit(row, "rate", key, kind, "int")
-    return f"""greatest(0, least(
-        coalesce({concurrency} - {_flow_held(row)}, 2147483647),
-        coalesce({rate} - {_flow_recent(row, key, kind)}, 2147483647)))"""
+
+def _flow_room(row: str, settings: str, usage: str) -> str:
+    """How many more of the key's jobs may start now: the tighter of its two limits; a
+    limit unset everywhere does not bind. The one definition of a full or rate-limited key
+    (invariant 28)."""
+    concurrency = _flow_in_force(row, settings, "concurrency")
+    rate = _flow_in_force(row, settings, "rate")
+    return f"""greatest(0, least(coalesce({concurrency} - {usage}.held, 2147483647),
+                              coalesce({rate} - {usage}.recent, 2147483647)))"""
 
 
-def _flow_weight(row: str, key: str, kind: str) -> str:
-    return f"greatest(coalesce({_flow_limit(row, 'weight', key, kind, 'float8')}, 1), 0.001)"
+def _flow_weight(row: str, settings: str) -> str:
+    return f"greatest(coalesce({_flow_in_force(row, settings, 'weight')}, 1), 0.001)"
+
+
+def _flow_head_kind(queue: str, key: str) -> str:
+    """The kind of a key's next job in a queue: the kind whose FlowControl sets the key's
+    limits when the settings do not (DEQUEUE and explain read it alike)."""
+    return f"""SELECT kind FROM {TABLE}
+         WHERE queue_name = {queue} AND flow_key = {key} AND {_flow_deliverable()}
+         ORDER BY priority DESC, next_run_at LIMIT 1"""
 
 
 def _open_deliverable(alias: str = "") -> str:
@@ -1036,28 +1052,9 @@ def _stamps(count: str) -> str:
     )
 
 
-def _held_permits(row: str) -> str:
-    return (
-        f"(SELECT coalesce(jsonb_agg(permit), '[]'::jsonb) FROM jsonb_array_elements({row}.holders)"
-        f" AS permit WHERE {_permit_held('permit')})"
-    )
-
-
-def _recent_starts(row: str, key: str, kind: str) -> str:
-    return (
-        f"(SELECT coalesce(jsonb_agg(started), '[]'::jsonb) FROM jsonb_array_elements({row}.starts)"
-        f" AS started WHERE started::float8 > {_FLOW_NOW} - {_flow_window_s(row, key, kind)})"
-    )
-
-
 #: A key that has no row yet: no operator limit, no permit, no start, no share used.
 _NO_FLOW_ROW = """(SELECT NULL::int AS concurrency, NULL::int AS rate, NULL::bigint AS rate_window_ms,
         NULL::float8 AS weight, '[]'::jsonb AS holders, '[]'::jsonb AS starts) AS fresh_key"""
-
-
-#: How many of the offered jobs a key is granted: the room the key row has, read at its
-#: newest version under its lock.
-_GRANT = f"least(jsonb_array_length(o.wanted), {_flow_room('s', 'o.key', 'o.kind')})"
 
 
 # Flow keys (invariant 26). Keyed rows are read off durable_jobs_flow_deliverable, one
@@ -1147,8 +1144,9 @@ RETURNING {_J_COLUMNS}
 DEQUEUE = f"""
 WITH {_CLAIM_QUEUES}, unkeyed AS MATERIALIZED ({_UNKEYED_CANDIDATES}), keys AS MATERIALIZED (
     SELECT q.name AS queue, k.key, head.kind, s.fair_pass, s.served_at,
-           {_flow_room("s", "k.key", "head.kind")} AS room,
-           {_flow_weight("s", "k.key", "head.kind")} AS weight
+           cfg.concurrency, cfg.rate, cfg.rate_window_ms, cfg.weight AS set_weight,
+           {_flow_room("s", "cfg", "used")} AS room,
+           {_flow_weight("s", "cfg")} AS weight
       FROM queues AS q
      CROSS JOIN LATERAL (
         WITH RECURSIVE flow_keys(key) AS (
@@ -1164,12 +1162,10 @@ WITH {_CLAIM_QUEUES}, unkeyed AS MATERIALIZED ({_UNKEYED_CANDIDATES}), keys AS M
         )
         SELECT key FROM flow_keys WHERE key IS NOT NULL
      ) AS k
-     CROSS JOIN LATERAL (
-        SELECT kind FROM {TABLE}
-         WHERE queue_name = q.name AND flow_key = k.key AND {_flow_deliverable()}
-         ORDER BY priority DESC, next_run_at LIMIT 1
-     ) AS head
+     CROSS JOIN LATERAL ({_flow_head_kind("q.name", "k.key")}) AS head
       LEFT JOIN {FLOW_KEY_TABLE} AS s ON s.key = k.key
+     CROSS JOIN LATERAL ({_flow_settings("k.key", "head.kind")}) AS cfg
+     CROSS JOIN LATERAL ({_flow_usage("s", "cfg")}) AS used
 ), turns AS MATERIALIZED (
     SELECT keys.*, coalesce(keys.fair_pass, bottom.pass) - bottom.pass AS behind, bottom.pass AS floor
       FROM keys, (SELECT coalesce(min(fair_pass), 0) AS pass FROM keys) AS bottom
@@ -1180,7 +1176,8 @@ WITH {_CLAIM_QUEUES}, unkeyed AS MATERIALIZED ({_UNKEYED_CANDIDATES}), keys AS M
     SELECT head.*, turns.behind + (row_number() OVER (
                PARTITION BY turns.queue, turns.key ORDER BY head.priority DESC, head.next_run_at
            ) - 1) / turns.weight AS fair,
-           turns.kind AS limit_kind, turns.floor, turns.served_at
+           turns.floor, turns.served_at, turns.concurrency, turns.rate, turns.rate_window_ms,
+           turns.set_weight
       FROM turns
      CROSS JOIN LATERAL (
         SELECT id, flow_key, lease_epoch, priority, next_run_at FROM {TABLE}
@@ -1194,17 +1191,20 @@ WITH {_CLAIM_QUEUES}, unkeyed AS MATERIALIZED ({_UNKEYED_CANDIDATES}), keys AS M
     SELECT * FROM (
         SELECT id, NULL::text AS flow_key, NULL::bigint AS lease_epoch, priority, next_run_at,
                (row_number() OVER (ORDER BY priority DESC, next_run_at) - 1)::float8 AS fair,
-               NULL::text AS limit_kind, NULL::float8 AS floor, NULL::timestamptz AS served_at
+               NULL::float8 AS floor, NULL::timestamptz AS served_at, NULL::int AS concurrency,
+               NULL::int AS rate, NULL::bigint AS rate_window_ms, NULL::float8 AS set_weight
           FROM unkeyed
         UNION ALL
-        SELECT id, flow_key, lease_epoch, priority, next_run_at, fair, limit_kind, floor, served_at
+        SELECT id, flow_key, lease_epoch, priority, next_run_at, fair, floor, served_at,
+               concurrency, rate, rate_window_ms, set_weight
           FROM keyed
     ) AS both_kinds
     -- A tie between keys goes to the one served longest ago (a new key first).
     ORDER BY fair, served_at NULLS FIRST, priority DESC, next_run_at
     LIMIT %(limit)s
 ), offers AS MATERIALIZED (
-    SELECT flow_key AS key, min(limit_kind) AS kind, min(floor) AS floor,
+    SELECT flow_key AS key, min(floor) AS floor, min(concurrency) AS concurrency,
+           min(rate) AS rate, min(rate_window_ms) AS rate_window_ms, min(set_weight) AS weight,
            jsonb_agg(jsonb_build_object('id', id, 'epoch', lease_epoch + 1,
                                         'xid', pg_current_xact_id()::text)
                      ORDER BY fair, priority DESC, next_run_at) AS wanted
@@ -1219,18 +1219,23 @@ WITH {_CLAIM_QUEUES}, unkeyed AS MATERIALIZED ({_UNKEYED_CANDIDATES}), keys AS M
     -- inserts meanwhile is waited for, then updated like any other.
     INSERT INTO {FLOW_KEY_TABLE} AS s (key, holders, starts, fair_pass, served_at)
     SELECT o.key, {_first("o.wanted", "room.n")}, {_stamps("room.n")},
-           o.floor + room.n / {_flow_weight("fresh_key", "o.key", "o.kind")}, clock_timestamp()
+           o.floor + room.n / {_flow_weight("fresh_key", "o")}, clock_timestamp()
       FROM offers AS o, {_NO_FLOW_ROW}
      CROSS JOIN LATERAL (SELECT least(jsonb_array_length(o.wanted),
-                                      {_flow_room("fresh_key", "o.key", "o.kind")}) AS n) AS room
+                                      {_flow_room("fresh_key", "o", "nothing")}) AS n
+                           FROM (SELECT 0 AS held, 0 AS recent) AS nothing) AS room
      ORDER BY o.key
     ON CONFLICT (key) DO UPDATE
-       SET holders = {_held_permits("s")} || (SELECT {_first("o.wanted", _GRANT)} FROM offers AS o WHERE o.key = s.key),
-           starts = (SELECT {_recent_starts("s", "o.key", "o.kind")} || {_stamps(_GRANT)}
-                       FROM offers AS o WHERE o.key = s.key),
-           fair_pass = (SELECT greatest(s.fair_pass, o.floor) + {_GRANT} / {_flow_weight("s", "o.key", "o.kind")}
-                          FROM offers AS o WHERE o.key = s.key),
-           served_at = clock_timestamp()
+       SET (holders, starts, fair_pass, served_at) = (
+           SELECT used.holders || {_first("o.wanted", "grant_n.n")},
+                  used.starts || {_stamps("grant_n.n")},
+                  greatest(s.fair_pass, o.floor) + grant_n.n / {_flow_weight("s", "o")},
+                  clock_timestamp()
+             FROM offers AS o
+            CROSS JOIN LATERAL ({_flow_usage("s", "o")}) AS used
+            CROSS JOIN LATERAL (SELECT least(jsonb_array_length(o.wanted),
+                                             {_flow_room("s", "o", "used")}) AS n) AS grant_n
+            WHERE o.key = s.key)
     RETURNING s.holders
 )
 UPDATE {TABLE} AS j
@@ -2967,23 +2972,24 @@ def has_keyed_work(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> b
 
 # Why a job is not claimed, read with the claim's own fragments (invariant 28): the same
 # due and cancel test (_claimable), the same paused-queue row (_paused_row), the same
-# room of its key (_flow_room over the key row, or over no row for a key never claimed),
-# the same permit test naming who holds the key (_permit_held), and the instant the
-# sliding window frees a start. `kinds` is NULL: explain asks about the job, not about a
+# limits (_flow_head_kind, _flow_settings, _flow_in_force), the same usage (_flow_usage:
+# the permits still held, by _permit_held, and the starts inside the window) and the same
+# room (_flow_room) as DEQUEUE; then who holds the key and when the window frees a start. `kinds` is NULL: explain asks about the job, not about a
 # worker's kinds (those are the live workers' answer, read beside it).
+_J_SCOPE = SCOPE.replace("tenant_id", "j.tenant_id").replace("organization_id", "j.organization_id")
 EXPLAIN_JOB = f"""
 SELECT clock_timestamp(),
        ({_claimable("j")}) AS due,
        EXISTS (SELECT 1 {_paused_row("j.queue_name")}) AS paused,
-       CASE WHEN j.flow_key IS NULL THEN NULL ELSE {_flow_room("k", "j.flow_key", "j.kind")} END AS room,
-       {_flow_limit("k", "concurrency", "j.flow_key", "j.kind", "int")} AS concurrency,
-       {_flow_limit("k", "rate", "j.flow_key", "j.kind", "int")} AS rate,
-       {_flow_window_s("k", "j.flow_key", "j.kind")} AS window_s,
-       (SELECT coalesce(array_agg((permit ->> 'id')::uuid), '{{}}') FROM jsonb_array_elements(k.holders) AS permit
-         WHERE {_permit_held("permit")}) AS holders,
-       (SELECT to_timestamp(min(started::float8) + {_flow_window_s("k", "j.flow_key", "j.kind")})
-          FROM jsonb_array_elements_text(k.starts) AS started
-         WHERE started::float8 > {_FLOW_NOW} - {_flow_window_s("k", "j.flow_key", "j.kind")}) AS rate_frees_at,
+       CASE WHEN j.flow_key IS NULL THEN NULL ELSE {_flow_room("k", "cfg", "used")} END AS room,
+       {_flow_in_force("k", "cfg", "concurrency")} AS concurrency,
+       {_flow_in_force("k", "cfg", "rate")} AS rate,
+       coalesce({_flow_in_force("k", "cfg", "rate_window_ms")}, 1000) / 1000.0 AS window_s,
+       (SELECT coalesce(array_agg((permit ->> 'id')::uuid), '{{}}')
+          FROM jsonb_array_elements(used.holders) AS permit) AS holders,
+       (SELECT to_timestamp(min(started::float8)
+                            + coalesce({_flow_in_force("k", "cfg", "rate_window_ms")}, 1000) / 1000.0)
+          FROM jsonb_array_elements(used.starts) AS started) AS rate_frees_at,
        k.fair_pass - (SELECT min(fair_pass) FROM {FLOW_KEY_TABLE}) AS behind,
        (SELECT other.id FROM {TABLE} AS other
          WHERE j.lock_key IS NOT NULL AND other.id <> j.id AND other.lock_key = j.lock_key
@@ -2998,7 +3004,10 @@ SELECT clock_timestamp(),
       SELECT NULL::int, NULL::int, NULL::bigint, NULL::float8, '[]'::jsonb, '[]'::jsonb, NULL::float8
        WHERE NOT EXISTS (SELECT 1 FROM {FLOW_KEY_TABLE} WHERE key = j.flow_key)
   ) AS k ON true
- WHERE j.id = %(id)s AND {SCOPE.replace("tenant_id", "j.tenant_id").replace("organization_id", "j.organization_id")}
+  LEFT JOIN LATERAL ({_flow_head_kind("j.queue_name", "j.flow_key")}) AS head ON true
+ CROSS JOIN LATERAL ({_flow_settings("j.flow_key", "coalesce(head.kind, j.kind)")}) AS cfg
+ CROSS JOIN LATERAL ({_flow_usage("k", "cfg")}) AS used
+ WHERE j.id = %(id)s AND {_J_SCOPE}
 """
 
 
@@ -3020,14 +3029,15 @@ def explain_job(
 # starts inside its window. One row per key row; keys never claimed have none.
 LIST_FLOW_KEYS = f"""
 SELECT k.key, k.concurrency, k.rate, k.rate_window_ms, k.weight,
-       {_flow_limit("k", "concurrency", "k.key", "kind.kind", "int")},
-       {_flow_limit("k", "rate", "k.key", "kind.kind", "int")},
-       {_flow_held("k")}, {_flow_recent("k", "k.key", "kind.kind")},
+       {_flow_in_force("k", "cfg", "concurrency")}, {_flow_in_force("k", "cfg", "rate")},
+       used.held, used.recent,
        (SELECT count(*) FROM {TABLE} AS w WHERE w.flow_key = k.key AND w.status IN {LIVE}
            AND w.lease_owner IS NULL AND w.next_run_at IS NOT NULL),
        k.changed_at, k.changed_by
   FROM {FLOW_KEY_TABLE} AS k
   LEFT JOIN LATERAL (SELECT kind FROM {TABLE} WHERE flow_key = k.key AND status IN {LIVE} LIMIT 1) AS kind ON true
+ CROSS JOIN LATERAL ({_flow_settings("k.key", "kind.kind")}) AS cfg
+ CROSS JOIN LATERAL ({_flow_usage("k", "cfg")}) AS used
  ORDER BY k.key
 """
 

@@ -286,9 +286,8 @@ def test_a_worker_without_flow_policies_still_claims_keyed_jobs_through_their_ke
 ):
     """A keyed job of a kind that has no policy in this deploy (another deploy's, or one an
     operator limits) makes the worker claim through the keyed statement."""
-    from tests.factories import JobFactory
-
     from durable_jobs import registry
+    from tests.factories import JobFactory
 
     kinds.add("flow.plain")
     monkeypatch.setattr(registry, "kinds", lambda: ["flow.plain"])  # a deploy without policies
