@@ -2974,8 +2974,9 @@ def has_keyed_work(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> b
 # due and cancel test (_claimable), the same paused-queue row (_paused_row), the same
 # limits (_flow_head_kind, _flow_settings, _flow_in_force), the same usage (_flow_usage:
 # the permits still held, by _permit_held, and the starts inside the window) and the same
-# room (_flow_room) as DEQUEUE; then who holds the key and when the window frees a start. `kinds` is NULL: explain asks about the job, not about a
-# worker's kinds (those are the live workers' answer, read beside it).
+# room (_flow_room) as DEQUEUE; then who holds the key and when the window frees a start.
+# `kinds` is NULL: explain asks about the job, not about a worker's kinds (those are the
+# live workers' answer, read beside it).
 _J_SCOPE = SCOPE.replace("tenant_id", "j.tenant_id").replace("organization_id", "j.organization_id")
 EXPLAIN_JOB = f"""
 SELECT clock_timestamp(),

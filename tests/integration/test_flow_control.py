@@ -276,7 +276,9 @@ def test_the_default_claim_never_takes_a_keyed_job(limited):
     keyed = durable.start(limited, input={"account": 3})
     free = durable.start("flow.free")
 
-    assert [j.id for j in store.dequeue(["default"], "w", TTL_MS, kinds=None, limit=10)] == [free.id]
+    assert [j.id for j in store.dequeue(["default"], "w", TTL_MS, kinds=None, limit=10)] == [
+        free.id
+    ]
     assert [j.id for j in _claim(10)] == [keyed.id]
 
 

@@ -202,6 +202,18 @@ class Command(BaseCommand):
         self._add_queue_actions(sub)
         self._add_flow_actions(sub)
 
+    def _json_parser(self, sub: Any, action: str, helptext: str) -> CommandParser:
+        """A subcommand taking ``--json`` (after the action too), its errors JSON-aware."""
+        p = sub.add_parser(action, help=helptext)
+        self._json_aware(p)
+        p.add_argument(
+            "--json",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="machine-readable output and errors",
+        )
+        return p
+
     def _add_queue_actions(self, sub: Any) -> None:
         """``queues``, ``pause QUEUE``, ``resume QUEUE``: paused queues (invariant 27)."""
         for action, helptext in (
@@ -209,14 +221,7 @@ class Command(BaseCommand):
             ("pause", "stop every worker from claiming from a queue (running slices go on)"),
             ("resume", "let workers claim from a paused queue again, waking idle ones"),
         ):
-            p = sub.add_parser(action, help=helptext)
-            self._json_aware(p)
-            p.add_argument(
-                "--json",
-                action="store_true",
-                default=argparse.SUPPRESS,
-                help="machine-readable output and errors",
-            )
+            p = self._json_parser(sub, action, helptext)
             if action != "queues":
                 p.add_argument("queue", type=name)
             if action == "pause":
@@ -232,14 +237,7 @@ class Command(BaseCommand):
             ),
             ("set-limit", "set (or --clear) a flow key's limits, in force from the next claim"),
         ):
-            p = sub.add_parser(action, help=helptext)
-            self._json_aware(p)
-            p.add_argument(
-                "--json",
-                action="store_true",
-                default=argparse.SUPPRESS,
-                help="machine-readable output and errors",
-            )
+            p = self._json_parser(sub, action, helptext)
             if action == "set-limit":
                 p.add_argument("key")
                 p.add_argument(
