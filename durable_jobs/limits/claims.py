@@ -34,9 +34,9 @@ def claim_settings(kinds: Iterable[str] | None = None) -> str:
     return json.dumps({"keys": keys, "kinds": by_kind}, sort_keys=True)
 
 
-#: How long a worker trusts its last look for keyed jobs (seconds): a keyed job started
-#: for a kind without a policy here (another deploy's, or one an operator limits) waits at
-#: most this long before this worker claims through the keyed statement.
+#: How long a worker trusts its last look for keyed jobs (seconds). A keyed job started
+#: while a worker's unkeyed backlog keeps its claims full waits at most this long; one
+#: started into an otherwise idle queue is seen at once (see ``keyed_work``).
 KEYED_LOOK_TTL = 2.0
 _looked: dict[tuple[str, ...], tuple[float, bool]] = {}
 
@@ -44,25 +44,27 @@ _looked: dict[tuple[str, ...], tuple[float, bool]] = {}
 def for_claim(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> str | None:
     """The ``flow`` parameter of a worker's claim, or None for the default claim.
 
-    The keyed claim (DEQUEUE) costs more to plan than the default one (DEQUEUE_OPEN), so a
-    worker uses it only when flow control can apply: one of its kinds has a policy,
-    ``FLOW_KEYS`` is set, or (looked up at most every KEYED_LOOK_TTL seconds) a job with
-    a flow key waits in its queues. The default claim never takes a keyed job, so a stale
-    answer only delays one; it never lets one past its key.
+    The keyed claim (DEQUEUE) costs several times the default one (DEQUEUE_OPEN) to plan,
+    so a worker uses it only while a job with a flow key waits in its queues, looked up
+    at most every KEYED_LOOK_TTL seconds. The default claim never takes a keyed job, so a
+    stale answer only delays one; it never lets one past its key.
     """
-    settings = conf.get()
-    if settings.FLOW_KEYS or any(
-        (handler := registry.get(kind)) is not None and handler.flow is not None
-        for kind in registry.kinds()
-    ):
-        return claim_settings()
-    now = time.monotonic()
     key = tuple(queues)
     seen = _looked.get(key)
-    if seen is None or now - seen[0] > KEYED_LOOK_TTL:
-        seen = (now, store.has_keyed_work(queues, using=using))
-        _looked[key] = seen
+    if seen is None or time.monotonic() - seen[0] > KEYED_LOOK_TTL:
+        return claim_settings() if keyed_work(queues, using=using) else None
     return claim_settings() if seen[1] else None
+
+
+def keyed_work(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Look now whether a job with a flow key waits in ``queues`` (and remember it).
+
+    A worker whose default claim came back short asks this before it waits, so a keyed
+    job in an otherwise drained queue is claimed at once, not after the look's TTL.
+    """
+    found = store.has_keyed_work(queues, using=using)
+    _looked[tuple(queues)] = (time.monotonic(), found)
+    return found
 
 
 def flow_key(fields: dict[str, Any], tenant: str, organization: str | None) -> str | None:

@@ -366,6 +366,32 @@ class Worker(Supervision, WakeUps):
         self._fail()
 
     # --- a slot ---
+    def _claim(self, slot: SlotState, ttl_ms: int) -> list[Job]:
+        """Claim up to a batch: through the flow keys while keyed jobs wait (invariant 26),
+        else with the default claim, looking for keyed work before coming back short."""
+        kinds = registry.kinds()  # invariant 14b: only what it can run
+
+        def claim(limit: int, flow: str | None) -> list[Job]:
+            return store.dequeue(
+                self.queues,
+                slot.owner,
+                ttl_ms,
+                kinds=kinds,
+                limit=limit,
+                flow=flow,
+                using=self.using,
+            )
+
+        flow = claims.for_claim(self.queues, using=self.using)
+        claimed = claim(slot.batch, flow)
+        if (
+            flow is None
+            and len(claimed) < slot.batch
+            and claims.keyed_work(self.queues, using=self.using)
+        ):
+            claimed += claim(slot.batch - len(claimed), claims.claim_settings())
+        return claimed
+
     def _slot(self, slot: SlotState) -> None:
         pooling.name_connection(self.using)
         wake = self._wakes[slot.number]
@@ -386,15 +412,7 @@ class Worker(Supervision, WakeUps):
                     db.keep_connection_healthy(self.using)
                     if runner is not None:
                         runner.ensure_started()  # before claiming: a claim should not wait for a boot
-                    claimed = store.dequeue(
-                        self.queues,
-                        slot.owner,
-                        ttl_ms,
-                        kinds=registry.kinds(),  # invariant 14b: only what it can run
-                        limit=slot.batch,
-                        flow=claims.for_claim(self.queues, using=self.using),  # invariant 26
-                        using=self.using,
-                    )
+                    claimed = self._claim(slot, ttl_ms)
                     failures = 0
                     self._outage.answered()
                 except Exception as error:  # noqa: BLE001 - the database or a child that will not start
