@@ -113,8 +113,10 @@ def shapes(ctx: bench.Ctx, n: int, *, slots: tuple[int, ...], reps: int, timeout
         _reset()
         _fill(max(1000, n), keys, prefix, tenants)
         _limit_keys(keys, prefix, tenants, limits)
+        # The statement a worker runs for this shape: the default claim without keys.
+        statement = store.DEQUEUE_OPEN if keys == 0 else store.DEQUEUE
         entry["dequeue_ms"] = bench._pct(
-            [bench._explain_time(store.DEQUEUE, _params()) for _ in range(reps)], 50
+            [bench._explain_time(statement, _params()) for _ in range(reps)], 50
         )
         out[name] = entry
     return out
@@ -127,12 +129,14 @@ def flat(ctx: bench.Ctx, blocked: int, *, reps: int) -> dict:
         _reset()
         _fill(waiting + 1, 1, "bench:full", 1)
         store.set_flow_limit("bench:full0", concurrency=1)
-        store.dequeue(["default"], "bench:holder", 600_000, kinds=None, limit=1)  # takes the permit
+        store.dequeue(
+            ["default"], "bench:holder", 600_000, kinds=None, limit=1, flow="{}"
+        )  # takes the permit
         _fill(200, 50, "bench:other", 1)  # other keys' jobs, behind the blocked ones
         out[waiting] = bench._pct(
             [bench._explain_time(store.DEQUEUE, _params()) for _ in range(reps)], 50
         )
-        claimed = store.dequeue(["default"], "bench:w", 600_000, kinds=None, limit=10)
+        claimed = store.dequeue(["default"], "bench:w", 600_000, kinds=None, limit=10, flow="{}")
         assert claimed and all(j.flow_key != "bench:full0" for j in claimed)
     return {
         "blocked_small": 10,
@@ -149,7 +153,7 @@ def fairness(ctx: bench.Ctx, flood: int, *, history: int = 100) -> dict:
         _reset()
         _fill(flood, 1 if fair else 0, "tenant:", 1, tenant="flood")
         for _ in range(history):
-            store.dequeue(["default"], "bench:w", 600_000, kinds=None, limit=1)
+            store.dequeue(["default"], "bench:w", 600_000, kinds=None, limit=1, flow="{}")
         lone = uuid.uuid4()
         with connection.cursor() as cur:
             cur.execute(
@@ -162,7 +166,7 @@ def fairness(ctx: bench.Ctx, flood: int, *, history: int = 100) -> dict:
             claims, began = 0, time.perf_counter()
             while True:
                 claims += 1
-                got = store.dequeue(["default"], "bench:w", 600_000, kinds=None, limit=1)
+                got = store.dequeue(["default"], "bench:w", 600_000, kinds=None, limit=1, flow="{}")
                 if not got or got[0].id == lone:
                     break
             out["fair"] = {"claims_until_lone": claims, "seconds": time.perf_counter() - began}
