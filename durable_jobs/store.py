@@ -263,7 +263,9 @@ def insert_job(
 
     Raises ``LockKeyHeld`` when a live job holds the lock key.
     """
-    params = {**fields, **scope_params(scope), "channel": notify_channel}
+    # A caller that predates flow control (or starts a job no policy limits) may leave
+    # the flow key out: such a job has none.
+    params = {"flow_key": None, **fields, **scope_params(scope), "channel": notify_channel}
     insert = INSERT_NEW_JOB_AND_NOTIFY if notify_channel else INSERT_NEW_JOB
     key = fields.get("idempotency_key")
     lock_key = fields.get("lock_key")
@@ -422,6 +424,8 @@ def insert_jobs(
     likewise (invariant 25): a row whose key is held answers with the holder, flagged
     deduplicated, and a repeat of a key inside the batch with the key's first row.
     """
+    for row in rows:
+        row.setdefault("flow_key", None)  # no key given: not limited (as in insert_job)
     unique = any(row.get("unique_key") is not None for row in rows)
     sql, columns = (
         (INSERT_UNIQUE_JOBS, _BULK_UNIQUE_FIELDS) if unique else (INSERT_JOBS, _BULK_FIELDS)
@@ -1026,11 +1030,17 @@ def _flow_deliverable(alias: str = "") -> str:
     return f"{_deliverable(alias)} AND {column}flow_key IS NOT NULL"
 
 
+def _due(alias: str = "") -> str:
+    """A deliverable row's run time has come (one clock reading per statement: an InitPlan)."""
+    column = f"{alias}." if alias else ""
+    return f"{column}next_run_at <= (SELECT clock_timestamp())"
+
+
 #: A deliverable row may be claimed now (besides its queue and its key): due, no cancel
 #: asked, a kind this worker runs (invariant 14b). DEQUEUE and explain both read it.
 def _claimable(alias: str = "") -> str:
     column = f"{alias}." if alias else ""
-    return f"""{column}next_run_at <= (SELECT clock_timestamp())
+    return f"""{_due(alias)}
                AND {column}cancel_requested_at IS NULL
                AND (%(kinds)s::text[] IS NULL OR {column}kind = ANY(%(kinds)s::text[]))"""
 
@@ -2980,7 +2990,8 @@ def has_keyed_work(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> b
 _J_SCOPE = SCOPE.replace("tenant_id", "j.tenant_id").replace("organization_id", "j.organization_id")
 EXPLAIN_JOB = f"""
 SELECT clock_timestamp(),
-       ({_claimable("j")}) AS due,
+       ({_claimable("j")}) AS claimable,
+       coalesce({_due("j")}, false) AS due,
        EXISTS (SELECT 1 {_paused_row("j.queue_name")}) AS paused,
        CASE WHEN j.flow_key IS NULL THEN NULL ELSE {_flow_room("k", "cfg", "used")} END AS room,
        {_flow_in_force("k", "cfg", "concurrency")} AS concurrency,

@@ -136,7 +136,7 @@ def _schedule(job: Job, verdict: dict[str, Any], now: datetime) -> list[Reason]:
                 fields={"since": job.cancel_requested_at, "by": job.cancelled_by},
             )
         )
-    if verdict["due"] or job.cancel_requested_at is not None and (job.next_run_at or now) <= now:
+    if verdict["due"]:  # its run time has come (the claim's own `_due`)
         return found
     hold = explain_hold(job, now=now)
     if hold is not None:
