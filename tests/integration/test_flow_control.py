@@ -296,3 +296,43 @@ def test_a_worker_claims_through_the_keys_only_while_keyed_jobs_wait(kinds):
     assert claims.for_claim(["default"]) is None  # the look is remembered a moment
     assert claims.keyed_work(["default"])  # a short claim looks again at once
     assert claims.for_claim(["default"]) is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_dequeue__a_rate_limit_holds_under_a_burst_of_concurrent_claims(kinds):
+    """Eight connections claim at once from a key allowed 3 starts a minute: 3 start."""
+    kinds.add(
+        "flow.burst", flow=durable.FlowControl(key="kind", rate=durable.Rate(limit=3, per=60))
+    )
+    durable.start_many([{"kind": "flow.burst"} for _ in range(40)])
+    barrier = threading.Barrier(8)
+    taken: list = []
+
+    def burst() -> None:
+        try:
+            barrier.wait()
+            taken.extend(_claim(5, owner=f"w{threading.get_ident()}"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=burst) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+
+    assert len(taken) == 3
+    assert Job.objects.filter(status="running").count() == 3
+
+
+@pytest.mark.django_db
+def test_dequeue__weights_share_the_claims_between_busy_tenants(kinds):
+    """A tenant of weight 3 is claimed three times as often as one of weight 1."""
+    kinds.add("flow.weighted", flow=durable.FlowControl(key="tenant"))
+    durable.set_flow_limit("tenant:heavy", weight=3)
+    durable.start_many([{"kind": "flow.weighted"} for _ in range(20)], scope="heavy")
+    durable.start_many([{"kind": "flow.weighted"} for _ in range(20)], scope="light")
+
+    tenants = [job.tenant_id for _ in range(12) for job in _claim(1)]
+
+    assert tenants.count("heavy") == 9 and tenants.count("light") == 3, tenants
