@@ -31,8 +31,9 @@ of SQL. Splitting it by caller would scatter the fences a reviewer must read tog
 (the claim, the lease-holder writes and the terminal CAS share one protocol). What is
 not a fenced statement lives elsewhere: the connection plumbing in ``db``, the scoped
 reads in ``reads``, the console's figures in ``console.queries``. The sections follow a
-job's life: start, claim and lease, finish, operator, reconcile and redrive, waits, the
-Tasks framework's attempts, and the testing helpers' fast-forward.
+job's life: start, claim and lease (with flow control's predicates, shared by the claim
+and explain), finish, operator, reconcile and redrive, waits, the Tasks framework's
+attempts, paused queues and flow keys, and the testing helpers' fast-forward.
 """
 
 from __future__ import annotations
