@@ -22,6 +22,8 @@ Scenarios (``--only`` picks some):
 ``scale``       throughput by total slots (1 to 64), claim contention, wake-ups per start.
 ``priorities``  100,000 due jobs across priorities: DEQUEUE flat, priority order kept.
 ``memory``      a long-running worker's RSS over many jobs.
+``schedules``   2 idle workers with 0 and with 1,000 schedules: the fleet's statements/s
+                (pg_stat_database xact_commit deltas); then all 1,000 ticks made due at once.
 ``flow``        flow control: throughput and claim time with each limit at 4 and 16 slots,
                 DEQUEUE flat beside a full key's backlog, the fairness bound against a
                 flood (``benchmarks/flow_bench.py``).
@@ -58,6 +60,7 @@ SCENARIOS = (
     "scale",
     "priorities",
     "memory",
+    "schedules",
     "flow",
 )
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
@@ -174,6 +177,8 @@ class Plan:
         self.priority_claims = 500 if quick else 2_000
         self.memory_n = args.memory_jobs or (5_000 if quick else 100_000)
         self.memory_chunk = 1_000 if quick else 5_000
+        self.schedules = 1_000
+        self.schedules_window = 20.0 if quick else 60.0
         self.flow_n = 500 if quick else 5_000
         self.flow_flood = 10_000 if quick else 100_000
 
@@ -1100,6 +1105,46 @@ class Results:
             "-",
             f"growth <= {TARGETS['memory_growth_mib']:g} MiB",
             report.verdict(ok),
+        )
+
+    def scenario_schedules(self) -> None:
+        """1,000 schedules: the idle fleet's statements/s with and without them, then firing."""
+        from benchmarks import schedules_bench
+
+        r = schedules_bench.run(
+            self.ctx, schedules=self.plan.schedules, window=self.plan.schedules_window
+        )
+        self.raw["schedules"] = r
+        if "error" in r:
+            self.table_obj.add("schedules", "error: " + _short(r["error"]), "-", "-", "", "MISS")
+            return
+        self.table_obj.add(
+            f"statements/s of {r['workers']} idle workers, 0 / {r['schedules']:,} schedules "
+            f"({r['window_seconds']:.0f} s)",
+            f"{r['idle_without']:.1f} / {r['idle_with']:.1f} "
+            f"({r['schedules_cost_per_second']:+.1f} for the schedules)",
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"statements/s reading the schedule table, 0 / {r['schedules']:,} schedules",
+            f"{r['schedule_reads_without']:.2f} / {r['schedule_reads_with']:.2f}",
+            "-",
+            "-",
+            "",
+            "info",
+        )
+        self.table_obj.add(
+            f"{r['schedules']:,} ticks made due at once: started in s (ticks/s, transactions)",
+            f"{r['fire_seconds']:.2f} ({report.num(r['fire_per_second'])}/s, "
+            f"{r['fire_transactions']:,})"
+            + ("" if r["ticks_fired"] >= r["schedules"] else f" only {r['ticks_fired']} fired"),
+            "-",
+            "-",
+            "",
+            "info",
         )
 
     def scenario_trial(self) -> None:

@@ -27,6 +27,8 @@ from durable_jobs.exceptions import (
     JobNotFound,
     LeaseLost,
     LockKeyHeld,
+    ScheduleNotFound,
+    ScheduleRemoved,
     TerminalError,
     TransientError,
     UniqueKeyHeld,
@@ -38,12 +40,20 @@ from durable_jobs.exceptions import (
 from durable_jobs.limits.policy import FlowControl, Rate
 from durable_jobs.limits.reasons import Reason
 from durable_jobs.registry import handler
+from durable_jobs.schedules.declare import Schedule, schedule
 from durable_jobs.states import DONE, YIELD, Done, Outcome, QueuePause, Scope, Status
 from durable_jobs.unique import Unique
 
 if TYPE_CHECKING:
     from durable_jobs.models import Job
     from durable_jobs.runtime.context import Slice
+    from durable_jobs.schedules.api import (
+        list_schedules,
+        pause_schedule,
+        resume_schedule,
+        run_schedule,
+        sync_schedules,
+    )
     from durable_jobs.service import (
         cancel,
         explain,
@@ -66,6 +76,11 @@ _LAZY = {
     "list_jobs": "durable_jobs.service",
     "cancel": "durable_jobs.service",
     "redrive": "durable_jobs.service",
+    "list_schedules": "durable_jobs.schedules.api",
+    "pause_schedule": "durable_jobs.schedules.api",
+    "resume_schedule": "durable_jobs.schedules.api",
+    "run_schedule": "durable_jobs.schedules.api",
+    "sync_schedules": "durable_jobs.schedules.api",
     "pause_queue": "durable_jobs.service",
     "resume_queue": "durable_jobs.service",
     "paused_queues": "durable_jobs.service",
@@ -89,6 +104,8 @@ __all__ = [
     "Rate",
     "Reason",
     "handler",
+    "Schedule",
+    "schedule",
     "CancelRequested",
     "ConfigurationError",
     "DurableJobsError",
@@ -100,6 +117,8 @@ __all__ = [
     "JobNotFound",
     "LeaseLost",
     "LockKeyHeld",
+    "ScheduleNotFound",
+    "ScheduleRemoved",
     "TerminalError",
     "TransientError",
     "UniqueKeyHeld",
@@ -114,6 +133,11 @@ __all__ = [
     "list_jobs",
     "cancel",
     "redrive",
+    "list_schedules",
+    "pause_schedule",
+    "resume_schedule",
+    "run_schedule",
+    "sync_schedules",
     "pause_queue",
     "resume_queue",
     "paused_queues",

@@ -46,3 +46,20 @@ HANDLER_ERRORS: list[str] = []
 @checks.register("durable_jobs")
 def check_handlers(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return [checks.Error(message, id="durable_jobs.E003") for message in HANDLER_ERRORS]
+
+
+@checks.register("durable_jobs")
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A schedule whose kind has no handler, or whose expression, zone, input or queue is
+    wrong, or whose name is used twice: one error each, naming the schedule."""
+    from durable_jobs import registry
+    from durable_jobs.schedules import declare
+    from durable_jobs.tasks import setup as tasks_setup
+
+    try:
+        conf.get()
+    except ConfigurationError:
+        return []  # E001 says why; schedules in settings cannot be read before that is fixed
+    tasks_setup.discover_if_configured()  # a task's schedule is declared by its module
+    _, problems = declare.checked(registry.kinds())
+    return [checks.Error(message, id="durable_jobs.E004") for message in problems]

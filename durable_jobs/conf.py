@@ -195,6 +195,16 @@ class Settings:
     #: operator's runtime limit (``durable_jobs set-limit``) overrides these in turn.
     FLOW_KEYS: Any = None
 
+    # --- periodic jobs (durable_jobs.schedules; docs/howto/schedules.rst) ---
+    #: Schedules declared in settings, beside those declared next to handlers:
+    #: ``{name: {"kind": ..., "cron": ..., "tz": ..., "input": ..., "queue": ...,
+    #: "priority": ..., "catch_up": ...}}`` ("kind" and "cron" required). Checked by the
+    #: system check, which names a schedule whose kind, expression or zone is wrong.
+    SCHEDULES: Any = None
+    #: A tick started no later than this after its instant is on time and always starts;
+    #: an older one was missed (the scheduler was down) and its catch-up policy decides.
+    SCHEDULE_GRACE: float = 60.0
+
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
@@ -307,6 +317,7 @@ class Settings:
         )
         if self.WAIT_CHECK_USER is not None:
             check_user(self.WAIT_CHECK_USER)
+        _check_schedules_shape(self.SCHEDULES)
         if self.WAIT_CHECK_INTERVAL_CEILING < self.WAIT_CHECK_INTERVAL_FLOOR:
             raise ConfigurationError(
                 f"DURABLE_JOBS['WAIT_CHECK_INTERVAL_CEILING'] ({self.WAIT_CHECK_INTERVAL_CEILING}s) must be at "
@@ -319,6 +330,31 @@ class Settings:
 
 
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Settings))
+
+#: The keys a ``DURABLE_JOBS["SCHEDULES"]`` entry may hold.
+SCHEDULE_KEYS = frozenset({"kind", "cron", "tz", "input", "queue", "priority", "catch_up"})
+
+
+def _check_schedules_shape(raw: Any) -> None:
+    """``SCHEDULES`` is None or ``{name: {"kind": ..., "cron": ..., ...}}``; the rest is the system check's."""
+    if raw is None:
+        return
+    label = "DURABLE_JOBS['SCHEDULES']"
+    if not isinstance(raw, dict):
+        raise ConfigurationError(
+            f"{label} must be None or a dict {{name: {{'kind': ..., 'cron': ...}}}}"
+        )
+    for name, entry in raw.items():
+        if not isinstance(entry, dict):
+            raise ConfigurationError(f"{label}[{name!r}] must be a dict with 'kind' and 'cron'")
+        unknown = sorted(set(entry) - SCHEDULE_KEYS)
+        missing = sorted({"kind", "cron"} - set(entry))
+        if unknown:
+            raise ConfigurationError(
+                f"{label}[{name!r}]: unknown keys {unknown}; the keys are {', '.join(sorted(SCHEDULE_KEYS))}"
+            )
+        if missing:
+            raise ConfigurationError(f"{label}[{name!r}] needs {' and '.join(map(repr, missing))}")
 
 
 def duration(label: str, value: Any) -> float:

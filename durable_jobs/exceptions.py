@@ -266,3 +266,23 @@ class KindNotRegisteredHere(TransientError):
 
     Not ``UnknownKind``, which refuses a *start* of a kind no handler is registered for.
     """
+
+
+class ScheduleNotFound(DurableJobsError, LookupError):
+    """No schedule of this name is in the schedule table (code declares it, workers write it)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"no schedule {name!r}; schedules are written when a worker starts "
+            "(or by durable_jobs.sync_schedules())"
+        )
+
+
+class ScheduleRemoved(DurableJobsError):
+    """The schedule was removed from code: it neither fires nor runs; its history stays."""
+
+    def __init__(self, name: str, operation: str) -> None:
+        self.name = name
+        self.operation = operation
+        super().__init__(f"cannot {operation} schedule {name!r}: it was removed from code")

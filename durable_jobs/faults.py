@@ -12,7 +12,8 @@ the first), ``@*`` every time.
 
 Points: ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
-``before_batched_completion``, ``zygote_ready`` (the zygote, once Django is set up).
+``before_batched_completion``, ``zygote_ready`` (the zygote, once Django is set up),
+``scheduler_between`` (a tick planned, its transaction not begun).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ POINTS = frozenset(
         "before_heartbeat",
         "before_batched_completion",
         "zygote_ready",
+        "scheduler_between",
     }
 )
 

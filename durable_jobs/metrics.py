@@ -6,6 +6,8 @@ durable_jobs emits, by name (labels in brackets):
 * ``jobs_parked`` [kind, reason], ``orphans_taken`` [kind]
 * ``slices`` [kind, outcome] and ``slice_seconds`` (an observation) [kind, outcome]
 * gauge ``stale_pending`` (pending jobs due longer than PENDING_TTL)
+* ``schedule_ticks_started`` / ``schedule_ticks_missed`` [schedule]: jobs a schedule's
+  ticks started, and ticks its catch-up policy did not start after downtime
 
 A sink is any callable ``sink(kind, name, value, labels)`` where kind is "counter",
 "gauge" or "observe". Sinks must be cheap and must not raise; a raising sink is logged

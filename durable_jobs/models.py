@@ -10,11 +10,11 @@ from __future__ import annotations
 import uuid
 from typing import Any, NoReturn
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 
+from durable_jobs.fields import StatusArrayField
 from durable_jobs.states import LIVE_STATUSES, ErrorClass, Status
 
 TABLE = "durable_jobs_job"
@@ -227,7 +227,7 @@ class Job(models.Model):
     # from the database clock at the start), and the statuses the key covers there.
     unique_key = models.CharField(max_length=200, null=True, blank=True)
     unique_window = models.CharField(max_length=40, null=True, blank=True)
-    unique_states = ArrayField(models.CharField(max_length=16), null=True, blank=True)
+    unique_states = StatusArrayField(null=True, blank=True)
     #: The flow-control key (durable_jobs.limits): chosen by the kind's policy at start
     #: and stored, so the claim reads one column (invariant 26). Null: no limit applies.
     flow_key = models.CharField(max_length=200, null=True, blank=True)
@@ -631,6 +631,70 @@ class PausedQueue(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_PAUSE_REFUSAL)
+
+
+# ---------------------------------------------------------------------------------------
+# Periodic jobs (durable_jobs.schedules): one row per schedule ever declared in code.
+# ---------------------------------------------------------------------------------------
+
+SCHEDULE_TABLE = "durable_jobs_schedule"
+#: The leader's one statement for "when is the next tick": the active schedules, by tick.
+SCHEDULE_DUE_INDEX = "durable_jobs_schedule_due"
+
+
+class Schedule(models.Model):
+    """A schedule as code last declared it, and where its ticks stand (invariant 24).
+
+    Code is the source of declarations: workers upsert these rows when they start
+    (``store.sync_schedules``), and a schedule no longer declared is marked removed and
+    never fires again, its row and its jobs kept. ``next_tick_at`` is the tick the leader
+    fires next: firing advances it by compare-and-set on its old value, in the same
+    transaction as the tick's job, whose idempotency key is derived from the schedule
+    and the tick. Written only by ``store``; times are the database's.
+    """
+
+    name = models.CharField(max_length=100, primary_key=True)
+    kind = models.CharField(max_length=100)
+    expression = models.CharField(max_length=200)
+    zone = models.CharField(max_length=100)
+    input = models.JSONField(null=True, blank=True)
+    queue_name = models.CharField(max_length=100, null=True, blank=True)
+    priority = models.IntegerField(db_default=0)
+    catch_up = models.CharField(max_length=20)
+    next_tick_at = models.DateTimeField()
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    last_job_id = models.UUIDField(null=True, blank=True)
+    missed_ticks = models.BigIntegerField(db_default=0)
+    paused_at = models.DateTimeField(null=True, blank=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+    seen_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = SCHEDULE_TABLE
+        ordering = ["name"]
+        base_manager_name = "objects"
+        default_permissions = ("view",)
+        permissions = [("change_schedule_state", "Can pause, resume and run a schedule now")]
+        indexes = [
+            models.Index(
+                F("next_tick_at"),
+                name=SCHEDULE_DUE_INDEX,
+                condition=Q(paused_at__isnull=True, removed_at__isnull=True),
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
 
 
 FLOW_KEY_TABLE = "durable_jobs_flow_key"

@@ -17,6 +17,7 @@ from durable_jobs import conf
 from durable_jobs import unique as uniqueness
 from durable_jobs.exceptions import ConfigurationError, InvalidInput, JobError
 from durable_jobs.limits.policy import FlowControl
+from durable_jobs.schedules import declare
 from durable_jobs.states import ErrorClass
 
 if TYPE_CHECKING:
@@ -114,13 +115,16 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
 
     ``policy`` takes the ``Handler`` fields: queue, slice_budget, time_limit, lease_ttl,
     heartbeat_interval, max_consecutive_failures, retry_backoff_base, retry_backoff_max,
-    max_mirror_attempts, classify, mirror, flow (a ``durable.FlowControl``), unique (True, a list of input keys or a
-    ``durable.Unique``: the default of the kind's starts).
+    max_mirror_attempts, classify, mirror, flow (a ``durable.FlowControl``), unique (True, a
+    list of input keys or a ``durable.Unique``: the default of the kind's starts); and
+    ``schedule``: a ``Schedule`` (or a list of them) that starts this kind periodically
+    (durable_jobs.schedules).
     """
     if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
         raise ConfigurationError(
             f"handler kind {kind!r} must be 1-100 characters of letters, digits, _ . : -"
         )
+    schedules = policy.pop("schedule", None)
     unknown = set(policy) - {f.name for f in dataclasses.fields(Handler)} - {"kind", "func"}
     if unknown:
         raise ConfigurationError(f"handler {kind!r}: unknown policy {sorted(unknown)}")
@@ -154,6 +158,8 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
                 f"({entry.setting('SLICE_BUDGET')}s), or should_yield() never gets the chance to end a slice"
             )
         _handlers[kind] = entry
+        if schedules is not None:
+            declare.declare(kind, schedules)
         return func
 
     return register

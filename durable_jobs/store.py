@@ -70,6 +70,7 @@ from durable_jobs.models import (
     LOCK_KEY_INDEX,
     NO_ORGANIZATION,
     PAUSED_QUEUE_TABLE,
+    SCHEDULE_TABLE,
     TABLE,
     TASK_ATTEMPT_TABLE,
     UNIQUE_LIVE_INDEX,
@@ -77,6 +78,7 @@ from durable_jobs.models import (
     WAIT_KEY_INDEX,
     WORKER_TABLE,
     Job,
+    Schedule,
 )
 from durable_jobs.states import (
     VERDICT_CODES,
@@ -2918,6 +2920,234 @@ def _paused(row: Sequence[Any], *, newly_paused: bool = False) -> QueuePause:
 
 
 # ---------------------------------------------------------------------------------------
+# Periodic jobs (durable_jobs.schedules, invariant 24). The schedule row says which tick
+# fires next; firing it is a compare-and-set on that value, committed in one transaction
+# with the tick's job, whose idempotency key is derived from the schedule and the tick.
+# Two leaders (a stalled one waking beside its successor, one killed mid-tick and the
+# next) race on the row: the first to advance it wins, the other's CAS finds zero rows
+# and its transaction, job included, rolls back; and should two CASes ever both pass,
+# the idempotency index still answers the second start with the first's job. Every
+# instant in a predicate is the database's; tick instants come from its clock too.
+# ---------------------------------------------------------------------------------------
+
+SCHEDULE_COLUMNS = ", ".join(str(f.column) for f in Schedule._meta.concrete_fields)
+_SCHEDULE_FIELD_NAMES = tuple(f.attname for f in Schedule._meta.concrete_fields)
+_SCHEDULE_JSON = frozenset(
+    i for i, f in enumerate(Schedule._meta.concrete_fields) if f.get_internal_type() == "JSONField"
+)
+#: A schedule that fires: neither paused by an operator nor removed from code.
+SCHEDULE_ACTIVE = "paused_at IS NULL AND removed_at IS NULL"
+#: The NOTIFY payload that says "the schedules changed": never a queue name (no "!"
+#: there), so a worker's listener tells it apart and wakes its scheduler, not a slot.
+SCHEDULES_CHANGED = "!schedules"
+
+
+def _schedules(using: str, sql: str, params: dict[str, Any]) -> list[Schedule]:
+    with execute(using, sql, params) as cursor:
+        rows = cursor.fetchall()
+    return [
+        Schedule.from_db(
+            using,
+            _SCHEDULE_FIELD_NAMES,
+            [
+                json.loads(v) if i in _SCHEDULE_JSON and isinstance(v, str) else v
+                for i, v in enumerate(row)
+            ],
+        )
+        for row in rows
+    ]
+
+
+# Upsert what code declares, and mark removed what it no longer declares, in one
+# statement (both parts see one snapshot; they touch disjoint rows). A schedule whose
+# expression or zone changed, or that comes back after a removal, starts from the next
+# tick the caller computed from the database's clock; an unchanged one keeps its own
+# next tick, so a worker restarting mid-minute neither skips nor repeats a tick. The
+# operator's pause survives a deploy. Ordered by name, so two workers syncing at once
+# lock rows in one order.
+SYNC_SCHEDULES = f"""
+WITH declared AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
+        name text, kind text, expression text, zone text, input jsonb, queue text,
+        priority int, catch_up text, next_tick_at timestamptz)
+), upserted AS (
+    INSERT INTO {SCHEDULE_TABLE} AS s (
+        name, kind, expression, zone, input, queue_name, priority, catch_up, next_tick_at,
+        missed_ticks, seen_at, created_at, updated_at)
+    SELECT name, kind, expression, zone, NULLIF(input, 'null'::jsonb), queue, priority,
+           catch_up, next_tick_at, 0, now(), now(), now()
+      FROM declared ORDER BY name
+    ON CONFLICT (name) DO UPDATE
+       SET next_tick_at = CASE
+               WHEN s.removed_at IS NOT NULL OR s.expression <> excluded.expression
+                 OR s.zone <> excluded.zone THEN excluded.next_tick_at
+               ELSE s.next_tick_at END,
+           kind = excluded.kind, expression = excluded.expression, zone = excluded.zone,
+           input = excluded.input, queue_name = excluded.queue_name,
+           priority = excluded.priority, catch_up = excluded.catch_up,
+           removed_at = NULL, seen_at = now(), updated_at = now()
+    RETURNING name
+), removed AS (
+    UPDATE {SCHEDULE_TABLE} SET removed_at = now(), updated_at = now()
+     WHERE removed_at IS NULL AND name NOT IN (SELECT name FROM declared)
+    RETURNING name
+)
+SELECT (SELECT count(*) FROM upserted), (SELECT count(*) FROM removed)
+"""
+
+
+def sync_schedules(
+    rows: Sequence[dict[str, Any]], *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, int]:
+    """Write the declared schedules (``rows``: name, kind, expression, zone, input as JSON
+    text, queue, priority, catch_up, next_tick_at) and mark the others removed; return
+    ``(written, removed)``, and wake the schedulers at commit.
+
+    A removed schedule keeps its row and its jobs; it never fires (``SCHEDULE_ACTIVE``).
+    """
+    declared = [
+        {
+            **row,
+            "input": None if row["input"] is None else json.loads(row["input"]),
+            "next_tick_at": row["next_tick_at"].isoformat(),
+        }
+        for row in sorted(rows, key=lambda row: row["name"])
+    ]
+    with transaction.atomic(using=using):
+        with execute(using, SYNC_SCHEDULES, {"rows": json.dumps(declared)}) as cursor:
+            written, removed = cursor.fetchone()
+        notify_schedules(notify_channel, using=using)
+    return written, removed
+
+
+# The leader's one statement between ticks, read through the partial index
+# durable_jobs_schedule_due: seconds until the earliest active tick (negative: overdue),
+# NULL when no schedule is active.
+# Both statements see only the kinds the leader can start (as a worker claims only kinds
+# it can run, invariant 14b): a leader from an older deploy leaves a newer kind's ticks
+# due, instead of failing them, or waking for them, over and over.
+NEXT_SCHEDULE_TICK = f"""
+SELECT extract(epoch FROM next_tick_at - clock_timestamp())::float8
+  FROM {SCHEDULE_TABLE} WHERE {SCHEDULE_ACTIVE} AND kind = ANY(%(kinds)s)
+ ORDER BY next_tick_at LIMIT 1
+"""
+
+
+def next_schedule_tick(*, kinds: Sequence[str], using: str = DEFAULT_DB_ALIAS) -> float | None:
+    """Seconds (database clock) until the earliest active tick of ``kinds``; None when there is none."""
+    return fetch_value(using, NEXT_SCHEDULE_TICK, {"kinds": list(kinds)})
+
+
+# Candidates only: no lock is taken here, the CAS below decides.
+SELECT_DUE_SCHEDULES = f"""
+SELECT {SCHEDULE_COLUMNS} FROM {SCHEDULE_TABLE}
+ WHERE {SCHEDULE_ACTIVE} AND next_tick_at <= clock_timestamp() AND kind = ANY(%(kinds)s)
+ ORDER BY next_tick_at LIMIT %(limit)s
+"""
+
+
+def select_due_schedules(
+    *, kinds: Sequence[str], limit: int, using: str = DEFAULT_DB_ALIAS
+) -> list[Schedule]:
+    """Active schedules of ``kinds`` whose next tick has come (database clock), earliest first."""
+    return _schedules(using, SELECT_DUE_SCHEDULES, {"kinds": list(kinds), "limit": limit})
+
+
+# Invariant 24: the compare-and-set on the tick. Only the transaction that moves
+# next_tick_at off the value it planned from may start that tick's job; a second leader
+# blocks on the row lock, then finds the value moved and updates nothing. The tick must
+# be due by the database's clock, whatever the leader's clock says.
+ADVANCE_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE}
+   SET next_tick_at = %(following)s, last_tick_at = coalesce(%(last_tick)s, last_tick_at),
+       missed_ticks = missed_ticks + %(missed)s, updated_at = now()
+ WHERE name = %(name)s AND next_tick_at = %(due)s AND {SCHEDULE_ACTIVE}
+   AND next_tick_at <= clock_timestamp()
+RETURNING name
+"""
+
+
+def advance_schedule(
+    name: str,
+    *,
+    due: datetime.datetime,
+    following: datetime.datetime,
+    last_tick: datetime.datetime | None,
+    missed: int,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """Move schedule ``name`` from tick ``due`` to ``following``; False when another got there first.
+
+    Call it inside the transaction that starts the tick's jobs (invariant 24).
+    """
+    params = {
+        "name": name,
+        "due": due,
+        "following": following,
+        "last_tick": last_tick,
+        "missed": missed,
+    }
+    return fetch_value(using, ADVANCE_SCHEDULE, params) is not None
+
+
+RECORD_SCHEDULE_JOB = f"""
+UPDATE {SCHEDULE_TABLE} SET last_job_id = %(job_id)s, updated_at = now()
+ WHERE name = %(name)s
+RETURNING name
+"""
+
+
+def record_schedule_job(name: str, job_id: uuid.UUID, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Remember the job a schedule started last (in the transaction that started it)."""
+    return fetch_value(using, RECORD_SCHEDULE_JOB, {"name": name, "job_id": job_id}) is not None
+
+
+PAUSE_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE} SET paused_at = now(), updated_at = now()
+ WHERE name = %(name)s AND {SCHEDULE_ACTIVE}
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+
+def pause_schedule(name: str, *, using: str = DEFAULT_DB_ALIAS) -> Schedule | None:
+    """Stop schedule ``name`` from firing; None when it is not active (paused, removed, unknown)."""
+    rows = _schedules(using, PAUSE_SCHEDULE, {"name": name})
+    return rows[0] if rows else None
+
+
+# Ticks that fell while paused are not missed ticks: the operator did not want them. The
+# schedule resumes from the first tick after now, which the caller computed from the
+# database's clock. The NOTIFY (delivered at commit) wakes the leader, whose sleep may
+# be longer than the time to this tick.
+RESUME_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE} SET paused_at = NULL, next_tick_at = %(following)s, updated_at = now()
+ WHERE name = %(name)s AND paused_at IS NOT NULL AND removed_at IS NULL
+RETURNING {SCHEDULE_COLUMNS}
+"""
+
+
+def resume_schedule(
+    name: str,
+    *,
+    following: datetime.datetime,
+    notify_channel: str | None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Schedule | None:
+    """Let paused schedule ``name`` fire again from tick ``following``; None when it is not paused."""
+    with transaction.atomic(using=using):
+        rows = _schedules(using, RESUME_SCHEDULE, {"name": name, "following": following})
+        if rows:
+            notify_schedules(notify_channel, using=using)
+    return rows[0] if rows else None
+
+
+def notify_schedules(channel: str | None, *, using: str = DEFAULT_DB_ALIAS) -> None:
+    """Wake the schedulers at commit (``SCHEDULES_CHANGED``); nothing without a channel."""
+    if channel:
+        with execute(using, NOTIFY, {"channel": channel, "queue": SCHEDULES_CHANGED}):
+            pass
+
+
 # 7b. Flow keys: an operator's runtime limits, and the reads explain and the console make
 # ---------------------------------------------------------------------------------------
 
@@ -3092,3 +3322,24 @@ RETURNING {COLUMNS}
 def make_due(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | None:
     """Bring a scheduled job's run time to now (the testing helpers' fast-forward)."""
     return fetch_job(using, MAKE_DUE, {"id": job_id})
+
+
+# Brings a schedule's next tick to the database's now, so a test sees a tick fire without
+# waiting for the minute: the tick instant is this statement's clock, a real instant the
+# tick's key is derived from like any other.
+FAST_FORWARD_SCHEDULE = f"""
+UPDATE {SCHEDULE_TABLE} SET next_tick_at = clock_timestamp(), updated_at = now()
+ WHERE name = %(name)s AND {SCHEDULE_ACTIVE} AND next_tick_at > clock_timestamp()
+RETURNING next_tick_at
+"""
+
+
+def fast_forward_schedule(
+    name: str, *, notify_channel: str | None, using: str = DEFAULT_DB_ALIAS
+) -> datetime.datetime | None:
+    """Make schedule ``name``'s next tick due now; the tick's instant, or None if it is not active or already due."""
+    with transaction.atomic(using=using):
+        tick = fetch_value(using, FAST_FORWARD_SCHEDULE, {"name": name})
+        if tick is not None:
+            notify_schedules(notify_channel, using=using)
+    return tick

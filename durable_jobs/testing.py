@@ -15,6 +15,7 @@ is expected to be short).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
@@ -22,6 +23,7 @@ from django.db import DEFAULT_DB_ALIAS
 from durable_jobs import conf, reads, registry, service, store
 from durable_jobs.limits import claims
 from durable_jobs.models import HELD, Job
+from durable_jobs.runtime import scheduler
 from durable_jobs.runtime.executor import SliceReport, run_slice
 from durable_jobs.states import LIVE_STATUSES
 
@@ -122,3 +124,22 @@ def _bring_forward(queues: Sequence[str], using: str) -> bool:
     for job_id in waiting:
         return store.make_due(job_id, using=using) is not None
     return False
+
+
+def fast_forward_schedule(name: str, *, using: str = DEFAULT_DB_ALIAS) -> datetime:
+    """Make schedule ``name``'s next tick due now (database clock); return the tick's instant.
+
+    Five-field cron has minute resolution: instead of sleeping until the minute, a test
+    brings the tick to now and lets a worker (woken by the NOTIFY this sends) or
+    ``fire_schedules()`` fire it. The returned instant is the tick its job's key names.
+    """
+    tick = store.fast_forward_schedule(name, notify_channel=conf.get().NOTIFY_CHANNEL, using=using)
+    if tick is None:
+        raise AssertionError(f"schedule {name!r} is not active, or its tick is already due")
+    return tick
+
+
+def fire_schedules(*, using: str = DEFAULT_DB_ALIAS) -> int:
+    """Fire every due schedule once, on this thread, as the scheduler's leader would; return
+    how many jobs started (run them with ``run_jobs()``)."""
+    return scheduler.fire_due(using=using).started

@@ -68,5 +68,21 @@ if os.environ.get("TESTPROJECT_LISTEN_DATABASE_URL"):
     if not DATABASES["listen"].get("HOST") and "host" in _listen_options:
         DATABASES["listen"]["HOST"] = _listen_options.pop("host")
     DURABLE_JOBS["LISTEN_DATABASE"] = "listen"
+# Schedules for worker subprocesses (tests/acceptance/test_schedules.py), as JSON.
+if os.environ.get("DURABLE_JOBS_SCHEDULES"):
+    import json as _json
+
+    DURABLE_JOBS["SCHEDULES"] = _json.loads(os.environ["DURABLE_JOBS_SCHEDULES"])
+# Periodic tasks for worker subprocesses: the Tasks backend's OPTIONS["SCHEDULES"], as JSON.
+if os.environ.get("DURABLE_TASKS_SCHEDULES"):
+    import json as _json
+
+    TASKS = {
+        **TASKS,
+        "default": {
+            **TASKS["default"],
+            "OPTIONS": {"SCHEDULES": _json.loads(os.environ["DURABLE_TASKS_SCHEDULES"])},
+        },
+    }
 if os.environ.get("DURABLE_JOBS_NOTIFY_CHANNEL") is not None:
     DURABLE_JOBS["NOTIFY_CHANNEL"] = os.environ["DURABLE_JOBS_NOTIFY_CHANNEL"] or None

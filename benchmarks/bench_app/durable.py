@@ -6,6 +6,7 @@ sleeps ``input["s"]`` seconds, a slice that waits on I/O (the trial's 1 ms to 5 
 
 from __future__ import annotations
 
+import os
 import time
 
 import durable_jobs as durable
@@ -20,3 +21,9 @@ def noop(job: durable.Slice):
 def sleep(job: durable.Slice):
     time.sleep(float(job.input["s"]))
     return durable.DONE
+
+
+# The schedules scenario (benchmarks/schedules_bench.py): BENCH_SCHEDULES yearly schedules,
+# so none comes due by itself while their idle cost is measured.
+for _n in range(int(os.environ.get("BENCH_SCHEDULES") or 0)):
+    durable.schedule("bench.noop", "0 0 1 1 *", name=f"bench.yearly.{_n}", catch_up="skip")

@@ -44,6 +44,8 @@ _LABELS = {
     "jobs_parked": ("kind", "reason"),
     "orphans_taken": ("kind",),
     "slices": ("kind", "outcome"),
+    "schedule_ticks_started": ("schedule",),
+    "schedule_ticks_missed": ("schedule",),
 }
 
 

@@ -10,8 +10,9 @@ cover. Both indexes are built as the table is locked by the migration; on a larg
 build them ``CONCURRENTLY`` first by hand under the same names.
 """
 
-import django.contrib.postgres.fields
 from django.db import migrations, models
+
+import durable_jobs.fields
 
 TABLE = "durable_jobs_job"
 WINDOW_INDEX = "durable_jobs_unique_window"
@@ -31,9 +32,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="job",
             name="unique_states",
-            field=django.contrib.postgres.fields.ArrayField(
-                base_field=models.CharField(max_length=16), blank=True, null=True, size=None
-            ),
+            field=durable_jobs.fields.StatusArrayField(blank=True, null=True),
         ),
         migrations.AddField(
             model_name="job",

@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_jobs", "0011_paused_queues"),
+        ("durable_jobs", "0012_schedules"),
     ]
 
     operations = [

@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 
-from durable_jobs import conf, db
+from durable_jobs import conf, db, store
 from durable_jobs.runtime import pooling
 from durable_jobs.runtime.outage import OutageLog
 
@@ -46,6 +46,7 @@ class WakeUps:
     _due_soon: list[float]  # a heap of monotonic moments held jobs become due
     _due_lock: threading.Lock
     _outage: OutageLog
+    _schedules_changed: threading.Event  # set by a SCHEDULES_CHANGED notification
 
     def _note_due(self, seconds: float) -> None:
         """Remember that a job this worker held is due in ``seconds`` (database clock difference)."""
@@ -102,7 +103,9 @@ class WakeUps:
                     probe.send()
                     while not self.stopping.is_set():
                         for notification in raw.notifies(timeout=0.5, stop_after=1):
-                            if not probe.seen(notification.payload):
+                            if notification.payload == store.SCHEDULES_CHANGED:
+                                self._schedules_changed.set()  # the scheduler's, not a slot's
+                            elif not probe.seen(notification.payload):
                                 self._wake_one()
                         hearing = self._judge_probe(probe, hearing, listen_using, settings)
                         if probe.due():

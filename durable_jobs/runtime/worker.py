@@ -180,6 +180,7 @@ class Worker(Supervision, WakeUps):
         self.abandoned_threads = 0
         self._previous_handlers: dict[int, _SignalHandler] = {}
         self._failed = False
+        self._schedules_changed = threading.Event()
 
     # --- signals: handlers only set flags ---
     def stop(self) -> None:
@@ -192,6 +193,7 @@ class Worker(Supervision, WakeUps):
             self.hard_stop.set()
         self.stopping.set()
         self._wake_all()  # idle slots need not wait out their poll
+        self._schedules_changed.set()  # nor the scheduler its next tick
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self.stopping.is_set():
@@ -241,6 +243,12 @@ class Worker(Supervision, WakeUps):
                 target=self._reconcile_loop, name="durable-reconciler", daemon=True
             )
             reconciler.start()
+        scheduler = None
+        if not self.burst:
+            scheduler = threading.Thread(
+                target=self._scheduler_loop, name="durable-scheduler", daemon=True
+            )
+            scheduler.start()
         for number in range(self.concurrency):
             self._start_slot(number, generation=0)
         # Process execution kills a child at the grace itself; give those kills time to land.
@@ -273,11 +281,14 @@ class Worker(Supervision, WakeUps):
             return 1 if self._failed else 0
         finally:
             self.stopping.set()
+            self._schedules_changed.set()  # the scheduler's sleep ends with the worker
             self._hand_back_everything()
             self._heartbeater.stop()
             registration.stop()
             if reconciler is not None:
                 reconciler.join(timeout=2)  # let a leader resign, so leadership moves at once
+            if scheduler is not None:
+                scheduler.join(timeout=2)
             if self.execution == "process":
                 zygote.close_shared()
             log.info("worker %s stopped after %d slices", self.identity, self.slices_run)
@@ -596,3 +607,11 @@ class Worker(Supervision, WakeUps):
 
         pooling.name_connection(self.using)
         run_as_leader(self.stopping, self.identity, using=self.using)
+
+    def _scheduler_loop(self) -> None:
+        # Every worker writes the schedules its code declares and takes part in the
+        # scheduler's leadership; the leader fires each tick once (invariant 24).
+        from durable_jobs.runtime.scheduler import run_as_leader as run_scheduler
+
+        pooling.name_connection(self.using)
+        run_scheduler(self.stopping, self.identity, wake=self._schedules_changed, using=self.using)

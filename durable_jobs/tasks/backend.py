@@ -65,12 +65,13 @@ from durable_jobs.exceptions import (
     TaskUnavailable,
 )
 from durable_jobs.states import Done
+from durable_jobs.tasks import schedules as task_schedules
 from durable_jobs.unique import Unique, coerce
 
 log = logging.getLogger("durable_jobs.tasks")
 
 #: The job kind every task runs as; the task itself is named in the job's input.
-TASK_KIND = "django.tasks"
+TASK_KIND = task_schedules.TASK_KIND
 
 __all__ = ["TASK_KIND", "DurableBackend", "DurableTask", "register"]
 
@@ -96,6 +97,10 @@ class DurableTask(Task):
     max_attempts: int | None = None
     retry_backoff_base: float | None = None  # seconds, or a timedelta
     retry_backoff_max: float | None = None
+    #: Run the task periodically: a cron expression (``"0 6 * * *"``, ``"@hourly"``) or a
+    #: ``durable_jobs.Schedule`` (its ``input`` is the task's kwargs), or a list of them.
+    #: Each tick enqueues the task once (durable_jobs.schedules, invariant 24).
+    schedule: Any = None
     #: ``@task(unique=True)``: an enqueue while the same task with the same arguments is
     #: queued or running returns that task's result instead of a second run (a
     #: ``durable.Unique`` without fields adds a period; False turns the backend's
@@ -113,6 +118,9 @@ OPTIONS = {
     # Retry backoff of tasks that do not set their own; None: DURABLE_JOBS' values.
     "RETRY_BACKOFF_BASE": None,
     "RETRY_BACKOFF_MAX": None,
+    # Periodic tasks: {task path: a cron expression, a durable_jobs.Schedule or a dict of
+    # its fields (or a list)}, for tasks whose @task cannot say so, or an operator's choice.
+    "SCHEDULES": None,
     # Uniqueness of tasks that do not say: None (none), True (the same task and arguments
     # while one is queued or running), a durable.Unique without fields, or a dict of its
     # arguments ({"period": 3600}: also one that completed in the same hour).
@@ -160,6 +168,13 @@ class DurableBackend(BaseTaskBackend):
         self.retry_backoff_max = _seconds(
             f"TASKS[{alias!r}]['OPTIONS']['RETRY_BACKOFF_MAX']", options["RETRY_BACKOFF_MAX"]
         )
+        schedules = options["SCHEDULES"] or {}
+        if not isinstance(schedules, dict):
+            raise ConfigurationError(
+                f"TASKS[{alias!r}]['OPTIONS']['SCHEDULES'] must be a dict {{task path: cron}}"
+            )
+        for path, schedule in schedules.items():
+            task_schedules.declare(self, path, schedule, queue=None, priority=None, policy=None)
         label = f"TASKS[{alias!r}]['OPTIONS']['UNIQUE']"
         try:
             self.unique = _task_unique(label, options["UNIQUE"])
@@ -187,6 +202,18 @@ class DurableBackend(BaseTaskBackend):
                 _task_unique("unique", task.unique)
             except (ConfigurationError, InvalidInput) as error:
                 raise InvalidTask(f"task {task.module_path}: {error}") from None
+            if task.schedule is not None:
+                try:
+                    task_schedules.declare(
+                        self,
+                        task.module_path,
+                        task.schedule,
+                        queue=task.queue_name,
+                        priority=task.priority,
+                        policy=self._policy(task),
+                    )
+                except ConfigurationError as error:
+                    raise InvalidTask(str(error)) from None
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Start the task as a durable job in the caller's transaction (``OPTIONS['DATABASE']``)."""

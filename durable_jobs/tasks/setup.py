@@ -25,3 +25,17 @@ def register_if_configured() -> None:
         from durable_jobs.tasks import backend as tasks
 
         tasks.register()
+
+
+def discover_if_configured() -> None:
+    """Import the apps' ``tasks`` modules now, when ``TASKS`` names ``DurableBackend``.
+
+    A task's schedule (``@task(schedule=...)``) is declared when its module is imported:
+    the worker writes the schedules code declares when it starts, and the system check
+    checks them, so both import the tasks modules first (otherwise a worker would mark a
+    task's schedule removed because it had not imported the task yet).
+    """
+    if configured():
+        from durable_jobs.tasks import backend as tasks
+
+        tasks.discover_tasks()

@@ -6,6 +6,7 @@ Imported from whichever line is installed: ``django.tasks`` on Django 6, the
 
 from __future__ import annotations
 
+import os
 import time
 
 try:
@@ -76,6 +77,20 @@ def connect_raising_receivers() -> None:
 
     for signal in (task_enqueued, task_started, task_finished):
         signal.connect(raising, weak=False, dispatch_uid="demo.raising_receiver")
+
+
+# A periodic task for tests/acceptance/test_schedules.py, only when asked for: a schedule
+# declared on every import would be written by every test's worker.
+_PERIODIC = os.environ.get("DURABLE_DEMO_TASK_SCHEDULE")
+
+
+def _periodic(func):
+    return task(schedule=_PERIODIC)(func) if _PERIODIC else task(func)
+
+
+@_periodic
+def periodic():
+    return "ran on its tick"
 
 
 @task(unique=True)

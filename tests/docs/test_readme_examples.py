@@ -29,6 +29,7 @@ import durable_jobs as durable
 from durable_jobs import conf, registry, testing
 from durable_jobs.models import Job
 from durable_jobs.runtime.reconciler import Reconciler
+from durable_jobs.schedules import declare
 from testproject.demo.models import Effect, Report
 from tests.docs.examples import ROOT, Example, documents, extract, preludes
 
@@ -102,6 +103,8 @@ EXPECTED = {
         {"rows": len(SOURCE_ROWS)},
         {"cursor": SOURCE_ROWS[-1], "rows": len(SOURCE_ROWS)},
     ),
+    # docs/howto/schedules.rst: a scheduled kind that does nothing but finish.
+    "reports.daily": (None, None),
     # docs/unique.rst: handlers that return DONE
     "search.refresh": (None, None),
     "billing.sync_customer": (None, None),
@@ -174,11 +177,13 @@ def wait_profiles(settings, tmp_path):
 
 @pytest.fixture
 def registered_kinds():
-    """Forget every handler an example registers."""
+    """Forget every handler and schedule an example registers."""
     before = set(registry.kinds())
+    schedules = list(declare._declared)
     yield
     for kind in set(registry.kinds()) - before:
         registry.unregister(kind)
+    declare._declared[:] = schedules  # and every schedule one declares
 
 
 def _ids(path: Path) -> str:

@@ -339,3 +339,21 @@ def test_unique__without_an_input_a_kind_has_one_live_job_per_scope(kind):
     singleton = durable.start(kind, unique=True)
     assert durable.start(kind, unique=True).id == singleton.id
     assert durable.start(kind, unique=True, scope="tenant-b").id != singleton.id
+
+
+def test_unique__the_app_passes_django_s_checks_without_django_contrib_postgres(kind):
+    # The key's status list is a PostgreSQL array. Django's own ArrayField would demand
+    # django.contrib.postgres in INSTALLED_APPS (postgres.E005 on Django 6.1), and every
+    # worker's start-up check would refuse to run in a project without it.
+    from django.conf import settings
+    from django.core import checks
+
+    assert "django.contrib.postgres" not in settings.INSTALLED_APPS
+    errors = [m for m in checks.run_checks() if m.level >= checks.ERROR]
+    assert errors == []
+    job = durable.start(
+        kind,
+        input={"a": 1},
+        unique=durable.Unique(period=60, states=["pending", "running", "failed"]),
+    )
+    assert reload(job).unique_states == ["pending", "running", "failed"]

@@ -1,4 +1,5 @@
-"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats|queues|pause|resume``: see and steer jobs, no SQL.
+"""``manage.py durable_jobs list|show|explain|cancel|redrive|stats|queues|pause|resume|schedules|...``:
+see and steer jobs, queues and schedules, no SQL.
 
 Human output by default, ``--json`` (before or after the action) for scripts. Every
 action goes through the same service functions as code and the admin. Exit status: 0
@@ -24,6 +25,7 @@ from durable_jobs.exceptions import ConfigurationError, DurableJobsError, Invali
 from durable_jobs.limits.policy import Rate
 from durable_jobs.management import preflight
 from durable_jobs.models import Job
+from durable_jobs.schedules import api as schedules
 from durable_jobs.states import Scope, Status
 from durable_jobs.validation import NAME
 from durable_jobs.waits.explain import explain_hold
@@ -199,6 +201,23 @@ class Command(BaseCommand):
             help="count every tenant's jobs (no --tenant/--organization)",
         )
 
+        for action, helptext in (
+            ("schedules", "every schedule: next and last run, last outcome, missed ticks"),
+            ("schedule-pause", "stop a schedule firing until it is resumed"),
+            ("schedule-resume", "let a paused schedule fire again from its next tick"),
+            ("schedule-run", "start one run of a schedule now (its own key, never a tick's)"),
+        ):
+            p = sub.add_parser(action, help=helptext)
+            self._json_aware(p)
+            if action != "schedules":
+                p.add_argument("schedule", type=name, help="the schedule's name")
+            # As the other actions: before the action (--json schedules) or after it.
+            p.add_argument(
+                "--json",
+                action="store_true",
+                default=argparse.SUPPRESS,
+                help="machine-readable output and errors",
+            )
         self._add_queue_actions(sub)
         self._add_flow_actions(sub)
 
@@ -557,3 +576,56 @@ class Command(BaseCommand):
             if ended is not None
             else f"queue {options['queue']} was not paused: nothing changed",
         )
+
+    def do_schedules(self, **options: Any) -> None:
+        views = schedules.list_schedules()
+        if options["json"]:
+            self._emit(options, [view.as_dict() for view in views], "")
+            return
+        if not views:
+            self.stdout.write("no schedules (they are written when a worker starts)")
+            return
+        lines = [
+            f"{'name':<28} {'state':<8} {'cron':<16} {'zone':<18} {'next run (UTC)':<20} "
+            f"{'last run (UTC)':<20} {'last outcome':<12} missed"
+        ]
+        for view in views:
+            lines.append(
+                f"{view.name:<28} {view.state:<8} {view.expression:<16} {view.zone:<18} "
+                f"{_at(view.next_tick_at):<20} {_at(view.last_tick_at):<20} "
+                f"{view.last_job_status or '-':<12} {view.missed_ticks}"
+            )
+        self.stdout.write("\n".join(lines))
+
+    def do_schedule_pause(self, **options: Any) -> None:
+        row = schedules.pause_schedule(options["schedule"])
+        self._emit(options, _schedule_dict(row), f"schedule {row.name} paused")
+
+    def do_schedule_resume(self, **options: Any) -> None:
+        row = schedules.resume_schedule(options["schedule"])
+        self._emit(
+            options,
+            _schedule_dict(row),
+            f"schedule {row.name} resumed; next run {_at(row.next_tick_at)} UTC",
+        )
+
+    def do_schedule_run(self, **options: Any) -> None:
+        job = schedules.run_schedule(options["schedule"])
+        self._emit(options, as_dict(job), f"schedule {options['schedule']}: started job {job.id}")
+
+
+def _at(instant: Any) -> str:
+    return "-" if instant is None else f"{instant:%Y-%m-%d %H:%M:%S}"
+
+
+def _schedule_dict(row: Any) -> dict[str, Any]:
+    return {
+        field.attname: (
+            value.isoformat()
+            if hasattr(value := getattr(row, field.attname), "isoformat")
+            else str(value)
+            if field.attname == "last_job_id" and value is not None
+            else value
+        )
+        for field in row._meta.concrete_fields
+    }

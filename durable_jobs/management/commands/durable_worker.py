@@ -11,6 +11,7 @@ from durable_jobs import conf, logsetup
 from durable_jobs.exceptions import ConfigurationError
 from durable_jobs.management.settings_first import SettingsFirst
 from durable_jobs.runtime.worker import Worker
+from durable_jobs.tasks import setup as tasks_setup
 from durable_jobs.validation import NAME
 
 
@@ -121,6 +122,8 @@ class Command(SettingsFirst, BaseCommand):
                     "--metrics-port needs prometheus-client: pip install durable-jobs[prometheus]"
                 ) from None
             prometheus.serve(metrics_port)
+        # Before the worker writes its schedules: a task's schedule is declared by its module.
+        tasks_setup.discover_if_configured()
         try:
             worker = Worker(
                 queues=queues,
