@@ -24,6 +24,9 @@ Scenarios (``--only`` picks some):
 ``memory``      a long-running worker's RSS over many jobs.
 ``schedules``   2 idle workers with 0 and with 1,000 schedules: the fleet's statements/s
                 (pg_stat_database xact_commit deltas); then all 1,000 ticks made due at once.
+``workflows``   one parent spawns 10,000 children in one slice (--quick 1,000), waits for them
+                with no lease, and resumes: spawn seconds beside ``start_many``, how soon the
+                parent finishes after its last child, and the tree's integrity.
 ``flow``        flow control: throughput and claim time with each limit at 4 and 16 slots,
                 DEQUEUE flat beside a full key's backlog, the fairness bound against a
                 flood (``benchmarks/flow_bench.py``).
@@ -61,6 +64,7 @@ SCENARIOS = (
     "priorities",
     "memory",
     "schedules",
+    "workflows",
     "flow",
 )
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
@@ -179,6 +183,7 @@ class Plan:
         self.memory_chunk = 1_000 if quick else 5_000
         self.schedules = 1_000
         self.schedules_window = 20.0 if quick else 60.0
+        self.fanout_n = 1_000 if quick else 10_000
         self.flow_n = 500 if quick else 5_000
         self.flow_flood = 10_000 if quick else 100_000
 
@@ -1029,6 +1034,40 @@ class Results:
             "-",
             "flat",
             report.verdict(later <= max(0.5, 1.5 * r["dequeue_exec_first_ms"])),
+        )
+
+    def scenario_workflows(self) -> None:
+        """A parent with N children: spawn speed, fan-in wake-up, an intact tree."""
+        from benchmarks import workflow_bench
+
+        r = workflow_bench.run(self.ctx, self.plan.fanout_n, timeout=self.plan.worker_timeout)
+        self.raw["workflows"] = r
+        spawn, bulk = r["spawn_seconds"], r["start_many_seconds"]
+        self.table_obj.add(
+            f"spawn_many of {r['n']:,} children in one slice: seconds (start_many of as many)",
+            f"{spawn:.2f} ({bulk:.2f})" if spawn and bulk else "n/a",
+            "-",
+            "-",
+            "bulk-start speed",
+            report.verdict(bool(spawn and bulk and spawn <= 2 * bulk + 0.5)),
+        )
+        lag = r["parent_done_after_last_child_s"]
+        self.table_obj.add(
+            "  parent finished after its last child ended (s, database clock)",
+            "n/a" if lag is None else f"{lag:.3f}",
+            "-",
+            "-",
+            "< 1 s",
+            report.verdict(lag is not None and lag < 1.0),
+        )
+        intact = r["children"] == r["completed"] == r["summary"] == r["n"]
+        self.table_obj.add(
+            "  children / completed / parent's summary",
+            f"{r['children']:,} / {r['completed']:,} / {r['summary']}",
+            "-",
+            "-",
+            "all N, once",
+            report.verdict(intact and r["status"] == "completed"),
         )
 
     def scenario_flow(self) -> None:

@@ -100,7 +100,8 @@ class Settings:
     OPERATOR_LOCK_WAIT: float = 2.0
     #: Reconciler pass cadence.
     RECONCILE_INTERVAL: float = 5.0
-    #: Largest serialized input/checkpoint/meta/result accepted, in bytes.
+    #: Largest serialized input/checkpoint/meta/result accepted, in bytes (also a child's
+    #: input and an event's payload). A larger result fails the slice ``invalid_result``.
     MAX_PAYLOAD_BYTES: int = 1_000_000
     #: Deepest nesting accepted in a JSON payload.
     MAX_PAYLOAD_DEPTH: int = 64

@@ -24,6 +24,8 @@ IDEMPOTENCY_INDEX = "durable_jobs_idempotency"
 WAIT_KEY_INDEX = "durable_jobs_wait_key_live"
 UNIQUE_LIVE_INDEX = "durable_jobs_unique_live"
 UNIQUE_WINDOW_INDEX = "durable_jobs_unique_window"
+CHILD_KEY_INDEX = "durable_jobs_child_key"
+EVENT_TABLE = "durable_jobs_event"
 # A null organization ("tenant-wide") is folded to this value in the lock-key index, so
 # tenant-wide is one value there. The service refuses it as a real organization id.
 NO_ORGANIZATION = ""
@@ -232,6 +234,29 @@ class Job(models.Model):
     #: and stored, so the claim reads one column (invariant 26). Null: no limit applies.
     flow_key = models.CharField(max_length=200, null=True, blank=True)
 
+    # workflows (durable_jobs.workflows; invariants 29 and 30). A child names its parent and
+    # the key its parent spawned it under; its id derives from both, so a re-run slice
+    # finds the child it already started. The parent counts its children (spawned, ended,
+    # ended without completing): each child's terminal statement moves the counters under
+    # the parent's row lock, which is what decides "woken exactly once". ``flow_wait`` is
+    # the parent's last wait (children, an event, a sleep); a job held by one is pending
+    # with no lease, and its ``next_run_at`` is NULL until something wakes it.
+    parent_id = models.UUIDField(null=True, blank=True)
+    spawn_key = models.CharField(max_length=200, null=True, blank=True)
+    children_total = models.IntegerField(db_default=0)
+    children_ended = models.IntegerField(db_default=0)
+    children_failed = models.IntegerField(db_default=0)
+    flow_wait = models.JSONField(null=True, blank=True)
+    # Dependencies (``start(after=[...])``): the jobs that wait for this one are named on
+    # its own row, appended under its row lock by their start, so its terminal statement
+    # reads them from the very row version it ends (no snapshot can miss a dependent).
+    # A dependent counts its dependencies like a parent counts children.
+    # (jsonb, an array of ids: an ArrayField needs django.contrib.postgres installed.)
+    dependents = models.JSONField(null=True, blank=True)
+    deps_total = models.IntegerField(db_default=0)
+    deps_ended = models.IntegerField(db_default=0)
+    deps_failed = models.IntegerField(db_default=0)
+
     objects = JobQuerySet.as_manager()
 
     class Meta:
@@ -282,6 +307,13 @@ class Job(models.Model):
                 F("unique_key"),
                 condition=Q(unique_key__isnull=False, status__in=LIVE_STATUSES),
                 name=UNIQUE_LIVE_INDEX,
+            ),
+            # Invariant 29: a child is born once. One child per (parent, spawn key); its
+            # id is derived from the pair too, so the primary key agrees.
+            models.UniqueConstraint(
+                fields=["parent_id", "spawn_key"],
+                condition=Q(parent_id__isnull=False),
+                name=CHILD_KEY_INDEX,
             ),
         ]
         # Each candidate query reads an index holding only its candidates, so a table of
@@ -689,6 +721,43 @@ class Schedule(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_REFUSAL)
+
+
+class JobEvent(models.Model):
+    """An event sent to a job (``durable_jobs.send_event``), kept until the job consumes it.
+
+    Written only by ``store`` (invariant 1): sent in the sender's transaction, consumed in
+    the receiving slice's fenced transaction, so a payload is delivered exactly once. Events
+    of one name are kept in the order they were sent (``id``); each wait takes the oldest.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job_id = models.UUIDField()
+    name = models.CharField(max_length=100)
+    payload = models.JSONField(null=True, blank=True)
+    sent_at = models.DateTimeField()
+    consumed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = EVENT_TABLE
+        default_permissions = ("view",)
+        indexes = [
+            models.Index(
+                fields=["job_id", "name", "id"],
+                condition=Q(consumed_at__isnull=True),
+                name="durable_jobs_event_unread",
+            ),
+            models.Index(fields=["job_id", "id"], name="durable_jobs_event_job"),
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.name} for {self.job_id}"
 
     def save(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)

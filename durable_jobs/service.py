@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -263,6 +263,8 @@ def start(
     wait_for: list[dict[str, str]] | None = None,
     wait_key: str | None = None,
     unique: uniqueness.Unique | bool | list[str] | tuple[str, ...] | None = None,
+    after: Sequence[Any] | None = None,
+    after_policy: str = "fail",
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
     """Start a job in the caller's transaction and return it.
@@ -282,9 +284,15 @@ def start(
     registration, ``False`` to turn that off) makes the start answer with the job of the
     same kind, scope and selected input that its key covers, flagged ``deduplicated``,
     instead of creating a second (invariant 25; see docs/unique.rst).
+
+    ``after`` (jobs or ids of the same scope, which must exist: no cycle can be built)
+    holds the job until they have all ended; ``after_policy`` says what a failed or
+    cancelled one means: ``fail`` (the job ends ``failed``, code ``dependency_failed``) or
+    ``run`` (it runs anyway). See docs/workflows.rst.
     """
     settings = conf.get()
     scope = scope_of(scope)
+    dependencies = None if after is None else _dependencies(after, after_policy)
     fields = _prepare(
         kind,
         input=input,
@@ -304,7 +312,12 @@ def start(
     _set_unique_key(fields, scope)
     fields["flow_key"] = claims.flow_key(fields, scope.tenant, scope.organization)
     _bound_instants([fields], using)
-    result = store.insert_job(fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using)
+    if dependencies:
+        result = _start_after(fields, scope, dependencies, after_policy, using)
+    else:
+        result = store.insert_job(
+            fields, scope, notify_channel=settings.NOTIFY_CHANNEL, using=using
+        )
     job = result.job
     job.coalesced = result.coalesced
     job.deduplicated = result.deduplicated
@@ -639,6 +652,151 @@ def resume_queue(queue: str, *, using: str = DEFAULT_DB_ALIAS) -> QueuePause | N
 def paused_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[QueuePause]:
     """Return every paused queue, by name, with when, by whom and why it was paused."""
     return store.list_paused_queues(using=using)
+
+
+# --- workflows (durable_jobs.workflows) --------------------------------------------------
+
+#: What a failed or cancelled dependency means to a job started ``after`` it.
+AFTER_POLICIES = ("fail", "run")
+#: The most jobs one start may wait for.
+MAX_DEPENDENCIES = 1_000
+
+
+def _dependencies(after: Any, policy: Any) -> list[uuid.UUID]:
+    if isinstance(after, (str, bytes, Job)) or not isinstance(after, Iterable):
+        raise InvalidInput("after", "must be a list of jobs or job ids")
+    ids = list(dict.fromkeys(_job_id(job) for job in after))
+    if len(ids) > MAX_DEPENDENCIES:
+        raise InvalidInput("after", f"names {len(ids)} jobs; at most {MAX_DEPENDENCIES}")
+    if policy not in AFTER_POLICIES:
+        raise InvalidInput("after_policy", f"must be one of {', '.join(AFTER_POLICIES)}")
+    return ids
+
+
+def _start_after(
+    fields: dict[str, Any], scope: Scope, after: list[uuid.UUID], policy: str, using: str
+) -> store.InsertResult:
+    """Insert the job and make it wait for ``after``, in one savepoint of the caller's
+    transaction: no worker sees it before it is held, and a refusal leaves nothing."""
+    with transaction.atomic(using=using):
+        result = store.insert_job(
+            fields, scope, notify_channel=conf.get().NOTIFY_CHANNEL, using=using
+        )
+        if not result.created:
+            return result
+        found = store.link_dependencies(result.job.id, after, scope, policy=policy, using=using)
+        if found != len(after):
+            # Only existing jobs of this scope can be named: no cycle, no leak (invariant 10).
+            raise JobNotFound(", ".join(str(i) for i in after))
+        held = store.get_job(result.job.id, scope, using=using)
+        assert held is not None
+        return store.InsertResult(held, created=True)
+
+
+#: How many children one cancel statement asks to cancel.
+CANCEL_BATCH = 500
+
+
+def cancel_children(
+    parent_id: Any, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS
+) -> int:
+    """Ask every live descendant of ``parent_id`` to cancel, a bounded batch per statement.
+
+    Each batch is one statement (its own transaction when the caller has none), so a
+    thousand children never make one giant transaction or pile of row locks. Returns how
+    many were asked.
+    """
+    asked = 0
+    parents = [parent_id]
+    while parents:
+        parent = parents.pop()
+        while True:
+            batch = store.request_cancel_children(
+                parent, scope, by=by, limit=CANCEL_BATCH, using=using
+            )
+            asked += len(batch)
+            parents.extend(child for child, has_children in batch if has_children)
+            if len(batch) < CANCEL_BATCH:
+                break
+    return asked
+
+
+def cancel_tree(
+    job_id: Any,
+    *,
+    scope: Scope | str | tuple | None = None,
+    by: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Job:
+    """Cancel a job and every live job it spawned (children, their children, …).
+
+    The parent's request first (``cancel``'s rules and errors), then its descendants in
+    bounded batches. Cancelling a child alone (``cancel``) never cancels its parent: a
+    parent waiting with policy ``fail`` or ``cancel`` ends ``child_failed`` on its own.
+    """
+    job = cancel(job_id, scope=scope, by=by, using=using)
+    cancel_children(job.id, scope_of(scope), by=by, using=using)
+    return job
+
+
+def send_event(
+    job: Any,
+    name: str,
+    payload: Any = None,
+    *,
+    scope: Scope | str | tuple | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """Send the event ``name`` to a live job, in the caller's transaction; True when kept.
+
+    ``job`` is a job (or its id), or the idempotency key it was started with. The event
+    is kept until the job consumes it (``job.received(name)`` inside ``job.fenced()``):
+    an event sent before the job waits is not lost, and events of one name are kept in
+    the order they were sent, each wait taking the oldest. A job waiting for ``name`` is
+    woken at the caller's commit; a rollback sends nothing. False when the job has
+    already finished (nothing is kept); ``JobNotFound`` when ``scope`` has no such job.
+    """
+    scope = scope_of(scope)
+    validation.name("name", name)
+    settings = conf.get()
+    payload_json = validation.payload(
+        "payload",
+        payload,
+        max_bytes=settings.MAX_PAYLOAD_BYTES,
+        max_depth=settings.MAX_PAYLOAD_DEPTH,
+    )
+    target = _event_target(job, scope, using)
+    return store.send_event(target, scope, name, payload_json, using=using) is not None
+
+
+def _event_target(job: Any, scope: Scope, using: str) -> uuid.UUID:
+    if isinstance(job, str):
+        try:
+            return uuid.UUID(job)
+        except ValueError:
+            found = store.find_by_idempotency_key(scope, validation.key("job", job), using=using)
+            if found is None or found.organization_id != scope.organization:
+                raise JobNotFound(job) from None
+            return found.id
+    target = _job_id(job)
+    get(target, scope=scope, using=using)  # JobNotFound for another scope's job
+    return target
+
+
+def children(
+    job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS
+) -> list[Job]:
+    """The jobs ``job_id`` spawned, in spawn-key order (``JobNotFound`` outside ``scope``)."""
+    parent = get(job_id, scope=scope, using=using)
+    return list(
+        Job.objects.using(using)
+        .filter(
+            parent_id=parent.id,
+            tenant_id=parent.tenant_id,
+            organization_id=parent.organization_id,
+        )
+        .order_by("spawn_key")
+    )
 
 
 def explain(

@@ -80,6 +80,7 @@ class SliceEnd(str, enum.Enum):
     INTERRUPTED = "interrupted"  # lost its connection, or its handler process died
     TIME_LIMIT = "time_limit"  # ran past its kind's time limit and was ended
     WITHDRAWN = "withdrawn"  # taken back from the handler process before it started
+    WAIT = "wait"  # returned a workflow wait (children, an event, a sleep): held, no lease
 
     def __str__(self) -> str:
         return self.value
@@ -102,7 +103,7 @@ class SliceOutcome(str, enum.Enum):
     BOOKKEEPING_FAILED = "bookkeeping_failed"  # the write failed twice: left to its lease
     DEFERRED = "deferred"  # finished; completed with the slot's batch
     ABANDONED = "abandoned"  # the worker gave up on it and recorded that itself
-    HELD = "held"  # its wait condition has not cleared
+    HELD = "held"  # its wait condition has not cleared, or it waits in a workflow
 
     def __str__(self) -> str:
         return self.value

@@ -64,6 +64,7 @@ from durable_jobs.db import (
 from durable_jobs.exceptions import JobBusy, LockKeyHeld, UniqueKeyHeld, WaitKeyHeld
 from durable_jobs.models import (
     ATTEMPT_TABLE,
+    EVENT_TABLE,
     FLOW_KEY_TABLE,
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
@@ -115,6 +116,10 @@ SCOPE = "tenant_id = %(tenant)s AND organization_id IS NOT DISTINCT FROM %(organ
 
 #: The lease-holder fence (invariant 4).
 LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
+
+#: A job held by a workflow wait with nothing scheduled (children, dependencies, an event
+#: without a timeout): not late, just waiting; woken by a statement, never by a re-drive.
+_FLOW_HELD = "(next_run_at IS NULL AND flow_wait IS NOT NULL)"
 
 
 # ---------------------------------------------------------------------------------------
@@ -2145,7 +2150,7 @@ UPDATE {TABLE}
    SET {_REDRIVE_CORE},
        redrives_since_commit = redrives_since_commit + 1,
        next_run_at = clock_timestamp()
- WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL
+ WHERE id = %(id)s AND status = 'pending' AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
    AND {QUEUE_NOT_PAUSED}
@@ -2237,14 +2242,18 @@ def operator_redrive(
     holding the row.
     """
     params = {"id": job_id, **scope_params(scope), "force": force, "grace_ms": grace_ms}
+
+    def redrive() -> Job | None:
+        # A failed child made live again is uncounted on its parent in the same
+        # transaction, its old status read under the row lock (invariant 30).
+        was = lock_child(job_id, scope, using=using)
+        job = fetch_job(using, OPERATOR_REDRIVE, params)
+        if job is not None and was is not None and was[0] == "failed" and was[1] is not None:
+            uncount_child(was[1], using=using)
+        return job
+
     try:
-        return _waiting_at_most(
-            lock_timeout_ms,
-            job_id,
-            "redrive",
-            lambda: fetch_job(using, OPERATOR_REDRIVE, params),
-            using=using,
-        )
+        return _waiting_at_most(lock_timeout_ms, job_id, "redrive", redrive, using=using)
     except IntegrityError as error:
         constraint = getattr(getattr(error.__cause__, "diag", None), "constraint_name", None)
         if constraint == WAIT_KEY_INDEX:
@@ -2466,7 +2475,7 @@ def select_parked_untold(
 # would spend redrives_since_commit on a job nobody was allowed to claim).
 SELECT_STALE_PENDING = f"""
 SELECT {COLUMNS} FROM {TABLE}
- WHERE status = 'pending' AND cancel_requested_at IS NULL
+ WHERE status = 'pending' AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
    AND {QUEUE_NOT_PAUSED}
@@ -2490,7 +2499,7 @@ def select_stale_pending(
 
 COUNT_STALE_PENDING = f"""
 SELECT count(*) FROM {TABLE}
- WHERE status = 'pending' AND cancel_requested_at IS NULL
+ WHERE status = 'pending' AND cancel_requested_at IS NULL AND NOT {_FLOW_HELD}
    AND greatest(pending_since, coalesce(next_run_at, pending_since))
        < clock_timestamp() - {_ms("pending_ttl_ms")}
    AND {QUEUE_NOT_PAUSED}
@@ -3343,3 +3352,426 @@ def fast_forward_schedule(
         if tick is not None:
             notify_schedules(notify_channel, using=using)
     return tick
+
+
+# ---------------------------------------------------------------------------------------
+# 9. Workflows (durable_jobs.workflows): children, fan-in, events, durable sleep
+#
+# Invariant 29, a child is born once: a child is inserted by its parent's lease holder,
+# fenced by the parent's lease in the same statement (and, inside ``fenced()``, under the
+# row lock that transaction already holds), with an id derived from the parent and the
+# spawn key; a re-run slice's insert finds the child and adds nothing.
+#
+# Invariant 30, waiting holds no lease: a wait is a yield (continuation_seq + 1, lease
+# released) whose next_run_at is NULL until something wakes it, or the instant a sleep or
+# an event's timeout ends. The deliverable predicate needs next_run_at, so a held job is
+# simply not claimed. Who wakes it decides under the job's row lock, never from a read:
+# a child's terminal statement moves its parent's counters (children_ended,
+# children_failed) and wakes it in the same UPDATE when what it waits for has happened;
+# that UPDATE matches the parent row unconditionally and puts its condition in the SET,
+# so two children ending at once are serialised on the parent row and the second one
+# re-evaluates against the first one's committed counters (never zero wakes, never two).
+# ---------------------------------------------------------------------------------------
+
+_ENDED = "('completed', 'failed', 'cancelled')"
+
+
+def _children_ready(ended: str, failed: str, total: str, wait: str) -> str:
+    """SQL: has what ``wait`` (a flow_wait jsonb) waits for happened, given the counters?
+
+    ``at_least`` (None: all children) is capped at the children spawned; policy ``wait``
+    counts only completed children, ``continue`` every ended one, and ``fail``/``cancel``
+    wake at the first failed or cancelled child too (see durable_jobs.workflows.policy).
+    """
+    want = f"least(coalesce(({wait}->>'at_least')::int, {total}), {total})"
+    return f"""(CASE coalesce({wait}->>'policy', 'fail')
+            WHEN 'wait' THEN ({ended}) - ({failed}) >= {want}
+            WHEN 'continue' THEN ({ended}) >= {want}
+            ELSE ({failed}) > 0 OR ({ended}) >= {want} END)"""
+
+
+def _dependencies_ready(ended: str, failed: str, total: str, wait: str) -> str:
+    """SQL: may a job started ``after=[...]`` run (policy ``fail``: or end failed) now?"""
+    return f"""(({ended}) >= ({total})
+            OR (coalesce({wait}->>'policy', 'fail') = 'fail' AND ({failed}) > 0))"""
+
+
+def _held_for(on: str) -> str:
+    """SQL: the row ``p`` is held by a wait ``on`` children or dependencies, not yet woken."""
+    return (
+        "p.status = 'pending' AND p.lease_owner IS NULL AND p.next_run_at IS NULL "
+        f"AND p.flow_wait->>'on' = '{on}'"
+    )
+
+
+#: The ends a tally counts: every ended row, and those that did not complete.
+_ENDS = "count(*)::int AS ended, (count(*) FILTER (WHERE e.status <> 'completed'))::int AS failed"
+
+
+def _count_ends(
+    source: str, name: str, tally: str, counters: str, on: str, ready: Callable[..., str]
+) -> str:
+    """Three CTEs: ``tally`` (rows ``id, ended, failed``: the waiting jobs and what ended for
+    them) added to their ``{counters}_ended`` / ``_failed``, each woken by the UPDATE whose
+    counters first satisfy its wait ``on`` (invariant 30).
+
+    The waiting rows are locked in id order (two batches ending rows for the same jobs
+    cannot deadlock), and a row ending in this same statement is left alone. The UPDATE
+    matches each row whatever its state and decides the wake in its SET: waiting for a
+    concurrent ender's lock, it re-reads the row and counts on top of what that one wrote.
+    """
+    satisfied = ready(
+        f"p.{counters}_ended + t.ended",
+        f"p.{counters}_failed + t.failed",
+        f"p.{counters}_total",
+        "p.flow_wait",
+    )
+    return f"""{source}_{name} AS (
+    {tally}
+), {source}_{name}_locked AS MATERIALIZED (
+    SELECT p.id FROM {TABLE} AS p JOIN {source}_{name} AS t ON p.id = t.id
+     WHERE p.id NOT IN (SELECT id FROM {source})
+     ORDER BY p.id
+       FOR UPDATE OF p
+), {source}_{name}_told AS (
+    UPDATE {TABLE} AS p
+       SET {counters}_ended = p.{counters}_ended + t.ended,
+           {counters}_failed = p.{counters}_failed + t.failed,
+           next_run_at = CASE WHEN {_held_for(on)} AND {satisfied}
+                              THEN clock_timestamp() ELSE p.next_run_at END,
+           updated_at = now()
+      FROM {source}_{name} AS t, {source}_{name}_locked AS l
+     WHERE p.id = t.id AND p.id = l.id
+    RETURNING p.id
+)"""
+
+
+def _tell_parents(source: str) -> str:
+    """CTEs that count the rows of ``source`` (id, parent_id, dependents, status) that
+    ended on their parents and on the jobs started after them (``_count_ends``)."""
+    parents = f"""SELECT e.parent_id AS id, {_ENDS} FROM {source} AS e
+     WHERE e.parent_id IS NOT NULL AND e.status IN {_ENDED} GROUP BY e.parent_id"""
+    dependents = f"""SELECT d.id::uuid AS id, {_ENDS}
+      FROM {source} AS e
+     CROSS JOIN LATERAL jsonb_array_elements_text(coalesce(e.dependents, '[]'::jsonb)) AS d(id)
+     WHERE e.status IN {_ENDED} GROUP BY d.id"""
+    return (
+        _count_ends(source, "parents", parents, "children", "children", _children_ready)
+        + ", "
+        + _count_ends(source, "dependents", dependents, "deps", "after", _dependencies_ready)
+    )
+
+
+def _telling_parents(statement: str) -> str:
+    """``statement`` (a terminal UPDATE) with its parent's counters moved in the same statement.
+
+    Works on the two shapes the terminal statements have: ``UPDATE … RETURNING {COLUMNS}``
+    and ``WITH x AS (UPDATE …), … SELECT {COLUMNS} FROM x``.
+    """
+    body = statement.strip()
+    tail = f"RETURNING {COLUMNS}"
+    if body.startswith("UPDATE") and body.endswith(tail):
+        return (
+            f"WITH ended AS (\n{body}\n), {_tell_parents('ended')}\nSELECT {COLUMNS} FROM ended\n"
+        )
+    head, _, source = body.rpartition(f"\nSELECT {COLUMNS} FROM ")
+    assert head.startswith("WITH") and source.isidentifier(), "a terminal statement's shape"
+    return f"{head},\n{_tell_parents(source)}\nSELECT {COLUMNS} FROM {source}\n"
+
+
+# Every statement that ends a job tells its parent, in the same statement (invariant 30):
+# the terminal CAS, the batched completion, a pending job's cancellation, and every park.
+COMPLETE = _telling_parents(COMPLETE)
+FAIL_TERMINAL = _telling_parents(FAIL_TERMINAL)
+FINISH_CANCELLED = _telling_parents(FINISH_CANCELLED)
+CANCEL_PENDING = _telling_parents(CANCEL_PENDING)
+PARK = _telling_parents(PARK)
+BUMP_MIRROR_ATTEMPTS = _telling_parents(BUMP_MIRROR_ATTEMPTS)
+BUMP_PENDING_MIRROR_ATTEMPTS = _telling_parents(BUMP_PENDING_MIRROR_ATTEMPTS)
+TAKE_ORPHAN = _telling_parents(TAKE_ORPHAN)
+CHARGE_INTERRUPTION = _telling_parents(CHARGE_INTERRUPTION)
+COMPLETE_MANY = (
+    "WITH ended AS (\n"
+    + COMPLETE_MANY.strip().removesuffix("RETURNING j.id")
+    + "RETURNING j.id, j.parent_id, j.status, j.dependents\n), "
+    + f"{_tell_parents('ended')}\nSELECT id FROM ended\n"
+)
+
+# The child's row: the parent's scope and queue settings, a creator naming the parent.
+# ON CONFLICT DO NOTHING: the child this parent already spawned under this key (the same
+# id, the same (parent, key)) is the answer, and the insert adds nothing (invariant 29).
+SPAWN_CHILDREN = f"""
+WITH parent AS (
+    SELECT id, tenant_id, organization_id, priority FROM {TABLE}
+     WHERE id = %(id)s AND {LEASE_HELD}
+       FOR UPDATE
+), born AS (
+    INSERT INTO {TABLE} (
+        id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
+        input, parent_id, spawn_key, queue_name, priority, next_run_at, pending_since, flow_key
+    )
+    SELECT r.id, p.tenant_id, p.organization_id, r.kind, 'pending', 'job:' || p.id::text,
+           now(), now(), r.input, p.id, r.spawn_key, r.queue, coalesce(r.priority, p.priority),
+           clock_timestamp(), now(), r.flow_key
+      FROM parent AS p,
+           jsonb_to_recordset(%(rows)s::jsonb)
+           AS r(id uuid, kind text, spawn_key text, input jsonb, queue text, priority smallint,
+                flow_key text)
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue_name
+), counted AS (
+    UPDATE {TABLE} AS j
+       SET children_total = j.children_total + (SELECT count(*) FROM born), updated_at = now()
+      FROM parent AS p
+     WHERE j.id = p.id
+    RETURNING j.id
+)
+SELECT (SELECT count(*) FROM parent), (SELECT count(*) FROM born),
+       (SELECT count(pg_notify(%(channel)s, q.queue_name))
+          FROM (SELECT DISTINCT queue_name FROM born) AS q
+         WHERE %(channel)s::text IS NOT NULL)
+"""
+
+
+def spawn_children(
+    lease: Lease,
+    rows: Sequence[dict[str, Any]],
+    *,
+    notify_channel: str | None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Insert the parent's children (fenced by its lease); how many were new, None: lease gone.
+
+    ``rows`` carry ``id`` (``workflows.child_id``), ``kind``, ``spawn_key``, ``input``,
+    ``queue``, ``priority`` and ``flow_key`` (its kind's flow key, invariant 26; absent:
+    none). A child already spawned under its key is left as it is.
+    The wake-up NOTIFY is delivered at the caller's commit (or dropped with its rollback).
+    """
+    params = {**_lease(lease), "rows": json.dumps(list(rows)), "channel": notify_channel}
+    with execute(using, SPAWN_CHILDREN, params) as cursor:
+        found, born, _ = cursor.fetchone()
+    return None if not found else int(born)
+
+
+# The wait: a yield that holds. Run by the worker after assert_lease has locked the row in
+# the same transaction, so the EXISTS below (its own statement, a fresh snapshot) sees
+# every event whose sender committed before the lock was granted; a sender after it waits
+# for this row and then wakes the job itself (SEND_EVENT).
+HOLD_FOR_WAIT = f"""
+UPDATE {TABLE}
+   SET status = 'pending',
+       continuation_seq = continuation_seq + 1,
+       lease_owner = NULL,
+       lease_expires_at = clock_timestamp(),
+       pending_since = now(),
+       flow_wait = %(wait)s::jsonb,
+       next_run_at = CASE %(on)s
+           WHEN 'sleep' THEN clock_timestamp() + {_ms("delay_ms")}
+           WHEN 'children' THEN CASE
+               WHEN {_children_ready("children_ended", "children_failed", "children_total", "%(wait)s::jsonb")}
+               THEN clock_timestamp() END
+           ELSE CASE
+               WHEN EXISTS (SELECT 1 FROM {EVENT_TABLE} AS e
+                             WHERE e.job_id = %(id)s AND e.name = %(event)s AND e.consumed_at IS NULL)
+               THEN clock_timestamp()
+               ELSE clock_timestamp() + {_ms("delay_ms")} END
+           END,
+       updated_at = now()
+ WHERE id = %(id)s AND {LEASE_HELD}
+RETURNING next_run_at IS NULL OR next_run_at > clock_timestamp(), next_run_at
+"""
+
+
+def hold_for_wait(
+    lease: Lease, wait: dict[str, Any], *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[bool, Any] | None:
+    """Hold the job for ``wait`` (``Wait.as_json()``); ``(held, next_run_at)``, None: lease gone.
+
+    Run inside a transaction that has just re-asserted the lease (``assert_lease``).
+    ``held`` is False when what it waits for has already happened (the job is due now).
+    """
+    params = {
+        **_lease(lease),
+        "wait": dump_json(wait),
+        "on": wait["on"],
+        "event": wait.get("event"),
+        "delay_ms": wait.get("delay_ms"),
+    }
+    with execute(using, HOLD_FOR_WAIT, params) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else (bool(row[0]), row[1])
+
+
+# Sent in the caller's transaction: a rollback sends nothing. The UPDATE matches the job's
+# row whatever its state and decides the wake in its SET, so it always takes the row lock:
+# a wait committing meanwhile makes it re-read the row and wake it (invariant 30); a wait
+# starting after it blocks on the lock and then finds the event in its own EXISTS.
+SEND_EVENT = f"""
+WITH target AS (
+    SELECT id FROM {TABLE} WHERE id = %(id)s AND {SCOPE} AND status IN {LIVE}
+), sent AS (
+    INSERT INTO {EVENT_TABLE} (job_id, name, payload, sent_at)
+    SELECT id, %(name)s, %(payload)s::jsonb, now() FROM target
+    RETURNING id
+), woken AS (
+    UPDATE {TABLE} AS j
+       SET next_run_at = CASE
+               WHEN j.status = 'pending' AND j.lease_owner IS NULL
+                AND j.flow_wait->>'on' = 'event' AND j.flow_wait->>'event' = %(name)s
+                AND (j.next_run_at IS NULL OR j.next_run_at > clock_timestamp())
+               THEN clock_timestamp() ELSE j.next_run_at END,
+           updated_at = now()
+      FROM target AS t
+     WHERE j.id = t.id
+    RETURNING j.id
+)
+SELECT (SELECT id FROM sent)
+"""
+
+
+def send_event(
+    job_id: object,
+    scope: Scope,
+    name: str,
+    payload_json: str | None,
+    *,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Keep an event for a live job (and wake it if it waits for that name); its id, None: no live job."""
+    params = {"id": job_id, **scope_params(scope), "name": name, "payload": payload_json}
+    return fetch_value(using, SEND_EVENT, params)
+
+
+# Consumed by the lease holder only, oldest first: a crashed slice's consumption rolls back
+# with its fenced transaction, and a committed one is never delivered again.
+RECEIVE_EVENT = f"""
+UPDATE {EVENT_TABLE} SET consumed_at = now()
+ WHERE id = (SELECT e.id FROM {EVENT_TABLE} AS e
+              WHERE e.job_id = %(id)s AND e.name = %(name)s AND e.consumed_at IS NULL
+              ORDER BY e.id LIMIT 1 FOR UPDATE)
+   AND EXISTS (SELECT 1 FROM {TABLE} WHERE id = %(id)s AND {LEASE_HELD})
+RETURNING id, payload
+"""
+
+
+def receive_event(
+    lease: Lease, name: str, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[int, Any] | None:
+    """Consume the oldest unread event ``name`` of the leased job; ``(id, payload)`` or None."""
+    with execute(using, RECEIVE_EVENT, {**_lease(lease), "name": name}) as cursor:
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    payload = row[1]
+    return row[0], json.loads(payload) if isinstance(payload, str) else payload
+
+
+# A failed or cancelled child re-driven by an operator is live again: its parent counts it
+# as not ended (a parent waiting with policy 'wait' resumes when it completes). Run in the
+# redrive's transaction, after the child's row was locked and its old status read.
+UNCOUNT_CHILD = f"""
+UPDATE {TABLE}
+   SET children_ended = greatest(children_ended - 1, 0),
+       children_failed = greatest(children_failed - 1, 0),
+       updated_at = now()
+ WHERE id = %(parent)s
+RETURNING 1
+"""
+
+LOCK_CHILD = f"SELECT status, parent_id FROM {TABLE} WHERE id = %(id)s AND {SCOPE} FOR UPDATE"
+
+
+def lock_child(
+    job_id: object, scope: Scope, *, using: str = DEFAULT_DB_ALIAS
+) -> tuple[str, Any] | None:
+    """Lock a job's row for a redrive and return ``(status, parent_id)``; None when absent."""
+    with execute(using, LOCK_CHILD, {"id": job_id, **scope_params(scope)}) as cursor:
+        row = cursor.fetchone()
+    return None if row is None else (row[0], row[1])
+
+
+def uncount_child(parent_id: object, *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """Count a re-driven child as live again on its parent."""
+    return fetch_value(using, UNCOUNT_CHILD, {"parent": parent_id}) is not None
+
+
+# Cancel across a tree, one bounded batch per statement: the caller runs it until it
+# answers nothing, so a thousand children never make one giant transaction (a request,
+# never a status write: invariant 8). Returns each child and whether it has children.
+REQUEST_CANCEL_CHILDREN = f"""
+WITH batch AS (
+    SELECT id FROM {TABLE}
+     WHERE parent_id = %(parent)s AND {SCOPE} AND status IN {LIVE}
+       AND cancel_requested_at IS NULL
+     ORDER BY id
+     LIMIT %(limit)s
+       FOR UPDATE
+)
+UPDATE {TABLE} AS j
+   SET cancel_requested_at = now(), cancelled_by = %(by)s, updated_at = now()
+  FROM batch
+ WHERE j.id = batch.id AND j.status IN {LIVE} AND j.cancel_requested_at IS NULL
+RETURNING j.id, j.children_total > 0
+"""
+
+
+def request_cancel_children(
+    parent_id: object, scope: Scope, *, by: str | None, limit: int, using: str = DEFAULT_DB_ALIAS
+) -> list[tuple[Any, bool]]:
+    """Request cancellation of up to ``limit`` live children; ``(id, has children)`` each."""
+    params = {"parent": parent_id, **scope_params(scope), "by": by, "limit": limit}
+    with execute(using, REQUEST_CANCEL_CHILDREN, params) as cursor:
+        return [(row[0], bool(row[1])) for row in cursor.fetchall()]
+
+
+# Dependencies: ``start(after=[...])``. In the start's transaction, right after its insert
+# (the new job is invisible to workers until the caller commits): the live dependencies
+# name the new job on their own rows, under their row lock, so a dependency's terminal
+# statement reads its dependents from the row version it ends; the rest have already
+# ended. Then the new job counts them and is held unless it may run now.
+LINK_DEPENDENCIES = f"""
+UPDATE {TABLE}
+   SET dependents = coalesce(dependents, '[]'::jsonb) || jsonb_build_array(%(job)s::text),
+       updated_at = now()
+ WHERE id = ANY(%(after)s::uuid[]) AND {SCOPE} AND status IN {LIVE}
+RETURNING id
+"""
+
+HOLD_DEPENDENT = f"""
+WITH deps AS (
+    SELECT id, status FROM {TABLE} WHERE id = ANY(%(after)s::uuid[]) AND {SCOPE}
+), counted AS (
+    SELECT count(*)::int AS total,
+           (count(*) FILTER (WHERE status IN {_ENDED}))::int AS ended,
+           (count(*) FILTER (WHERE status IN ('failed', 'cancelled')))::int AS failed
+      FROM deps
+)
+UPDATE {TABLE} AS p
+   SET flow_wait = %(wait)s::jsonb, deps_total = c.total, deps_ended = c.ended,
+       deps_failed = c.failed,
+       next_run_at = CASE WHEN {_dependencies_ready("c.ended", "c.failed", "c.total", "%(wait)s::jsonb")}
+                          THEN p.next_run_at END,
+       updated_at = now()
+  FROM counted AS c
+ WHERE p.id = %(job)s AND p.status = 'pending' AND p.lease_owner IS NULL
+RETURNING p.deps_total
+"""
+
+
+def link_dependencies(
+    job_id: object,
+    after: Sequence[Any],
+    scope: Scope,
+    *,
+    policy: str,
+    using: str = DEFAULT_DB_ALIAS,
+) -> int | None:
+    """Make the just-inserted ``job_id`` wait for ``after``; how many of them exist in ``scope``.
+
+    Run in the start's transaction, after its insert. The caller compares the answer with
+    the ids it named: another scope's job is simply absent (invariant 10).
+    """
+    params = {"job": job_id, "after": list(after), **scope_params(scope)}
+    execute(using, LINK_DEPENDENCIES, params).close()
+    wait = dump_json({"on": "after", "policy": policy})
+    return fetch_value(using, HOLD_DEPENDENT, {**params, "wait": wait})

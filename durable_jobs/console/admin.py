@@ -28,7 +28,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from durable_jobs import conf, service
-from durable_jobs.console import admin_queues, changelist
+from durable_jobs.console import admin_queues, changelist, workflow_panel
 from durable_jobs.console import live as console
 from durable_jobs.console.actions import (
     ACTIONS,
@@ -136,6 +136,7 @@ class JobAdmin(JobColumns, admin.ModelAdmin):
         "error_message_capped",
         "attempt_history",
         "held_col",
+        "workflow",
     )
 
     class Media:
@@ -146,6 +147,10 @@ class JobAdmin(JobColumns, admin.ModelAdmin):
     show_facets = admin.ShowFacets.NEVER
 
     # --- read-only: the ORM never writes a job row ---
+    @admin.display(description="workflow")
+    def workflow(self, job: Job) -> str:
+        return workflow_panel.workflow_html(job)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -230,6 +235,8 @@ class JobAdmin(JobColumns, admin.ModelAdmin):
                     },
                 )
             )
+        if obj is not None and workflow_panel.has_workflow(obj):
+            groups.append(("Workflow", {"fields": ("workflow",)}))
         # Every failed, interrupted, timed-out or lost slice, newest first (invariant 32).
         groups.append(("Attempts", {"fields": ("attempt_history",), "classes": ("collapse",)}))
         groups += [

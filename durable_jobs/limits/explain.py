@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from durable_jobs import conf, store
+from durable_jobs import conf, store, workflows
 from durable_jobs.limits import reasons as r
 from durable_jobs.limits.claims import claim_settings
 from durable_jobs.limits.reasons import Reason
@@ -139,7 +139,21 @@ def _schedule(job: Job, verdict: dict[str, Any], now: datetime) -> list[Reason]:
     if verdict["due"]:  # its run time has come (the claim's own `_due`)
         return found
     hold = explain_hold(job, now=now)
-    if hold is not None:
+    if (
+        hold is None
+        and job.flow_wait
+        and job.status == Status.PENDING.value
+        and job.lease_owner is None
+    ):
+        # A workflow wait (invariant 30): children, dependencies, an event or a sleep.
+        found.append(
+            Reason(
+                code=r.WORKFLOW_WAIT,
+                sentence=workflows.describe_wait(job),
+                fields={"wait": dict(job.flow_wait) if isinstance(job.flow_wait, dict) else None},
+            )
+        )
+    elif hold is not None:
         found.append(
             Reason(
                 code=r.HELD,

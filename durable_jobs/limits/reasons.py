@@ -23,6 +23,7 @@ PARKED = "parked"  # failed and parked (poison, mirror_failed, ...)
 NOT_DUE = "not_due"  # scheduled for later (until)
 BACKING_OFF = "backing_off"  # a failed slice waiting out its backoff (failures, until)
 HELD = "held"  # held by a wait condition (since, checks, next check)
+WORKFLOW_WAIT = "workflow_wait"  # waits for children, dependencies, an event or a sleep
 CANCEL_REQUESTED = "cancel_requested"  # the reconciler ends it instead
 QUEUE_PAUSED = "queue_paused"
 CONCURRENCY_FULL = "concurrency_full"  # its flow key's permits are all held (by whom)
@@ -35,7 +36,16 @@ CLAIMABLE = "claimable"  # nothing holds it: the next free slot takes it
 
 #: The reasons that keep the claim statement from taking a pending job.
 BLOCKING = frozenset(
-    {NOT_DUE, BACKING_OFF, HELD, CANCEL_REQUESTED, QUEUE_PAUSED, CONCURRENCY_FULL, RATE_LIMITED}
+    {
+        NOT_DUE,
+        BACKING_OFF,
+        HELD,
+        WORKFLOW_WAIT,
+        CANCEL_REQUESTED,
+        QUEUE_PAUSED,
+        CONCURRENCY_FULL,
+        RATE_LIMITED,
+    }
 )
 
 

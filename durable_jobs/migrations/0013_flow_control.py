@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_jobs", "0012_schedules"),
+        ("durable_jobs", "0013_workflows"),
     ]
 
     operations = [

@@ -15,7 +15,9 @@ from django.db import DEFAULT_DB_ALIAS, connections, transaction
 
 from durable_jobs import conf, db, faults, store, validation
 from durable_jobs.exceptions import CancelRequested, LeaseLost
+from durable_jobs.runtime import flow
 from durable_jobs.states import Lease, Scope
+from durable_jobs.workflows import ChildOutcome, Event, Wait
 
 if TYPE_CHECKING:
     from durable_jobs.models import Job
@@ -264,3 +266,44 @@ class Slice:
             self.processed = processed
         if total is not _UNSET:
             self.total = total
+
+    # --- workflows (docs/workflows.rst; invariants 29 and 30) ---
+    def spawn(self, kind: str, *, key: Any, input: Any = None, priority: int | None = None) -> Any:
+        """Start a child job inside ``fenced()``; return its id (the same on a re-run).
+
+        The child commits with the fenced transaction, inherits this job's scope, and its
+        id derives from this job and ``key``: a slice re-run after a crash finds the
+        child it already started instead of starting another (invariant 29).
+        """
+        return self.spawn_many([{"kind": kind, "key": key, "input": input, "priority": priority}])[
+            0
+        ]
+
+    def spawn_many(self, children: list[dict[str, Any]]) -> list[Any]:
+        """Start many children in one statement (``{"kind", "key", "input"?, "priority"?}`` each)."""
+        return flow.spawn(self, children)
+
+    def children(self) -> list[ChildOutcome]:
+        """This job's children as last committed: ``ChildOutcome`` (status, result, error)."""
+        return flow.children(self)
+
+    def wait_for_children(self, *, at_least: int | None = None, policy: str = "fail") -> Wait:
+        """Return this to wait, holding no lease, until ``at_least`` children ended (None: all).
+
+        ``policy`` when a child fails or is cancelled: ``fail`` (the default: this job
+        ends ``child_failed``), ``cancel`` (and its live children are asked to cancel),
+        ``continue`` (count it as ended), ``wait`` (count only completed children).
+        """
+        return Wait.children(at_least=at_least, policy=policy)
+
+    def wait_for_event(self, name: str, *, timeout: Any = None) -> Wait:
+        """Return this to wait, holding no lease, for the event ``name`` or the ``timeout``."""
+        return Wait.for_event(name, timeout=timeout)
+
+    def received(self, name: str) -> Event | None:
+        """Consume the oldest unread event ``name`` inside ``fenced()``; an ``Event`` or None."""
+        return flow.received(self, name)
+
+    def sleep(self, duration: Any) -> Wait:
+        """Return this to sleep ``duration`` (a timedelta) on the database clock, holding no lease."""
+        return Wait.sleep(duration)

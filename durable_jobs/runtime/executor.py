@@ -9,6 +9,7 @@ handler, or what the worker saw         transition (store statement)
 ``DONE`` / ``Done(result)``             complete + mirror, one transaction
 ``YIELD``                               yield_slice (seq + 1); interrupted on shutdown
 ``YIELD`` after a cancel                cancel + mirror, one transaction
+a wait (children, event, sleep)         hold_for_wait: seq + 1, no lease (invariant 30)
 raises ``CancelRequested``              cancel + mirror
 raises ``LeaseLost``                    release (if still ours): someone else owns it
 raises a lost-connection error          charge_interruption: the re-drive budget
@@ -48,6 +49,7 @@ from durable_jobs import conf, db, faults, metrics, registry, signals, store
 from durable_jobs.exceptions import (
     BookkeepingFailed,
 )
+from durable_jobs.runtime import flow
 from durable_jobs.runtime.context import Slice
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.heartbeat import HeldLease
@@ -146,17 +148,8 @@ def run_slice(
         if job.error_code in VERDICT_CODES:
             # A verdict decided by fail_slice whose terminal transaction never committed:
             # record it, never run the work again.
-            outcome = _guarded(
-                using,
-                lambda: _finish(
-                    job,
-                    handler,
-                    lease,
-                    SliceOutcome.FAILED,
-                    using=using,
-                    code=job.error_code,
-                    error_class=job.error_class,
-                ),
+            outcome = _end_failed(
+                job, handler, lease, job.error_code, None, using, error_class=job.error_class
             )
             return _report(job, began, outcome)
         if waits_gate.pending(job):
@@ -164,22 +157,16 @@ def run_slice(
             if verdict.end != "run":
                 outcome = SliceOutcome(verdict.end)  # held, or failed with its wait code
                 if verdict.end == "failed":
-                    outcome = _guarded(
-                        using,
-                        lambda: _finish(
-                            job,
-                            handler,
-                            lease,
-                            SliceOutcome.FAILED,
-                            using=using,
-                            code=verdict.code,
-                            error_class=ErrorClass.TERMINAL.value,
-                            message=verdict.message,
-                        ),
-                    )
+                    outcome = _end_failed(job, handler, lease, verdict.code, verdict.message, using)
                 return _report(job, began, outcome, verdict.message, recheck_in=verdict.recheck_in)
             assert verdict.job is not None, "the gate's run verdict carries the row"
             job = verdict.job
+        verdict_of_wait = flow.failure_verdict(job, lease, using=using)
+        if verdict_of_wait is not None:
+            # The wait's failure policy ends the parent before its handler runs again.
+            code, message = verdict_of_wait
+            outcome = _end_failed(job, handler, lease, code, message, using)
+            return _report(job, began, outcome, message)
         control = SliceControl(job, handler, lease, stopping=stopping, using=using)
         if on_start is not None:
             on_start(control)
@@ -228,6 +215,33 @@ def run_slice(
     report = _report(job, began, outcome, error, heard_late=heard_late)
     signals.slice_finished.send_robust(sender=Slice, job=job, outcome=report.outcome)
     return report
+
+
+def _end_failed(
+    job: Job,
+    handler: Handler,
+    lease: Lease,
+    code: str | None,
+    message: str | None,
+    using: str,
+    *,
+    error_class: str | None = ErrorClass.TERMINAL.value,
+) -> SliceOutcome:
+    """End the job failed with ``code`` before its handler runs: a verdict already decided,
+    or a wait's (a wait condition's code, a workflow wait's failure policy)."""
+    return _guarded(
+        using,
+        lambda: _finish(
+            job,
+            handler,
+            lease,
+            SliceOutcome.FAILED,
+            using=using,
+            code=code,
+            error_class=error_class,
+            message=message,
+        ),
+    )
 
 
 def _gate(
@@ -297,6 +311,9 @@ def record(
         if delivery is None:
             return SliceOutcome.LEASE_LOST, None
         return (SliceOutcome.INTERRUPTED if ran.interrupted else SliceOutcome.YIELDED), None
+    if ran.end is SliceEnd.WAIT:
+        held = _guarded(using, lambda: flow.hold(lease, ran.wait_json, using=using))
+        return (SliceOutcome.LEASE_LOST if held is None else held), None
     if ran.end is SliceEnd.INTERRUPTED:
         return _charge_interruption(control, ran, using), ran.message
     if ran.end is SliceEnd.TIME_LIMIT:

@@ -9,6 +9,7 @@ one ``SliceEnd`` here; ``executor.record`` then writes the one transition it cal
 from __future__ import annotations
 
 import dataclasses
+import json
 import traceback as traceback_module
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from durable_jobs.runtime.context import Slice
 if TYPE_CHECKING:
     from durable_jobs.runtime.control import SliceControl
 from durable_jobs.states import Done, ErrorClass, Outcome, SliceEnd
+from durable_jobs.workflows import Wait
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,12 +47,14 @@ class Ran:
     traceback: str | None = None
     #: The run's own length, by the handler process's clock (process execution only).
     seconds: float | None = None
+    #: wait: the workflow wait the handler returned (``Wait.as_json()``), as JSON text.
+    wait_json: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The fields that are set, for the pipe from a handler process (``from_dict`` reads
         them back). Not ``dataclasses.asdict``, a deep copy: this runs once per slice."""
         fields: dict[str, Any] = {"end": self.end.value}
-        for name in ("result_json", "error_class", "code", "message", "traceback"):
+        for name in ("result_json", "error_class", "code", "message", "traceback", "wait_json"):
             value = getattr(self, name)
             if value is not None:
                 fields[name] = value
@@ -86,6 +90,7 @@ class Ran:
             traceback=answer.get("traceback"),
             interrupted=bool(answer.get("interrupted")),
             seconds=seconds,
+            wait_json=answer.get("wait_json"),
         )
 
 
@@ -153,15 +158,21 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
                 message=describe(error),
             )
         return Ran(end=SliceEnd.DONE, result_json=result_json)
-    if _is(returned, Outcome.YIELD):
+    if _is(returned, Outcome.YIELD) or isinstance(returned, Wait):
         if context.cancel_observed:
             return Ran(end=SliceEnd.CANCEL)
+        if isinstance(returned, Wait):
+            # Invariant 30: written by record() as a hold that keeps no lease.
+            return Ran(end=SliceEnd.WAIT, wait_json=json.dumps(returned.as_json()))
         return Ran(end=SliceEnd.YIELD, interrupted=context.interrupted)
     return Ran(
         end=SliceEnd.FAILED,
         error_class=ErrorClass.TERMINAL.value,
         code="invalid_outcome",
-        message=f"handler returned {type(returned).__name__}, expected DONE, Done(...) or YIELD",
+        message=(
+            f"handler returned {type(returned).__name__}, expected DONE, Done(...), YIELD "
+            "or a wait (job.wait_for_children(), job.wait_for_event(), job.sleep())"
+        ),
     )
 
 

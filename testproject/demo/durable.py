@@ -165,6 +165,55 @@ def spawner(job: durable.Slice):
         time.sleep(0.1)
 
 
+@durable.handler("demo.tree")
+def tree(job: durable.Slice):
+    """Spawn ``input.children`` ``demo.leaf`` children, ``input.batch`` per fenced
+    transaction, each batch's checkpoint in a transaction of its own (so a crash can land
+    between a spawn and its checkpoint), wait for them all, then write one summary effect
+    (item -1) and finish with the children's count."""
+    children, batch = int(job.input["children"]), int(job.input.get("batch", 100))
+    state = job.checkpoint or {"spawned": 0}
+    while state["spawned"] < children:
+        upto = min(children, state["spawned"] + batch)
+        with job.fenced():
+            job.spawn_many(
+                [
+                    {
+                        "kind": "demo.leaf",
+                        "key": f"{i:06d}",
+                        "input": {"i": i, **job.input.get("leaf", {})},
+                    }
+                    for i in range(state["spawned"], upto)
+                ]
+            )
+        state = {"spawned": upto}
+        job.save_checkpoint(state)
+        if state["spawned"] < children and job.should_yield():
+            return durable.YIELD
+    if not state.get("waited"):
+        job.save_checkpoint({**state, "waited": True})
+        return job.wait_for_children(policy=job.input.get("policy", "continue"))
+    outcomes = job.children()
+    with job.fenced():
+        Effect.objects.create(job_id=job.id, item=-1, epoch=job.lease.epoch)
+    return durable.Done(
+        {"children": len(outcomes), "completed": sum(c.status == "completed" for c in outcomes)}
+    )
+
+
+@durable.handler("demo.leaf")
+def leaf(job: durable.Slice):
+    """One child of ``demo.tree``: sleep ``input.delay``, write one effect (item ``input.i``),
+    with the checkpoint that says so in the same fenced transaction (a re-run after a
+    crash between that commit and the completion writes nothing again)."""
+    time.sleep(float(job.input.get("delay", 0)))
+    if not job.checkpoint:
+        with job.fenced():
+            Effect.objects.create(job_id=job.id, item=job.input["i"], epoch=job.lease.epoch)
+            job.save_checkpoint({"written": True})
+    return durable.Done({"i": job.input["i"]})
+
+
 @durable.handler("demo.limited", flow=durable.FlowControl(key="input:account", concurrency=2))
 def limited(job: durable.Slice):
     """At most two at once per ``input.account``: record a start and an end effect (items 0

@@ -23,6 +23,7 @@ CREATE TABLE durable_jobs_history (
     continuation_seq int, old_continuation_seq int, redrives int,
     consecutive_failures int, redrives_since_commit int, mirror_attempts int, interruptions int,
     error_code text, parked_at timestamptz, domain_mirrored_at timestamptz, processed_count bigint,
+    parent_id uuid, flow_wait jsonb, children_total int, children_ended int, children_failed int,
     at timestamptz NOT NULL DEFAULT clock_timestamp(),
     app text DEFAULT current_setting('application_name'),
     txid bigint DEFAULT txid_current()
@@ -38,14 +39,16 @@ BEGIN
         op, job_id, status, old_status, lease_owner, lease_epoch, lease_expires_at,
         continuation_seq, old_continuation_seq, redrives, consecutive_failures,
         redrives_since_commit, mirror_attempts, interruptions, error_code, parked_at,
-        domain_mirrored_at, processed_count)
+        domain_mirrored_at, processed_count,
+        parent_id, flow_wait, children_total, children_ended, children_failed)
     VALUES (
         TG_OP, NEW.id, NEW.status, CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
         NEW.lease_owner, NEW.lease_epoch, NEW.lease_expires_at,
         NEW.continuation_seq, CASE WHEN TG_OP = 'UPDATE' THEN OLD.continuation_seq END,
         NEW.redrives, NEW.consecutive_failures, NEW.redrives_since_commit, NEW.mirror_attempts,
         NEW.interruptions, NEW.error_code, NEW.parked_at, NEW.domain_mirrored_at,
-        NEW.processed_count);
+        NEW.processed_count,
+        NEW.parent_id, NEW.flow_wait, NEW.children_total, NEW.children_ended, NEW.children_failed);
     RETURN NEW;
 END $$;
 CREATE TRIGGER durable_jobs_record AFTER INSERT OR UPDATE OR DELETE ON durable_jobs_job
@@ -108,6 +111,30 @@ CHECKS = {
          WHERE parked_at IS NOT NULL
            AND NOT ((error_code = 'poison' AND redrives_since_commit > %(max_redrives)s)
                  OR (error_code = 'mirror_failed' AND mirror_attempts >= %(max_mirror)s))""",
+    # Trees (invariants 29 and 30).
+    "no duplicate child: one child per parent and spawn key": """
+        SELECT parent_id, spawn_key, count(*) FROM durable_jobs_job
+         WHERE parent_id IS NOT NULL GROUP BY parent_id, spawn_key HAVING count(*) > 1""",
+    "no child lost: each parent counted exactly the children it has, and their ends": """
+        SELECT p.id, p.children_total, p.children_ended, c.n, c.ended
+          FROM durable_jobs_job p
+          JOIN (SELECT parent_id, count(*) AS n,
+                       count(*) FILTER (WHERE status IN ('completed', 'failed', 'cancelled')) AS ended
+                  FROM durable_jobs_job WHERE parent_id IS NOT NULL GROUP BY parent_id) c
+            ON c.parent_id = p.id
+         WHERE p.children_total <> c.n OR p.children_ended <> c.ended""",
+    # A claim of a parent whose last wait was for all of its children (policy continue or
+    # wait) comes after every child's terminal transition in the history.
+    "a parent never resumes before what it waits for has ended": """
+        SELECT h.job_id, h.seq, c.id FROM durable_jobs_history h
+          JOIN durable_jobs_job c ON c.parent_id = h.job_id
+         WHERE h.op = 'UPDATE' AND h.old_status = 'pending' AND h.status = 'running'
+           AND h.flow_wait->>'on' = 'children' AND h.flow_wait->>'at_least' IS NULL
+           AND h.flow_wait->>'policy' IN ('continue', 'wait')
+           AND NOT EXISTS (
+               SELECT 1 FROM durable_jobs_history t
+                WHERE t.job_id = c.id AND t.seq < h.seq
+                  AND t.status IN ('completed', 'failed', 'cancelled'))""",
     "no advisory lock left behind": """
         SELECT pid, objid FROM pg_locks WHERE locktype = 'advisory'""",
     "no session idle in a transaction": """

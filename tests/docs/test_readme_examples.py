@@ -114,6 +114,14 @@ EXPECTED = {
     "reports.build": (None, None),
     # Django's Tasks framework: every task is a job of kind django.tasks; keyed by task.
     "docs_examples.send_welcome": ({"sent_to": 42}, None),
+    # docs/workflows.rst: five rows in chunks of two, a summary, an approval webhook; a
+    # kind whose jobs end differently lists every (result, checkpoint) it may end with.
+    "imports.chunk": [({"imported": 2}, None), ({"imported": 1}, None)],
+    "imports.file": (
+        {"imported": 5, "failed_chunks": [], "published": True, "by": "ops@example.com"},
+        {"spawned": 3, "summary": {"imported": 5, "failed_chunks": []}},
+    ),
+    "reminders.nudge": (None, {"slept": True}),
 }
 
 
@@ -214,7 +222,8 @@ def test_examples__run_and_every_job_they_start_ends_as_asked(document, register
             assert key in EXPECTED, (
                 f"{_ids(document)}: add what a {key} job should produce to EXPECTED"
             )
-            assert (job.result, job.checkpoint) == EXPECTED[key], _ids(document)
+            allowed = EXPECTED[key] if isinstance(EXPECTED[key], list) else [EXPECTED[key]]
+            assert (job.result, job.checkpoint) in allowed, _ids(document)
 
 
 def readme_example(containing: str) -> Example:

@@ -336,3 +336,29 @@ def test_dequeue__weights_share_the_claims_between_busy_tenants(kinds):
     tenants = [job.tenant_id for _ in range(12) for job in _claim(1)]
 
     assert tenants.count("heavy") == 9 and tenants.count("light") == 3, tenants
+
+
+@pytest.mark.django_db
+def test_a_spawned_child_counts_against_its_kind_s_flow_key(kinds):
+    """Invariant 26 reaches workflows: a child gets its kind's flow key as a start does, so
+    its kind's limit holds for spawned children too."""
+    from durable_jobs import testing
+
+    def parent(job):
+        if not job.checkpoint:
+            with job.fenced():
+                job.spawn_many(
+                    [{"kind": "flow.child", "key": f"c{i}", "input": {"i": i}} for i in range(3)]
+                )
+                job.save_checkpoint({"spawned": True})
+            return job.wait_for_children()
+        return durable.DONE
+
+    kinds.add("flow.parent", parent)
+    kinds.add("flow.child", flow=durable.FlowControl(key="kind", concurrency=1))
+    root = durable.start("flow.parent", scope="acme")
+    testing.run_jobs(max_slices=1)
+
+    children = Job.objects.filter(parent_id=root.id)
+    assert {c.flow_key for c in children} == {"kind:flow.child"}
+    assert len(_claim(10)) == 1  # one permit for the three children
