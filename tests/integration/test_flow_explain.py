@@ -7,6 +7,8 @@ then runs the claim over the whole queue and compares.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import durable_jobs as durable
@@ -43,6 +45,12 @@ def _held(kinds):
         wait_for=[{"after": "2099-01-01T00:00:00Z"}],
     )
     return job, r.HELD
+
+
+def _workflow_wait(kinds):
+    wait = json.dumps({"on": "children", "policy": "fail"})
+    job = JobFactory(kind="ex.free", next_run_at=None, flow_wait=wait)
+    return job, r.WORKFLOW_WAIT
 
 
 def _cancel_requested(kinds):
@@ -93,6 +101,7 @@ CASES = {
     "not_due": _not_due,
     "backing_off": _backing_off,
     "held": _held,
+    "workflow_wait": _workflow_wait,
     "cancel_requested": _cancel_requested,
     "queue_paused": _queue_paused,
     "concurrency_full": _concurrency_full,
