@@ -27,6 +27,9 @@ Scenarios (``--only`` picks some):
 ``workflows``   one parent spawns 10,000 children in one slice (--quick 1,000), waits for them
                 with no lease, and resumes: spawn seconds beside ``start_many``, how soon the
                 parent finishes after its last child, and the tree's integrity.
+``flow``        flow control: throughput and claim time with each limit at 4 and 16 slots,
+                DEQUEUE flat beside a full key's backlog, the fairness bound against a
+                flood (``benchmarks/flow_bench.py``).
 ``transports``  the database transport against RabbitMQ and Redis Streams at 4, 16 and 64
                 slots over several processes: jobs/s, start-to-claim latency, commits and
                 server CPU per job (``benchmarks/transport_bench.py``).
@@ -65,6 +68,7 @@ SCENARIOS = (
     "memory",
     "schedules",
     "workflows",
+    "flow",
     "transports",
 )
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
@@ -184,6 +188,8 @@ class Plan:
         self.schedules = 1_000
         self.schedules_window = 20.0 if quick else 60.0
         self.fanout_n = 1_000 if quick else 10_000
+        self.flow_n = 500 if quick else 5_000
+        self.flow_flood = 10_000 if quick else 100_000
 
     def describe(self) -> dict:
         return {k: v for k, v in vars(self).items()}
@@ -1107,6 +1113,59 @@ class Results:
             "-",
             "all N, once",
             report.verdict(intact and r["status"] == "completed"),
+        )
+
+    def scenario_flow(self) -> None:
+        """Flow control: each limit's cost, DEQUEUE flat beside a full key, the fairness bound."""
+        from benchmarks import flow_bench
+
+        plan = self.plan
+        shapes = flow_bench.shapes(
+            self.ctx,
+            plan.flow_n,
+            slots=(4, 16),
+            reps=plan.explain_reps,
+            timeout=plan.worker_timeout,
+        )
+        flat = flow_bench.flat(self.ctx, plan.flow_flood, reps=plan.explain_reps)
+        fair = flow_bench.fairness(self.ctx, plan.flow_flood)
+        self.raw["flow"] = {"shapes": shapes, "flat": flat, "fairness": fair}
+        base = shapes["unkeyed (default claim)"]
+        for name, entry in shapes.items():
+            cells = []
+            for count in (4, 16):
+                rate = entry.get(f"throughput_{count}")
+                ratio = (
+                    ""
+                    if not rate or not base.get(f"throughput_{count}")
+                    else (f" ({rate / base[f'throughput_{count}']:.2f}x)")
+                )
+                cells.append(f"{rate:,.0f}{ratio}" if rate else "-")
+            self.table_obj.add(
+                f"flow: {plan.flow_n:,} no-op jobs, {name}: jobs/s at 4 / 16 slots; DEQUEUE server ms",
+                f"{cells[0]} / {cells[1]}; {entry['dequeue_ms']:.3f}",
+                "-",
+                "-",
+                "-",
+                "info",
+            )
+        flat_ok = flat["ms_blocked"] <= max(0.5, 1.5 * flat["ms_small"])
+        self.table_obj.add(
+            f"flow: DEQUEUE server ms, {flat['blocked_small']} / {flat['blocked']:,} jobs blocked on a full key",
+            f"{flat['ms_small']:.3f} / {flat['ms_blocked']:.3f}",
+            "-",
+            "-",
+            "flat",
+            report.verdict(flat_ok),
+        )
+        bound = fair["fair"]["claims_until_lone"]
+        self.table_obj.add(
+            f"flow: claims until a lone tenant's job, beside a {fair['flood']:,}-job flood: fair / unfair",
+            f"{bound} / {fair['unfair']['claims_until_lone']:,}",
+            "-",
+            "-",
+            "<= 3",
+            report.verdict(bound <= 3),
         )
 
     def scenario_memory(self) -> None:

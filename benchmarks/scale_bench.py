@@ -312,6 +312,7 @@ def phase_size(args) -> dict:
             "ttl_ms": ttl_ms,
             "limit": 8,
             "kinds": None,
+            "flow": "{}",
         }
         entry["dequeue8_exec_ms"] = _pct(
             [bench._explain_time(store.DEQUEUE, params8) for _ in range(20)], 50

@@ -71,6 +71,7 @@ def _params(new_id) -> dict:
         "wait_for": None,
         "wait_key": None,
         "wait_label": None,
+        "flow_key": None,
         "channel": "durable_jobs_bench_profile",
     }
 

@@ -37,6 +37,8 @@ from durable_jobs.exceptions import (
     WaitKeyHeld,
     WrongState,
 )
+from durable_jobs.limits.policy import FlowControl, Rate
+from durable_jobs.limits.reasons import Reason
 from durable_jobs.registry import handler
 from durable_jobs.schedules.declare import Schedule, schedule
 from durable_jobs.states import DONE, YIELD, Done, Outcome, QueuePause, Scope, Status
@@ -56,6 +58,8 @@ if TYPE_CHECKING:
         cancel,
         cancel_tree,
         children,
+        explain,
+        flow_keys,
         get,
         list_jobs,
         pause_queue,
@@ -63,6 +67,7 @@ if TYPE_CHECKING:
         redrive,
         resume_queue,
         send_event,
+        set_flow_limit,
         start,
         start_many,
     )
@@ -85,6 +90,9 @@ _LAZY = {
     "send_event": "durable_jobs.service",
     "cancel_tree": "durable_jobs.service",
     "children": "durable_jobs.service",
+    "explain": "durable_jobs.service",
+    "set_flow_limit": "durable_jobs.service",
+    "flow_keys": "durable_jobs.service",
     "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }
@@ -98,6 +106,9 @@ __all__ = [
     "Scope",
     "Status",
     "Unique",
+    "FlowControl",
+    "Rate",
+    "Reason",
     "handler",
     "Schedule",
     "schedule",
@@ -139,6 +150,9 @@ __all__ = [
     "send_event",
     "cancel_tree",
     "children",
+    "explain",
+    "set_flow_limit",
+    "flow_keys",
     "Slice",
     "Job",
 ]

@@ -208,6 +208,10 @@ class Settings:
     WAIT_CHECK_INTERVAL_FLOOR: float = 30.0
     #: Where the growing cadence settles (unless the base is larger).
     WAIT_CHECK_INTERVAL_CEILING: float = 900.0
+    #: Per flow key limits, overriding the kinds' FlowControl defaults (durable_jobs.limits):
+    #: ``{"tenant:acme": {"concurrency": 5, "rate": 100, "per": 60, "weight": 3}}``. An
+    #: operator's runtime limit (``durable_jobs set-limit``) overrides these in turn.
+    FLOW_KEYS: Any = None
 
     # --- periodic jobs (durable_jobs.schedules; docs/howto/schedules.rst) ---
     #: Schedules declared in settings, beside those declared next to handlers:
@@ -229,6 +233,7 @@ class Settings:
                 positive_int(label, value)
             elif field.type == "bool" and not isinstance(value, bool):
                 raise ConfigurationError(f"{label} must be True or False")
+        object.__setattr__(self, "FLOW_KEYS", flow_keys(self.FLOW_KEYS))
         if self.QUEUES is not None:
             queues = self.QUEUES
             if isinstance(queues, str) or not isinstance(queues, (list, tuple, set, frozenset)):
@@ -520,6 +525,41 @@ def redact(text: str | None) -> str | None:
     if not isinstance(redacted, str):
         return REDACTION_FAILED.format(f"it returned {type(redacted).__name__}")
     return redacted
+
+
+_FLOW_FIELDS = ("concurrency", "rate", "per", "weight")
+
+
+def flow_keys(raw: Any) -> MappingProxyType:
+    """FLOW_KEYS checked: key -> {concurrency, rate, per, weight}, each positive; frozen."""
+    label = "DURABLE_JOBS['FLOW_KEYS']"
+    if raw is None:
+        return MappingProxyType({})
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{label} must be a dict of flow key -> limits")
+    checked = {}
+    for key, limits in raw.items():
+        where = f"{label}[{key!r}]"
+        if not isinstance(key, str) or not 1 <= len(key) <= 200:
+            raise ConfigurationError(f"{where}: a flow key is a string of 1-200 characters")
+        if not isinstance(limits, dict) or set(limits) - set(_FLOW_FIELDS):
+            raise ConfigurationError(f"{where} must be a dict of {', '.join(_FLOW_FIELDS)}")
+        for name in ("concurrency", "rate"):
+            if limits.get(name) is not None:
+                positive_int(f"{where}[{name!r}]", limits[name])
+        for name in ("per", "weight"):
+            value = limits.get(name)
+            if value is not None and (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value <= 0
+            ):
+                raise ConfigurationError(
+                    f"{where}[{name!r}] must be a positive number, got {value!r}"
+                )
+        checked[key] = MappingProxyType(dict(limits))
+    return MappingProxyType(checked)
 
 
 def positive_int(label: str, value: Any) -> int:

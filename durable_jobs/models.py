@@ -105,6 +105,47 @@ CONSOLE_INDEXES = [
 ]
 
 
+#: Flow control (durable_jobs.limits, invariant 26). The default claim reads the first
+#: index (deliverable rows without a key); the keyed claim walks the distinct flow keys of
+#: a queue's deliverable rows on the second (a skip scan), so a key whose permits are all
+#: taken costs one probe however many jobs wait on it; the third counts a key's live jobs
+#: for the console and the metrics.
+FLOW_INDEXES = [
+    # The default claim's index: durable_jobs_deliverable's rows without a flow key, so
+    # the unkeyed scan never steps over a full key's waiting jobs.
+    models.Index(
+        F("queue_name"),
+        F("priority").desc(),
+        F("next_run_at"),
+        condition=Q(
+            status__in=LIVE_STATUSES,
+            lease_owner__isnull=True,
+            next_run_at__isnull=False,
+            flow_key__isnull=True,
+        ),
+        name="durable_jobs_open_deliverable",
+    ),
+    models.Index(
+        F("queue_name"),
+        F("flow_key"),
+        F("priority").desc(),
+        F("next_run_at"),
+        condition=Q(
+            status__in=LIVE_STATUSES,
+            lease_owner__isnull=True,
+            next_run_at__isnull=False,
+            flow_key__isnull=False,
+        ),
+        name="durable_jobs_flow_deliverable",
+    ),
+    models.Index(
+        F("flow_key"),
+        condition=Q(status__in=LIVE_STATUSES, flow_key__isnull=False),
+        name="durable_jobs_flow_live",
+    ),
+]
+
+
 class Job(models.Model):
     # identity and scope
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -189,6 +230,9 @@ class Job(models.Model):
     unique_key = models.CharField(max_length=200, null=True, blank=True)
     unique_window = models.CharField(max_length=40, null=True, blank=True)
     unique_states = StatusArrayField(null=True, blank=True)
+    #: The flow-control key (durable_jobs.limits): chosen by the kind's policy at start
+    #: and stored, so the claim reads one column (invariant 26). Null: no limit applies.
+    flow_key = models.CharField(max_length=200, null=True, blank=True)
 
     # workflows (durable_jobs.workflows; invariants 29 and 30). A child names its parent and
     # the key its parent spawned it under; its id derives from both, so a re-run slice
@@ -276,75 +320,83 @@ class Job(models.Model):
         # ten million finished rows dequeues like an empty one. None of these indexes
         # covers a column the heartbeat writes (lease_expires_at, heartbeat_at, progress,
         # counters), which keeps the heartbeat a HOT update (invariant 12).
-        indexes = [
-            # Dequeue: deliverable rows (pending, or running with a released lease) by
-            # queue, priority (higher first) and run time.
-            models.Index(
-                F("queue_name"),
-                F("priority").desc(),
-                F("next_run_at"),
-                condition=Q(
-                    status__in=LIVE_STATUSES, lease_owner__isnull=True, next_run_at__isnull=False
+        indexes = (
+            [
+                # Dequeue: deliverable rows (pending, or running with a released lease) by
+                # queue, priority (higher first) and run time.
+                models.Index(
+                    F("queue_name"),
+                    F("priority").desc(),
+                    F("next_run_at"),
+                    condition=Q(
+                        status__in=LIVE_STATUSES,
+                        lease_owner__isnull=True,
+                        next_run_at__isnull=False,
+                    ),
+                    name="durable_jobs_deliverable",
                 ),
-                name="durable_jobs_deliverable",
-            ),
-            # Orphans: rows under a live claim. Deliberately not keyed on lease_expires_at,
-            # which every heartbeat rewrites; the reconciler filters the few leased rows.
-            models.Index(
-                F("lease_epoch"),
-                condition=Q(status=Status.RUNNING.value, lease_owner__isnull=False),
-                name="durable_jobs_leased",
-            ),
-            models.Index(
-                F("cancel_requested_at"),
-                condition=Q(cancel_requested_at__isnull=False, status__in=LIVE_STATUSES),
-                name="durable_jobs_cancelling",
-            ),
-            models.Index(
-                F("pending_since"),
-                condition=Q(status=Status.PENDING.value),
-                name="durable_jobs_pending",
-            ),
-            models.Index(fields=["tenant_id", "-created_at"], name="durable_jobs_tenant_recent"),
-            # Only jobs started with a subject: a start without one maintains no entry here
-            # (issue #14); a lookup names a subject type, so it can use the partial index.
-            models.Index(
-                fields=["subject_type", "subject_id"],
-                name="durable_jobs_subject",
-                condition=Q(subject_type__isnull=False),
-            ),
-            models.Index(
-                F("finished_at"),
-                condition=Q(finished_at__isnull=False, parked_at__isnull=True),
-                name="durable_jobs_finished",
-            ),
-            # Parked jobs whose subject has not been told yet (the reconciler calls their
-            # mirror with "failed"): only those rows, however many finished rows there are.
-            models.Index(
-                F("parked_at"),
-                condition=Q(
-                    status=Status.FAILED.value,
-                    parked_at__isnull=False,
-                    domain_mirrored_at__isnull=True,
+                # Orphans: rows under a live claim. Deliberately not keyed on lease_expires_at,
+                # which every heartbeat rewrites; the reconciler filters the few leased rows.
+                models.Index(
+                    F("lease_epoch"),
+                    condition=Q(status=Status.RUNNING.value, lease_owner__isnull=False),
+                    name="durable_jobs_leased",
                 ),
-                name="durable_jobs_parked_untold",
-            ),
-            # Held jobs (JobQuerySet.held), by their next check: the admin's filter and
-            # the stats count read only the held rows.
-            models.Index(
-                F("next_run_at"),
-                condition=HELD,
-                name="durable_jobs_held",
-            ),
-            # Jobs whose wait on a key cleared: the start's "cleared a moment ago" lookup.
-            models.Index(
-                F("tenant_id"),
-                F("wait_key"),
-                F("wait_satisfied_at"),
-                condition=Q(wait_key__isnull=False, wait_satisfied_at__isnull=False),
-                name="durable_jobs_wait_cleared",
-            ),
-        ] + CONSOLE_INDEXES
+                models.Index(
+                    F("cancel_requested_at"),
+                    condition=Q(cancel_requested_at__isnull=False, status__in=LIVE_STATUSES),
+                    name="durable_jobs_cancelling",
+                ),
+                models.Index(
+                    F("pending_since"),
+                    condition=Q(status=Status.PENDING.value),
+                    name="durable_jobs_pending",
+                ),
+                models.Index(
+                    fields=["tenant_id", "-created_at"], name="durable_jobs_tenant_recent"
+                ),
+                # Only jobs started with a subject: a start without one maintains no entry here
+                # (issue #14); a lookup names a subject type, so it can use the partial index.
+                models.Index(
+                    fields=["subject_type", "subject_id"],
+                    name="durable_jobs_subject",
+                    condition=Q(subject_type__isnull=False),
+                ),
+                models.Index(
+                    F("finished_at"),
+                    condition=Q(finished_at__isnull=False, parked_at__isnull=True),
+                    name="durable_jobs_finished",
+                ),
+                # Parked jobs whose subject has not been told yet (the reconciler calls their
+                # mirror with "failed"): only those rows, however many finished rows there are.
+                models.Index(
+                    F("parked_at"),
+                    condition=Q(
+                        status=Status.FAILED.value,
+                        parked_at__isnull=False,
+                        domain_mirrored_at__isnull=True,
+                    ),
+                    name="durable_jobs_parked_untold",
+                ),
+                # Held jobs (JobQuerySet.held), by their next check: the admin's filter and
+                # the stats count read only the held rows.
+                models.Index(
+                    F("next_run_at"),
+                    condition=HELD,
+                    name="durable_jobs_held",
+                ),
+                # Jobs whose wait on a key cleared: the start's "cleared a moment ago" lookup.
+                models.Index(
+                    F("tenant_id"),
+                    F("wait_key"),
+                    F("wait_satisfied_at"),
+                    condition=Q(wait_key__isnull=False, wait_satisfied_at__isnull=False),
+                    name="durable_jobs_wait_cleared",
+                ),
+            ]
+            + CONSOLE_INDEXES
+            + FLOW_INDEXES
+        )
 
     def __str__(self) -> str:
         return f"{self.kind} {self.id} ({self.status})"
@@ -712,3 +764,53 @@ class JobEvent(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise ReadOnlyJobRow(_REFUSAL)
+
+
+FLOW_KEY_TABLE = "durable_jobs_flow_key"
+_FLOW_REFUSAL = (
+    "flow keys are written only by durable_jobs.store (the claim and "
+    "durable_jobs.set_flow_limit), never through the ORM"
+)
+
+
+class FlowKey(models.Model):
+    """One flow-control key: its operator's limits and the state the claim keeps.
+
+    ``concurrency``, ``rate``, ``rate_window_ms`` and ``weight`` are an operator's runtime
+    overrides (null: the settings' or the kind's value). ``holders`` lists the permits the
+    claim granted (job id, the epoch it was claimed at, the claiming transaction); a
+    permit is released when that job's row no longer holds a lease at that epoch, so
+    nothing but the claim ever writes it (invariant 26). ``starts`` is the sliding
+    window's log of slice starts (epoch seconds); ``pass`` is the key's fair-share clock.
+    """
+
+    key = models.CharField(max_length=200, primary_key=True)
+    concurrency = models.IntegerField(null=True, blank=True)
+    rate = models.IntegerField(null=True, blank=True)
+    rate_window_ms = models.BigIntegerField(null=True, blank=True)
+    weight = models.FloatField(null=True, blank=True)
+    holders = models.JSONField(default=list)
+    starts = models.JSONField(default=list)
+    fair_pass = models.FloatField(default=0.0)
+    served_at = models.DateTimeField(null=True, blank=True)
+    changed_at = models.DateTimeField(null=True, blank=True)
+    changed_by = models.CharField(max_length=200, null=True, blank=True)
+
+    objects = JobQuerySet.as_manager()
+
+    class Meta:
+        db_table = FLOW_KEY_TABLE
+        ordering = ["key"]
+        default_permissions = ("view",)
+        permissions = [("change_flow_limit", "Can change a flow key's limits")]
+        base_manager_name = "objects"
+        verbose_name = "flow key"
+
+    def __str__(self) -> str:
+        return self.key
+
+    def save(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_FLOW_REFUSAL)
+
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise ReadOnlyJobRow(_FLOW_REFUSAL)

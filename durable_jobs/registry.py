@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from durable_jobs import conf
 from durable_jobs import unique as uniqueness
 from durable_jobs.exceptions import ConfigurationError, InvalidInput, JobError
+from durable_jobs.limits.policy import FlowControl
 from durable_jobs.schedules import declare
 from durable_jobs.states import ErrorClass
 
@@ -62,6 +63,9 @@ class Handler:
     #: The kind's default ``unique`` for its starts (a start's own ``unique`` overrides
     #: it, ``unique=False`` turns it off): see durable_jobs.uniqueness.Unique.
     unique: uniqueness.Unique | None = None
+    #: The kind's flow control (durable_jobs.limits.FlowControl): the key its jobs count
+    #: against and that key's default concurrency, rate and weight (invariant 26).
+    flow: FlowControl | None = None
 
     def setting(self, name: str) -> Any:
         """Return this handler's policy value, or the DURABLE_JOBS default."""
@@ -111,9 +115,9 @@ def handler(kind: str, **policy: Any) -> Callable[[Callable], Callable]:
 
     ``policy`` takes the ``Handler`` fields: queue, slice_budget, time_limit, lease_ttl,
     heartbeat_interval, max_consecutive_failures, retry_backoff_base, retry_backoff_max,
-    max_mirror_attempts, classify, mirror, unique (True, a list of input keys or a
-    ``durable.Unique``: the default of the kind's starts); and ``schedule``: a
-    ``Schedule`` (or a list of them) that starts this kind periodically
+    max_mirror_attempts, classify, mirror, flow (a ``durable.FlowControl``), unique (True, a
+    list of input keys or a ``durable.Unique``: the default of the kind's starts); and
+    ``schedule``: a ``Schedule`` (or a list of them) that starts this kind periodically
     (durable_jobs.schedules).
     """
     if not isinstance(kind, str) or not KIND_PATTERN.match(kind):
@@ -190,6 +194,8 @@ def _checked_policy(kind: str, policy: dict[str, Any]) -> dict[str, Any]:
                 checked[name] = uniqueness.coerce(label, value) or None
             except InvalidInput as error:
                 raise ConfigurationError(str(error)) from None
+        elif name == "flow" and not isinstance(value, FlowControl):
+            raise ConfigurationError(f"{label} must be a durable_jobs.FlowControl")
         elif name == "queue" and (not isinstance(value, str) or not conf.NAME_PATTERN.match(value)):
             raise ConfigurationError(
                 f"{label} must be 1-100 characters of letters, digits, _ . : -"

@@ -181,3 +181,24 @@ class QueuePause:
     paused_by: str | None = None
     reason: str | None = None
     newly_paused: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class FlowKeyState:
+    """A flow key as operators see it: its limits and how much of them is in use now."""
+
+    key: str
+    #: The operator's runtime limits (None: not set; the settings' or the kind's apply).
+    operator_concurrency: int | None
+    operator_rate: int | None
+    operator_rate_window_ms: int | None
+    operator_weight: float | None
+    #: The limits in force (None: unlimited).
+    concurrency: int | None
+    rate: int | None
+    #: Permits held now, starts inside the rate window, jobs waiting to be claimed.
+    running: int
+    recent_starts: int
+    waiting: int
+    changed_at: datetime.datetime | None
+    changed_by: str | None

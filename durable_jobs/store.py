@@ -31,8 +31,9 @@ of SQL. Splitting it by caller would scatter the fences a reviewer must read tog
 (the claim, the lease-holder writes and the terminal CAS share one protocol). What is
 not a fenced statement lives elsewhere: the connection plumbing in ``db``, the scoped
 reads in ``reads``, the console's figures in ``console.queries``. The sections follow a
-job's life: start, claim and lease, finish, operator, reconcile and redrive, waits, the
-Tasks framework's attempts, and the testing helpers' fast-forward.
+job's life: start, claim and lease (with flow control's predicates, shared by the claim
+and explain), finish, operator, reconcile and redrive, waits, the Tasks framework's
+attempts, paused queues and flow keys, and the testing helpers' fast-forward.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from durable_jobs.exceptions import JobBusy, LockKeyHeld, UniqueKeyHeld, WaitKey
 from durable_jobs.models import (
     ATTEMPT_TABLE,
     EVENT_TABLE,
+    FLOW_KEY_TABLE,
     IDEMPOTENCY_INDEX,
     LEADER_TABLE,
     LOCK_KEY_INDEX,
@@ -79,7 +81,15 @@ from durable_jobs.models import (
     Job,
     Schedule,
 )
-from durable_jobs.states import VERDICT_CODES, Delivery, FailReply, Lease, QueuePause, Scope
+from durable_jobs.states import (
+    VERDICT_CODES,
+    Delivery,
+    FailReply,
+    FlowKeyState,
+    Lease,
+    QueuePause,
+    Scope,
+)
 
 T = TypeVar("T")
 
@@ -143,7 +153,7 @@ START_FROM_PARAMS = {
     "created_by": "created_by", "idempotency_key": "idempotency_key", "lock_key": "lock_key",
     "subject_type": "subject_type", "subject_id": "subject_id",
     "progress_job_id": "progress_job_id", "queue_name": "queue", "priority": "priority",
-    "wait_key": "wait_key", "wait_label": "wait_label",
+    "wait_key": "wait_key", "wait_label": "wait_label", "flow_key": "flow_key",
 }  # fmt: skip
 #: column -> its literal value
 START_LITERALS = {"status": "pending"}
@@ -156,13 +166,13 @@ INSERT_JOB = f"""
 INSERT INTO {TABLE} (
     id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
     input, meta, idempotency_key, lock_key, subject_type, subject_id, progress_job_id,
-    queue_name, priority, total_count, next_run_at, pending_since,
+    queue_name, priority, flow_key, total_count, next_run_at, pending_since,
     wait_for, wait_key, wait_label
 ) VALUES (
     %(id)s, %(tenant)s, %(organization)s, %(kind)s, 'pending', %(created_by)s, now(), now(),
     %(input)s::jsonb, %(meta)s::jsonb, %(idempotency_key)s, %(lock_key)s,
     %(subject_type)s, %(subject_id)s, %(progress_job_id)s,
-    %(queue)s, %(priority)s, %(total_count)s::bigint,
+    %(queue)s, %(priority)s, %(flow_key)s, %(total_count)s::bigint,
     coalesce(%(run_at)s::timestamptz, clock_timestamp() + {_ms("delay_ms")}), now(),
     %(wait_for)s::jsonb, %(wait_key)s, %(wait_label)s
 )
@@ -261,7 +271,9 @@ def insert_job(
 
     Raises ``LockKeyHeld`` when a live job holds the lock key.
     """
-    params = {**fields, **scope_params(scope), "channel": notify_channel}
+    # A caller that predates flow control (or starts a job no policy limits) may leave
+    # the flow key out: such a job has none.
+    params = {"flow_key": None, **fields, **scope_params(scope), "channel": notify_channel}
     insert = INSERT_NEW_JOB_AND_NOTIFY if notify_channel else INSERT_NEW_JOB
     key = fields.get("idempotency_key")
     lock_key = fields.get("lock_key")
@@ -352,16 +364,16 @@ INSERT_JOBS = f"""
 INSERT INTO {TABLE} (
     id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
     input, meta, idempotency_key, lock_key, subject_type, subject_id,
-    queue_name, priority, total_count, next_run_at, pending_since
+    queue_name, priority, flow_key, total_count, next_run_at, pending_since
 )
 SELECT r.id, %(tenant)s, %(organization)s, r.kind, 'pending', r.created_by, now(), now(),
        r.input, r.meta, r.idempotency_key, r.lock_key, r.subject_type, r.subject_id,
-       r.queue, r.priority, r.total_count,
+       r.queue, r.priority, r.flow_key, r.total_count,
        coalesce(r.run_at, clock_timestamp() + r.delay_ms * interval '1 millisecond'), now()
   FROM jsonb_to_recordset(%(rows)s::jsonb) AS r(
        id uuid, kind text, created_by text, input jsonb, meta jsonb, idempotency_key text, lock_key text,
-       subject_type text, subject_id text, queue text, priority smallint, total_count bigint,
-       run_at timestamptz, delay_ms bigint)
+       subject_type text, subject_id text, queue text, priority smallint, flow_key text,
+       total_count bigint, run_at timestamptz, delay_ms bigint)
 RETURNING id
 """
 
@@ -420,6 +432,8 @@ def insert_jobs(
     likewise (invariant 25): a row whose key is held answers with the holder, flagged
     deduplicated, and a repeat of a key inside the batch with the key's first row.
     """
+    for row in rows:
+        row.setdefault("flow_key", None)  # no key given: not limited (as in insert_job)
     unique = any(row.get("unique_key") is not None for row in rows)
     sql, columns = (
         (INSERT_UNIQUE_JOBS, _BULK_UNIQUE_FIELDS) if unique else (INSERT_JOBS, _BULK_FIELDS)
@@ -564,6 +578,7 @@ _BULK_FIELDS = (
     "subject_id",
     "queue",
     "priority",
+    "flow_key",
     "total_count",
     "run_at",
     "delay_ms",
@@ -920,35 +935,204 @@ def _deliverable(alias: str = "") -> str:
     return f"{column}status IN {LIVE} AND {column}lease_owner IS NULL AND {column}next_run_at IS NOT NULL"
 
 
-DEQUEUE = f"""
-WITH candidates AS MATERIALIZED (
+# ---------------------------------------------------------------------------------------
+# 2b. Flow control (invariants 26 and 28): the predicates the claim and explain share
+# ---------------------------------------------------------------------------------------
+#
+# A job with a flow key (durable_jobs.limits chose it at start) runs only while its key
+# has room: fewer permits held than its concurrency limit, fewer slice starts inside the
+# rate window than its rate. The key's row (FLOW_KEY_TABLE) keeps the permits the claim
+# granted, each as (job id, the epoch it was claimed at, the claiming transaction), and
+# the starts of the sliding window. Nothing but the claim writes them: a permit is
+# *released* when its job's row no longer holds a lease at that epoch (a yield, a failed
+# slice waiting out its backoff, the end, an orphan take or a redrive all clear the owner
+# or bump the epoch), so no release path keeps any bookkeeping (invariant 26).
+#
+# Why the permits sit on the key's row rather than being counted from the job rows: a
+# claim statement in READ COMMITTED reads every table from the snapshot it started
+# with; a count of leased rows taken under a lock acquired later in the same statement
+# misses a claim committed in between, and N + 1 jobs run. The key row is the one row
+# the statement locks and re-reads at its newest version, so every grant committed
+# before our lock is in it. Whether a permit is still held is then read from its job row
+# in our snapshot, which can only err towards "held": a permit whose claiming transaction
+# our snapshot cannot see yet is held (that claim is newer than our snapshot); one it can
+# see is held exactly when the job row shows a live lease at the permit's epoch.
+
+
+def _permit_held(entry: str) -> str:
+    """A permit (a jsonb entry of ``holders``) is still held (invariant 26).
+
+    A permit granted earlier in our own transaction counts as committed: its job row's
+    lease is visible to us, and our snapshot lists our own transaction as running."""
+    return f"""(NOT (pg_visible_in_snapshot(({entry} ->> 'xid')::xid8, pg_current_snapshot())
+             OR coalesce(({entry} ->> 'xid')::xid8 = pg_current_xact_id_if_assigned(), false))
+        OR EXISTS (SELECT 1 FROM {TABLE} AS holder
+                    WHERE holder.id = ({entry} ->> 'id')::uuid
+                      AND holder.lease_epoch = ({entry} ->> 'epoch')::bigint
+                      AND holder.status = 'running' AND holder.lease_owner IS NOT NULL))"""
+
+
+#: The statement's one reading of the clock, as epoch seconds (an InitPlan).
+_FLOW_NOW = "(SELECT extract(epoch FROM clock_timestamp()))"
+
+
+def _flow_settings(key: str, kind: str) -> str:
+    """A key's limits from the settings (the key's FLOW_KEYS entry, else its kind's
+    FlowControl), read from the one ``flow`` parameter once: a lateral row of
+    (concurrency, rate, rate_window_ms, weight)."""
+    fields = (
+        ("concurrency", "int"),
+        ("rate", "int"),
+        ("rate_window_ms", "bigint"),
+        ("weight", "float8"),
+    )
+    columns = ",\n               ".join(
+        f"coalesce((cfg.flow #>> ARRAY['keys', {key}, '{name}'])::{cast},"
+        f" (cfg.flow #>> ARRAY['kinds', {kind}, '{name}'])::{cast}) AS {name}"
+        for name, cast in fields
+    )
+    return f"SELECT {columns}\n          FROM (SELECT %(flow)s::jsonb AS flow) AS cfg"
+
+
+def _flow_in_force(row: str, settings: str, field: str) -> str:
+    """A limit in force: the operator's (the key row's), else the settings'."""
+    return f"coalesce({row}.{field}, {settings}.{field})"
+
+
+def _flow_usage(row: str, settings: str) -> str:
+    """A key row's permits still held and its starts inside the rate window (a sliding
+    window), each as the kept jsonb list and its length: a lateral row of (holders,
+    held, starts, recent). The one reading the claim's pre-check, its grant and explain
+    share (invariants 26, 28)."""
+    window_s = f"(coalesce({_flow_in_force(row, settings, 'rate_window_ms')}, 1000) / 1000.0)"
+    return f"""SELECT held.holders, held.n AS held, recent.starts, recent.n AS recent
+          FROM (SELECT coalesce(jsonb_agg(permit), '[]'::jsonb) AS holders, count(*) AS n
+                  FROM jsonb_array_elements({row}.holders) AS permit
+                 WHERE {_permit_held("permit")}) AS held,
+               (SELECT coalesce(jsonb_agg(started), '[]'::jsonb) AS starts, count(*) AS n
+                  FROM jsonb_array_elements({row}.starts) AS started
+                 WHERE started::float8 > {_FLOW_NOW} - {window_s}) AS recent"""
+
+
+def _flow_room(row: str, settings: str, usage: str) -> str:
+    """How many more of the key's jobs may start now: the tighter of its two limits; a
+    limit unset everywhere does not bind. The one definition of a full or rate-limited key
+    (invariant 28)."""
+    concurrency = _flow_in_force(row, settings, "concurrency")
+    rate = _flow_in_force(row, settings, "rate")
+    return f"""greatest(0, least(coalesce({concurrency} - {usage}.held, 2147483647),
+                              coalesce({rate} - {usage}.recent, 2147483647)))"""
+
+
+def _flow_weight(row: str, settings: str) -> str:
+    return f"greatest(coalesce({_flow_in_force(row, settings, 'weight')}, 1), 0.001)"
+
+
+def _flow_head_kind(queue: str, key: str) -> str:
+    """The kind of a key's next job in a queue: the kind whose FlowControl sets the key's
+    limits when the settings do not (DEQUEUE and explain read it alike)."""
+    return f"""SELECT kind FROM {TABLE}
+         WHERE queue_name = {queue} AND flow_key = {key} AND {_flow_deliverable()}
+         ORDER BY priority DESC, next_run_at LIMIT 1"""
+
+
+def _open_deliverable(alias: str = "") -> str:
+    """The partial predicate of durable_jobs_open_deliverable: a deliverable row without a flow key."""
+    column = f"{alias}." if alias else ""
+    return f"{_deliverable(alias)} AND {column}flow_key IS NULL"
+
+
+def _flow_deliverable(alias: str = "") -> str:
+    """The partial predicate of durable_jobs_flow_deliverable: a deliverable row with a flow key."""
+    column = f"{alias}." if alias else ""
+    return f"{_deliverable(alias)} AND {column}flow_key IS NOT NULL"
+
+
+def _due(alias: str = "") -> str:
+    """A deliverable row's run time has come (one clock reading per statement: an InitPlan)."""
+    column = f"{alias}." if alias else ""
+    return f"{column}next_run_at <= (SELECT clock_timestamp())"
+
+
+#: A deliverable row may be claimed now (besides its queue and its key): due, no cancel
+#: asked, a kind this worker runs (invariant 14b). DEQUEUE and explain both read it.
+def _claimable(alias: str = "") -> str:
+    column = f"{alias}." if alias else ""
+    return f"""{_due(alias)}
+               AND {column}cancel_requested_at IS NULL
+               AND (%(kinds)s::text[] IS NULL OR {column}kind = ANY(%(kinds)s::text[]))"""
+
+
+def _first(array: str, count: str) -> str:
+    """The first ``count`` items of a jsonb array, in order."""
+    return (
+        f"(SELECT coalesce(jsonb_agg(offered.item ORDER BY offered.at), '[]'::jsonb)"
+        f" FROM jsonb_array_elements({array}) WITH ORDINALITY AS offered(item, at)"
+        f" WHERE offered.at <= {count})"
+    )
+
+
+def _stamps(count: str) -> str:
+    """``count`` slice starts at the statement's clock, for the sliding window's log."""
+    return (
+        f"(SELECT coalesce(jsonb_agg(to_jsonb({_FLOW_NOW}::float8)), '[]'::jsonb)"
+        f" FROM generate_series(1, {count}))"
+    )
+
+
+#: A key that has no row yet: no operator limit, no permit, no start, no share used.
+_NO_FLOW_ROW = """(SELECT NULL::int AS concurrency, NULL::int AS rate, NULL::bigint AS rate_window_ms,
+        NULL::float8 AS weight, '[]'::jsonb AS holders, '[]'::jsonb AS starts) AS fresh_key"""
+
+
+# Flow keys (invariant 26). Keyed rows are read off durable_jobs_flow_deliverable, one
+# probe per distinct key of the queue (a skip scan) plus one for the kind of its next
+# job, never per waiting job: a key whose permits are taken costs the same with one
+# waiting job as with 100,000, and it cannot fill the batch and starve other keys (its
+# room is 0, so its rows are not even locked). Keys with room are taken in fair-share
+# order (each key's pass: stride scheduling, a claim advances it by 1/weight), at most
+# `limit` of them, and each gives at most `room` of its due jobs in (priority, run time)
+# order, so priority orders work within a key. Unkeyed rows compete as one more key.
+# The room read here is the snapshot's, a guide only: the grant (grants) decides
+# under the key row's lock, and a candidate it refuses is left unclaimed. The grant is an
+# INSERT ... ON CONFLICT DO UPDATE rather than an UPDATE: it locks each key row and reads
+# its newest version without an EvalPlanQual recheck of the whole plan (an UPDATE whose
+# rows another claim had just changed crashed a PostgreSQL 18.6 backend under load), and
+# it serves a key met for the first time in the same step.
+#: The claim's own paused-queue filter (invariant 27): the queues asked for, less the
+#: paused ones, evaluated once before any scan: a paused queue's rows are never probed
+#: nor locked, and a pause committed before the statement's snapshot holds for every
+#: worker (no cache to go stale).
+_CLAIM_QUEUES = f"""queues AS MATERIALIZED (
     -- Invariant 27: paused queues are left out of the list, here in the statement that
     -- claims, so a pause committed before this statement's snapshot holds for every
-    -- worker (no cache to go stale). An ARRAY(...) InitPlan, evaluated once before any
-    -- scan: a paused queue's rows are never probed nor locked.
-    SELECT due.id FROM unnest(ARRAY(
-        SELECT wanted.name FROM unnest(%(queues)s::text[]) AS wanted(name)
-         WHERE NOT EXISTS (SELECT 1 {_paused_row("wanted.name")})
-    )) AS q(name)
+    -- worker (no cache to go stale). Evaluated once, before any scan: a paused queue's
+    -- rows are never probed nor locked.
+    SELECT wanted.name FROM unnest(%(queues)s::text[]) AS wanted(name)
+     WHERE NOT EXISTS (SELECT 1 {_paused_row("wanted.name")})
+)"""
+
+#: The unkeyed candidates: one index scan per queue and priority level on
+#: durable_jobs_open_deliverable, in (priority, run time) order, locked SKIP LOCKED.
+_UNKEYED_CANDIDATES = f"""
+    SELECT due.id, due.priority, due.next_run_at FROM queues AS q
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(priority) AS (
             (SELECT priority FROM {TABLE}
-              WHERE queue_name = q.name AND {_deliverable()}
+              WHERE queue_name = q.name AND {_open_deliverable()}
               ORDER BY priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT lower.priority FROM {TABLE} AS lower
                      WHERE lower.queue_name = q.name AND lower.priority < levels.priority
-                       AND {_deliverable("lower")}
+                       AND {_open_deliverable("lower")}
                      ORDER BY lower.priority DESC LIMIT 1)
               FROM levels WHERE levels.priority IS NOT NULL
         )
         SELECT level.id, level.priority, level.next_run_at FROM levels
         CROSS JOIN LATERAL (
             SELECT id, priority, next_run_at FROM {TABLE}
-             WHERE queue_name = q.name AND priority = levels.priority AND {_deliverable()}
-               AND next_run_at <= (SELECT clock_timestamp())
-               AND cancel_requested_at IS NULL
-               AND (%(kinds)s::text[] IS NULL OR kind = ANY(%(kinds)s::text[]))
+             WHERE queue_name = q.name AND priority = levels.priority AND {_open_deliverable()}
+               AND {_claimable()}
              ORDER BY next_run_at
              LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED
@@ -957,8 +1141,11 @@ WITH candidates AS MATERIALIZED (
     ) AS due
     ORDER BY due.priority DESC, due.next_run_at
     LIMIT %(limit)s
-)
-UPDATE {TABLE} AS j
+"""
+
+#: What a claim writes on each row it takes (invariant 4: a new epoch, an owner unique
+#: to the claim).
+_CLAIM_SET = f"""
    SET status = 'running',
        lease_owner = %(owner)s || ':' || j.id::text,
        lease_epoch = j.lease_epoch + 1,
@@ -968,8 +1155,126 @@ UPDATE {TABLE} AS j
        next_run_at = NULL,
        started_at = coalesce(j.started_at, now()),
        updated_at = now()
+"""
+
+# The default claim: no flow key anywhere in the worker's reach (``dequeue`` without
+# ``flow``). Today's statement, reading only the rows without a key, so it costs what it
+# did before flow control existed and never takes a keyed job.
+DEQUEUE_OPEN = f"""
+WITH {_CLAIM_QUEUES}, candidates AS MATERIALIZED ({_UNKEYED_CANDIDATES})
+UPDATE {TABLE} AS j
+{_CLAIM_SET}
   FROM candidates c
  WHERE j.id = c.id
+RETURNING {_J_COLUMNS}
+"""
+
+DEQUEUE = f"""
+WITH {_CLAIM_QUEUES}, unkeyed AS MATERIALIZED ({_UNKEYED_CANDIDATES}), keys AS MATERIALIZED (
+    SELECT q.name AS queue, k.key, head.kind, s.fair_pass, s.served_at,
+           cfg.concurrency, cfg.rate, cfg.rate_window_ms, cfg.weight AS set_weight,
+           {_flow_room("s", "cfg", "used")} AS room,
+           {_flow_weight("s", "cfg")} AS weight
+      FROM queues AS q
+     CROSS JOIN LATERAL (
+        WITH RECURSIVE flow_keys(key) AS (
+            (SELECT flow_key FROM {TABLE}
+              WHERE queue_name = q.name AND {_flow_deliverable()}
+              ORDER BY flow_key LIMIT 1)
+            UNION ALL
+            SELECT (SELECT nxt.flow_key FROM {TABLE} AS nxt
+                     WHERE nxt.queue_name = q.name AND nxt.flow_key > flow_keys.key
+                       AND {_flow_deliverable("nxt")}
+                     ORDER BY nxt.flow_key LIMIT 1)
+              FROM flow_keys WHERE flow_keys.key IS NOT NULL
+        )
+        SELECT key FROM flow_keys WHERE key IS NOT NULL
+     ) AS k
+     CROSS JOIN LATERAL ({_flow_head_kind("q.name", "k.key")}) AS head
+      LEFT JOIN {FLOW_KEY_TABLE} AS s ON s.key = k.key
+     CROSS JOIN LATERAL ({_flow_settings("k.key", "head.kind")}) AS cfg
+     CROSS JOIN LATERAL ({_flow_usage("s", "cfg")}) AS used
+), turns AS MATERIALIZED (
+    SELECT keys.*, coalesce(keys.fair_pass, bottom.pass) - bottom.pass AS behind, bottom.pass AS floor
+      FROM keys, (SELECT coalesce(min(fair_pass), 0) AS pass FROM keys) AS bottom
+     WHERE keys.room > 0
+     ORDER BY behind, keys.served_at NULLS FIRST, keys.key
+     LIMIT %(limit)s
+), keyed AS MATERIALIZED (
+    SELECT head.*, turns.behind + (row_number() OVER (
+               PARTITION BY turns.queue, turns.key ORDER BY head.priority DESC, head.next_run_at
+           ) - 1) / turns.weight AS fair,
+           turns.floor, turns.served_at, turns.concurrency, turns.rate, turns.rate_window_ms,
+           turns.set_weight
+      FROM turns
+     CROSS JOIN LATERAL (
+        SELECT id, flow_key, lease_epoch, priority, next_run_at FROM {TABLE}
+         WHERE queue_name = turns.queue AND flow_key = turns.key AND {_flow_deliverable()}
+           AND {_claimable()}
+         ORDER BY priority DESC, next_run_at
+         LIMIT least(turns.room, %(limit)s)
+         FOR UPDATE SKIP LOCKED
+     ) AS head
+), candidates AS MATERIALIZED (
+    SELECT * FROM (
+        SELECT id, NULL::text AS flow_key, NULL::bigint AS lease_epoch, priority, next_run_at,
+               (row_number() OVER (ORDER BY priority DESC, next_run_at) - 1)::float8 AS fair,
+               NULL::float8 AS floor, NULL::timestamptz AS served_at, NULL::int AS concurrency,
+               NULL::int AS rate, NULL::bigint AS rate_window_ms, NULL::float8 AS set_weight
+          FROM unkeyed
+        UNION ALL
+        SELECT id, flow_key, lease_epoch, priority, next_run_at, fair, floor, served_at,
+               concurrency, rate, rate_window_ms, set_weight
+          FROM keyed
+    ) AS both_kinds
+    -- A tie between keys goes to the one served longest ago (a new key first).
+    ORDER BY fair, served_at NULLS FIRST, priority DESC, next_run_at
+    LIMIT %(limit)s
+), offers AS MATERIALIZED (
+    SELECT flow_key AS key, min(floor) AS floor, min(concurrency) AS concurrency,
+           min(rate) AS rate, min(rate_window_ms) AS rate_window_ms, min(set_weight) AS weight,
+           jsonb_agg(jsonb_build_object('id', id, 'epoch', lease_epoch + 1,
+                                        'xid', pg_current_xact_id()::text)
+                     ORDER BY fair, priority DESC, next_run_at) AS wanted
+      FROM candidates WHERE flow_key IS NOT NULL
+     GROUP BY flow_key
+), grants AS (
+    -- Invariant 26, decided here under each key row's lock, taken in key order (two
+    -- claims never wait on each other in a circle): grant at most the room the key's
+    -- newest row version has, prune the released permits and the starts past the
+    -- window, and move the key's fair-share pass on by what it was granted. A key met
+    -- for the first time is inserted with its first grants; one a concurrent claim
+    -- inserts meanwhile is waited for, then updated like any other.
+    INSERT INTO {FLOW_KEY_TABLE} AS s (key, holders, starts, fair_pass, served_at)
+    SELECT o.key, {_first("o.wanted", "room.n")}, {_stamps("room.n")},
+           o.floor + room.n / {_flow_weight("fresh_key", "o")}, clock_timestamp()
+      FROM offers AS o, {_NO_FLOW_ROW}
+     CROSS JOIN LATERAL (SELECT least(jsonb_array_length(o.wanted),
+                                      {_flow_room("fresh_key", "o", "nothing")}) AS n
+                           FROM (SELECT 0 AS held, 0 AS recent) AS nothing) AS room
+     ORDER BY o.key
+    ON CONFLICT (key) DO UPDATE
+       SET (holders, starts, fair_pass, served_at) = (
+           SELECT used.holders || {_first("o.wanted", "grant_n.n")},
+                  used.starts || {_stamps("grant_n.n")},
+                  greatest(s.fair_pass, o.floor) + grant_n.n / {_flow_weight("s", "o")},
+                  clock_timestamp()
+             FROM offers AS o
+            CROSS JOIN LATERAL ({_flow_usage("s", "o")}) AS used
+            CROSS JOIN LATERAL (SELECT least(jsonb_array_length(o.wanted),
+                                             {_flow_room("s", "o", "used")}) AS n) AS grant_n
+            WHERE o.key = s.key)
+    RETURNING s.holders
+)
+UPDATE {TABLE} AS j
+{_CLAIM_SET}
+  FROM candidates c
+ WHERE j.id = c.id
+   AND (c.flow_key IS NULL OR c.id IN (
+        SELECT (permit ->> 'id')::uuid
+          FROM grants AS grant_rows,
+               jsonb_array_elements(grant_rows.holders) AS permit
+         WHERE permit ->> 'xid' = pg_current_xact_id()::text))
 RETURNING {_J_COLUMNS}
 """
 
@@ -981,6 +1286,7 @@ def dequeue(
     *,
     kinds: Sequence[str] | None,
     limit: int = 1,
+    flow: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> list[Job]:
     """Claim up to ``limit`` due jobs of ``kinds`` from ``queues``: the database transport (DESIGN §6).
@@ -994,16 +1300,24 @@ def dequeue(
     never locked, let alone claimed. ``kinds=None`` claims any kind (operators' tools).
     Rows of kinds this worker lacks are stepped over in the index scan: their cost grows
     with how many of them are due ahead of a claimable row in the same queue.
+
+    Invariant 26: a job with a flow key is claimed only when its key has room, decided
+    under the key row's lock in this statement; ``flow`` is the JSON of the settings'
+    and the kinds' limits (``durable_jobs.limits.claims.claim_settings``), the operator's
+    runtime limits being read from the key rows themselves. Without ``flow`` the claim
+    is DEQUEUE_OPEN, which takes only jobs without a flow key (and costs what the claim
+    cost before flow control): a keyed job is never claimed but through its key.
     """
     return fetch_jobs(
         using,
-        DEQUEUE,
+        DEQUEUE_OPEN if flow is None else DEQUEUE,
         {
             "queues": list(queues),
             "owner": owner,
             "ttl_ms": ttl_ms,
             "limit": limit,
             "kinds": None if kinds is None else list(kinds),
+            "flow": flow or "{}",
         },
     )
 
@@ -2898,6 +3212,165 @@ def notify_schedules(channel: str | None, *, using: str = DEFAULT_DB_ALIAS) -> N
             pass
 
 
+# 7b. Flow keys: an operator's runtime limits, and the reads explain and the console make
+# ---------------------------------------------------------------------------------------
+
+# An operator's limits for one key, effective from the next claim statement on (every
+# claim reads the key row under its lock: nothing to restart, no cache). A field left
+# None keeps its value unless `clear` names it; the permits and the window are the
+# claim's and are never touched here.
+SET_FLOW_LIMIT = f"""
+INSERT INTO {FLOW_KEY_TABLE} AS s (key, concurrency, rate, rate_window_ms, weight, holders, starts,
+                                   fair_pass, changed_at, changed_by)
+VALUES (%(key)s, %(concurrency)s, %(rate)s, %(rate_window_ms)s, %(weight)s, '[]'::jsonb, '[]'::jsonb,
+        coalesce((SELECT min(fair_pass) FROM {FLOW_KEY_TABLE}), 0), now(), %(changed_by)s)
+ON CONFLICT (key) DO UPDATE
+   SET concurrency = CASE WHEN 'concurrency' = ANY(%(clear)s::text[]) THEN NULL
+                          ELSE coalesce(EXCLUDED.concurrency, s.concurrency) END,
+       rate = CASE WHEN 'rate' = ANY(%(clear)s::text[]) THEN NULL ELSE coalesce(EXCLUDED.rate, s.rate) END,
+       rate_window_ms = CASE WHEN 'rate' = ANY(%(clear)s::text[]) THEN NULL
+                             ELSE coalesce(EXCLUDED.rate_window_ms, s.rate_window_ms) END,
+       weight = CASE WHEN 'weight' = ANY(%(clear)s::text[]) THEN NULL ELSE coalesce(EXCLUDED.weight, s.weight) END,
+       changed_at = now(), changed_by = EXCLUDED.changed_by
+RETURNING key
+"""
+
+
+def set_flow_limit(
+    key: str,
+    *,
+    concurrency: int | None = None,
+    rate: int | None = None,
+    rate_window_ms: int | None = None,
+    weight: float | None = None,
+    clear: Sequence[str] = (),
+    changed_by: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> None:
+    """Set (or ``clear``) an operator's limits on ``key``; the next claim applies them."""
+    params = {
+        "key": key,
+        "concurrency": concurrency,
+        "rate": rate,
+        "rate_window_ms": rate_window_ms,
+        "weight": weight,
+        "clear": list(clear),
+        "changed_by": changed_by,
+    }
+    fetch_value(using, SET_FLOW_LIMIT, params)
+
+
+# Whether any job with a flow key waits in these queues: a worker none of whose kinds has
+# a flow policy asks this now and then, to know whether it must claim through DEQUEUE
+# (keys) or may use DEQUEUE_OPEN. One probe of durable_jobs_flow_deliverable per queue.
+HAS_KEYED_WORK = f"""
+SELECT EXISTS (SELECT 1 FROM unnest(%(queues)s::text[]) AS q(name)
+                WHERE EXISTS (SELECT 1 FROM {TABLE}
+                               WHERE queue_name = q.name AND {_flow_deliverable()}))
+"""
+
+
+def has_keyed_work(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> bool:
+    """True when a job with a flow key waits to be claimed in one of ``queues``."""
+    return bool(fetch_value(using, HAS_KEYED_WORK, {"queues": list(queues)}))
+
+
+# Why a job is not claimed, read with the claim's own fragments (invariant 28): the same
+# due and cancel test (_claimable), the same paused-queue row (_paused_row), the same
+# limits (_flow_head_kind, _flow_settings, _flow_in_force), the same usage (_flow_usage:
+# the permits still held, by _permit_held, and the starts inside the window) and the same
+# room (_flow_room) as DEQUEUE; then who holds the key and when the window frees a start.
+# `kinds` is NULL: explain asks about the job, not about a worker's kinds (those are the
+# live workers' answer, read beside it).
+_J_SCOPE = SCOPE.replace("tenant_id", "j.tenant_id").replace("organization_id", "j.organization_id")
+EXPLAIN_JOB = f"""
+SELECT clock_timestamp(),
+       ({_claimable("j")}) AS claimable,
+       coalesce({_due("j")}, false) AS due,
+       EXISTS (SELECT 1 {_paused_row("j.queue_name")}) AS paused,
+       CASE WHEN j.flow_key IS NULL THEN NULL ELSE {_flow_room("k", "cfg", "used")} END AS room,
+       {_flow_in_force("k", "cfg", "concurrency")} AS concurrency,
+       {_flow_in_force("k", "cfg", "rate")} AS rate,
+       coalesce({_flow_in_force("k", "cfg", "rate_window_ms")}, 1000) / 1000.0 AS window_s,
+       (SELECT coalesce(array_agg((permit ->> 'id')::uuid), '{{}}')
+          FROM jsonb_array_elements(used.holders) AS permit) AS holders,
+       (SELECT to_timestamp(min(started::float8)
+                            + coalesce({_flow_in_force("k", "cfg", "rate_window_ms")}, 1000) / 1000.0)
+          FROM jsonb_array_elements(used.starts) AS started) AS rate_frees_at,
+       k.fair_pass - (SELECT min(fair_pass) FROM {FLOW_KEY_TABLE}) AS behind,
+       (SELECT other.id FROM {TABLE} AS other
+         WHERE j.lock_key IS NOT NULL AND other.id <> j.id AND other.lock_key = j.lock_key
+           AND other.tenant_id = j.tenant_id
+           AND other.organization_id IS NOT DISTINCT FROM j.organization_id
+           AND other.status IN {LIVE} LIMIT 1) AS lock_holder
+  FROM {TABLE} AS j
+  LEFT JOIN LATERAL (
+      SELECT concurrency, rate, rate_window_ms, weight, holders, starts, fair_pass
+        FROM {FLOW_KEY_TABLE} WHERE key = j.flow_key
+       UNION ALL
+      SELECT NULL::int, NULL::int, NULL::bigint, NULL::float8, '[]'::jsonb, '[]'::jsonb, NULL::float8
+       WHERE NOT EXISTS (SELECT 1 FROM {FLOW_KEY_TABLE} WHERE key = j.flow_key)
+  ) AS k ON true
+  LEFT JOIN LATERAL ({_flow_head_kind("j.queue_name", "j.flow_key")}) AS head ON true
+ CROSS JOIN LATERAL ({_flow_settings("j.flow_key", "coalesce(head.kind, j.kind)")}) AS cfg
+ CROSS JOIN LATERAL ({_flow_usage("k", "cfg")}) AS used
+ WHERE j.id = %(id)s AND {_J_SCOPE}
+"""
+
+
+def explain_job(
+    job_id: object, scope: Scope, *, flow: str | None = None, using: str = DEFAULT_DB_ALIAS
+) -> dict[str, Any] | None:
+    """Return the claim's verdicts on one job (invariant 28), or None if it is not in scope."""
+    params = {"id": job_id, **scope_params(scope), "kinds": None, "flow": flow or "{}"}
+    with execute(using, EXPLAIN_JOB, params) as cursor:
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        names = [column.name for column in cursor.description]
+    return dict(zip(["now", *names[1:]], row, strict=True))
+
+
+# The console's and the metrics' view of the keys: each key's limits (the operator's,
+# else the settings' and then the kind's of its latest job), the permits held and the
+# starts inside its window. One row per key row; keys never claimed have none.
+LIST_FLOW_KEYS = f"""
+SELECT k.key, k.concurrency, k.rate, k.rate_window_ms, k.weight,
+       {_flow_in_force("k", "cfg", "concurrency")}, {_flow_in_force("k", "cfg", "rate")},
+       used.held, used.recent,
+       (SELECT count(*) FROM {TABLE} AS w WHERE w.flow_key = k.key AND w.status IN {LIVE}
+           AND w.lease_owner IS NULL AND w.next_run_at IS NOT NULL),
+       k.changed_at, k.changed_by
+  FROM {FLOW_KEY_TABLE} AS k
+  LEFT JOIN LATERAL (SELECT kind FROM {TABLE} WHERE flow_key = k.key AND status IN {LIVE} LIMIT 1) AS kind ON true
+ CROSS JOIN LATERAL ({_flow_settings("k.key", "kind.kind")}) AS cfg
+ CROSS JOIN LATERAL ({_flow_usage("k", "cfg")}) AS used
+ ORDER BY k.key
+"""
+
+
+def list_flow_keys(*, flow: str | None = None, using: str = DEFAULT_DB_ALIAS) -> list[FlowKeyState]:
+    """Every flow key the claim has met or an operator has set, with its occupancy."""
+    with execute(using, LIST_FLOW_KEYS, {"flow": flow or "{}"}) as cursor:
+        return [
+            FlowKeyState(
+                key=row[0],
+                operator_concurrency=row[1],
+                operator_rate=row[2],
+                operator_rate_window_ms=row[3],
+                operator_weight=row[4],
+                concurrency=row[5],
+                rate=row[6],
+                running=int(row[7]),
+                recent_starts=int(row[8]),
+                waiting=int(row[9]),
+                changed_at=row[10],
+                changed_by=row[11],
+            )
+            for row in cursor.fetchall()
+        ]
+
+
 # ---------------------------------------------------------------------------------------
 # 8. For the testing helpers only (durable_jobs.testing)
 # ---------------------------------------------------------------------------------------
@@ -3090,14 +3563,15 @@ WITH parent AS (
 ), born AS (
     INSERT INTO {TABLE} (
         id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
-        input, parent_id, spawn_key, queue_name, priority, next_run_at, pending_since
+        input, parent_id, spawn_key, queue_name, priority, next_run_at, pending_since, flow_key
     )
     SELECT r.id, p.tenant_id, p.organization_id, r.kind, 'pending', 'job:' || p.id::text,
            now(), now(), r.input, p.id, r.spawn_key, r.queue, coalesce(r.priority, p.priority),
-           clock_timestamp(), now()
+           clock_timestamp(), now(), r.flow_key
       FROM parent AS p,
            jsonb_to_recordset(%(rows)s::jsonb)
-           AS r(id uuid, kind text, spawn_key text, input jsonb, queue text, priority smallint)
+           AS r(id uuid, kind text, spawn_key text, input jsonb, queue text, priority smallint,
+                flow_key text)
     ON CONFLICT DO NOTHING
     RETURNING id, queue_name
 ), counted AS (
@@ -3124,7 +3598,8 @@ def spawn_children(
     """Insert the parent's children (fenced by its lease); how many were new, None: lease gone.
 
     ``rows`` carry ``id`` (``workflows.child_id``), ``kind``, ``spawn_key``, ``input``,
-    ``queue`` and ``priority``. A child already spawned under its key is left as it is.
+    ``queue``, ``priority`` and ``flow_key`` (its kind's flow key, invariant 26; absent:
+    none). A child already spawned under its key is left as it is.
     The wake-up NOTIFY is delivered at the caller's commit (or dropped with its rollback).
     """
     params = {**_lease(lease), "rows": json.dumps(list(rows)), "channel": notify_channel}

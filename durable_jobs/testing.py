@@ -21,6 +21,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS
 
 from durable_jobs import conf, reads, registry, service, store
+from durable_jobs.limits import claims
 from durable_jobs.models import HELD, Job
 from durable_jobs.runtime import scheduler
 from durable_jobs.runtime.executor import SliceReport, run_slice
@@ -50,7 +51,13 @@ def run_jobs(
     reports: list[SliceReport] = []
     while max_slices is None or len(reports) < max_slices:
         claimed = store.dequeue(
-            queues, _OWNER, ttl_ms, kinds=registry.kinds(), limit=1, using=using
+            queues,
+            _OWNER,
+            ttl_ms,
+            kinds=registry.kinds(),
+            limit=1,
+            flow=claims.claim_settings(),
+            using=using,
         )
         if not claimed and fast_forward and _bring_forward(queues, using):
             continue

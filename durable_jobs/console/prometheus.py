@@ -131,6 +131,24 @@ class DatabaseCollector:
             backlog.add_metric([queue["queue"]], queue["backlog"])
         yield paused
         yield backlog
+        # Invariant 26: each flow key's permits in use, its limit and its waiting jobs.
+        running = GaugeMetricFamily(
+            "durable_jobs_flow_running", "Jobs holding a flow key's permits", labels=["key"]
+        )
+        limit = GaugeMetricFamily(
+            "durable_jobs_flow_limit", "A flow key's concurrency limit in force", labels=["key"]
+        )
+        waiting = GaugeMetricFamily(
+            "durable_jobs_flow_waiting", "A flow key's jobs waiting to be claimed", labels=["key"]
+        )
+        for key, figures in data["flow_keys"].items():
+            running.add_metric([key], figures["running"])
+            waiting.add_metric([key], figures["waiting"])
+            if figures["concurrency"] is not None:
+                limit.add_metric([key], figures["concurrency"])
+        yield running
+        yield limit
+        yield waiting
         yield from _transport_gauges(data["transports"])
 
 

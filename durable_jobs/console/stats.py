@@ -11,6 +11,7 @@ from django.db.models import Case, Count, F, QuerySet, Value, When
 from durable_jobs import conf, store
 from durable_jobs.console import live as console
 from durable_jobs.console import queries, workers
+from durable_jobs.limits import claims
 from durable_jobs.models import Job
 from durable_jobs.states import Scope
 from durable_jobs.transports import publishing
@@ -115,6 +116,17 @@ def collect(
                 "reason": pause.reason,
             }
             for pause in store.list_paused_queues(using=using)
+        },
+        # Invariant 26: every flow key's limits in force and its occupancy.
+        "flow_keys": {
+            key.key: {
+                "running": key.running,
+                "concurrency": key.concurrency,
+                "recent_starts": key.recent_starts,
+                "rate": key.rate,
+                "waiting": key.waiting,
+            }
+            for key in store.list_flow_keys(flow=claims.claim_settings(), using=using)
         },
         "finished_last": throughput,
         # Windows past queries.FINISHED_SAMPLE rows are the newest rows' rate, not a count.

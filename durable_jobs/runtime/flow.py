@@ -15,6 +15,7 @@ from django.db import transaction
 
 from durable_jobs import conf, registry, service, store, workflows
 from durable_jobs.exceptions import InvalidInput, LeaseLost, UnknownKind
+from durable_jobs.limits import claims
 from durable_jobs.models import Job
 from durable_jobs.states import Lease, Scope, SliceOutcome
 
@@ -72,6 +73,8 @@ def spawn(context: Slice, children: Sequence[Mapping[str, Any]]) -> list[Any]:
     rows = child_rows(context.id, children)
     if not rows:
         return []
+    for row in rows:  # invariant 26: a child counts against its kind's flow key, as a start does
+        row["flow_key"] = claims.flow_key(row, context.scope.tenant, context.scope.organization)
     born = store.spawn_children(
         context.lease, rows, notify_channel=conf.get().NOTIFY_CHANNEL, using=context.using
     )

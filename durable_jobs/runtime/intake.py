@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from django.db import DEFAULT_DB_ALIAS
 
 from durable_jobs import conf, reads, registry, store
+from durable_jobs.limits import claims
 from durable_jobs.states import SliceOutcome
 from durable_jobs.transports import publishing as transports
 
@@ -87,9 +88,7 @@ class Intake:
         kinds = registry.kinds()
         from_table = self.database_queues + self._served_from_table()
         if from_table:
-            claimed = store.dequeue(
-                from_table, owner, ttl_ms, kinds=kinds, limit=limit, using=self.using
-            )
+            claimed = self._from_table(from_table, owner, ttl_ms, kinds, limit)
             if claimed:
                 return claimed, AGAIN
             self._draining.clear()  # whatever the outage left in the table has been taken
@@ -112,6 +111,24 @@ class Intake:
             if then != WAITED:
                 answer = AGAIN if AGAIN in (then, answer) else REST
         return [], answer
+
+    def _from_table(
+        self, queues: list[str], owner: str, ttl_ms: int, kinds: Sequence[str], limit: int
+    ) -> list[Job]:
+        """The database transport's claim: through the flow keys while keyed jobs wait in
+        ``queues`` (invariant 26), else the default claim, which looks for keyed work
+        before it comes back short (``durable_jobs.limits.claims``)."""
+
+        def dequeue(n: int, flow: str | None) -> list[Job]:
+            return store.dequeue(
+                queues, owner, ttl_ms, kinds=kinds, limit=n, flow=flow, using=self.using
+            )
+
+        flow = claims.for_claim(queues, using=self.using)
+        claimed = dequeue(limit, flow)
+        if flow is None and len(claimed) < limit and claims.keyed_work(queues, using=self.using):
+            claimed += dequeue(limit - len(claimed), claims.claim_settings())
+        return claimed
 
     def _paused_queues(self) -> set[str]:
         """The paused queues, read once per claim step: one small read, no cache to go stale."""

@@ -212,3 +212,16 @@ def leaf(job: durable.Slice):
             Effect.objects.create(job_id=job.id, item=job.input["i"], epoch=job.lease.epoch)
             job.save_checkpoint({"written": True})
     return durable.Done({"i": job.input["i"]})
+
+
+@durable.handler("demo.limited", flow=durable.FlowControl(key="input:account", concurrency=2))
+def limited(job: durable.Slice):
+    """At most two at once per ``input.account``: record a start and an end effect (items 0
+    and 1, fenced, with the epoch) around ``input.seconds`` of work, so a test can see
+    every pair of slices that overlapped and every write a stale holder tried to land."""
+    with job.fenced():
+        Effect.objects.create(job_id=job.id, item=0, epoch=job.lease.epoch)
+    time.sleep(float(job.input.get("seconds", 0.5)))
+    with job.fenced():
+        Effect.objects.create(job_id=job.id, item=1, epoch=job.lease.epoch)
+    return durable.DONE

@@ -143,6 +143,19 @@ def test_cancel__the_claim_refuses_what_the_broker_cannot_take_back(brokered):
     assert reload(job).status == "cancelled"
 
 
+def test_a_kind_with_flow_control__is_refused_on_a_broker_queue_in_one_line(brokered, kinds):
+    """Invariant 26 is decided by the database's keyed claim; a broker delivery claims one
+    job with no permit to grant, so a keyed start there is refused and stores nothing."""
+    kinds.add("tests.limited", flow=durable.FlowControl(key="kind", concurrency=1))
+
+    with pytest.raises(durable.InvalidInput, match="only the database transport") as refused:
+        durable.start("tests.limited", queue=QUEUE)
+
+    assert "\n" not in str(refused.value)
+    assert durable.list_jobs(kind="tests.limited")[1] == 0
+    assert durable.start("tests.limited").flow_key  # on a database queue it is limited
+
+
 def test_a_kind_this_worker_cannot_run__is_left_for_another(brokered, kinds, monkeypatch):
     """Invariant 14b: not claimed, not charged, not lost."""
     monkeypatch.setattr(streams, "REDELIVER_AFTER_MS", 0)

@@ -95,9 +95,10 @@ def test_the_backlog_figures_and_throughput_windows_come_from_one_statement(
     JobFactory(
         kind="tests.a", tenant_id="other", status="completed", finished_at=-30, pending_since=None
     )
-    # 6: the five reads of the job table plus one of the paused queues (invariant 27; a
-    # table with one row per paused queue).
-    with django_assert_max_num_queries(6):
+    # 7: the five reads of the job table plus one of the paused queues (invariant 27; a
+    # table with one row per paused queue) and one of the flow keys (invariant 26; a table
+    # with one row per key).
+    with django_assert_max_num_queries(7):
         data = stats.collect(tenant="default")
     assert data["finished_last"] == {
         "1m": {"completed": 1, "failed": 1, "cancelled": 0},

@@ -124,7 +124,14 @@ def test_a_paused_queue_still_accepts_starts(kinds):
 
 def _dequeue_on(conn: psycopg.Connection, queue: str, *, limit: int = 10) -> list:
     """Run the dequeue statement on another connection, in whatever transaction it has open."""
-    params = {"queues": [queue], "owner": "other", "ttl_ms": TTL_MS, "limit": limit, "kinds": None}
+    params = {
+        "queues": [queue],
+        "owner": "other",
+        "ttl_ms": TTL_MS,
+        "limit": limit,
+        "kinds": None,
+        "flow": "{}",
+    }
     return [row[0] for row in conn.execute(store.DEQUEUE, params).fetchall()]
 
 

@@ -21,7 +21,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from durable_jobs import conf, service
 from durable_jobs.console import stats, workers
-from durable_jobs.exceptions import DurableJobsError, InvalidInput
+from durable_jobs.exceptions import ConfigurationError, DurableJobsError, InvalidInput
+from durable_jobs.limits.policy import Rate
 from durable_jobs.management import preflight
 from durable_jobs.models import Job
 from durable_jobs.schedules import api as schedules
@@ -171,7 +172,10 @@ class Command(BaseCommand):
             ("show", "print one job in full"),
             ("cancel", "request cancellation"),
             ("redrive", "re-drive a failed job"),
-            ("explain", "say what a held job is waiting for and when it is checked next"),
+            (
+                "explain",
+                "every reason a job is not running (held, not due, paused, flow limits, workers)",
+            ),
         ):
             p = sub.add_parser(action, help=helptext)
             scoped(p)
@@ -216,6 +220,19 @@ class Command(BaseCommand):
                 help="machine-readable output and errors",
             )
         self._add_queue_actions(sub)
+        self._add_flow_actions(sub)
+
+    def _json_parser(self, sub: Any, action: str, helptext: str) -> CommandParser:
+        """A subcommand taking ``--json`` (after the action too), its errors JSON-aware."""
+        p = sub.add_parser(action, help=helptext)
+        self._json_aware(p)
+        p.add_argument(
+            "--json",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="machine-readable output and errors",
+        )
+        return p
 
     def _add_queue_actions(self, sub: Any) -> None:
         """``queues``, ``pause QUEUE``, ``resume QUEUE``: paused queues (invariant 27)."""
@@ -224,19 +241,84 @@ class Command(BaseCommand):
             ("pause", "stop every worker from claiming from a queue (running slices go on)"),
             ("resume", "let workers claim from a paused queue again, waking idle ones"),
         ):
-            p = sub.add_parser(action, help=helptext)
-            self._json_aware(p)
-            p.add_argument(
-                "--json",
-                action="store_true",
-                default=argparse.SUPPRESS,
-                help="machine-readable output and errors",
-            )
+            p = self._json_parser(sub, action, helptext)
             if action != "queues":
                 p.add_argument("queue", type=name)
             if action == "pause":
                 p.add_argument("--reason", default=None, help="why (shown by stats and explain)")
                 p.add_argument("--by", default="cli", help="who pauses (recorded with the pause)")
+
+    def _add_flow_actions(self, sub: Any) -> None:
+        """``limits`` and ``set-limit KEY``: flow keys and an operator's runtime limits (invariant 26)."""
+        for action, helptext in (
+            (
+                "limits",
+                "every flow key: its limits in force, permits held, starts in its window, waiting",
+            ),
+            ("set-limit", "set (or --clear) a flow key's limits, in force from the next claim"),
+        ):
+            p = self._json_parser(sub, action, helptext)
+            if action == "set-limit":
+                p.add_argument("key")
+                p.add_argument(
+                    "--concurrency", type=int, default=None, help="jobs at once (0 stops the key)"
+                )
+                p.add_argument(
+                    "--rate", type=int, default=None, help="slice starts per --per seconds"
+                )
+                p.add_argument(
+                    "--per", type=float, default=1.0, help="the rate's window in seconds"
+                )
+                p.add_argument("--weight", type=float, default=None, help="the key's fair share")
+                p.add_argument(
+                    "--clear",
+                    action="append",
+                    default=[],
+                    choices=("concurrency", "rate", "weight"),
+                    help="drop the operator's value (the settings' or the kind's applies again)",
+                )
+                p.add_argument("--by", default="cli", help="who changes it (recorded on the key)")
+
+    def do_limits(self, **options: Any) -> None:
+        keys = service.flow_keys()
+        if options["json"]:
+            self._emit(options, [dataclasses.asdict(k) for k in keys], "")
+            return
+        lines = [f"{'flow key':<40} {'running':>12} {'rate window':>14} {'waiting':>8}  operator"]
+        for k in keys:
+            running = f"{k.running}/{'-' if k.concurrency is None else k.concurrency}"
+            window = f"{k.recent_starts}/{'-' if k.rate is None else k.rate}"
+            changed = (
+                ""
+                if k.changed_at is None
+                else f"{k.changed_by or '-'} at {k.changed_at:%Y-%m-%d %H:%M:%S %Z}"
+            )
+            lines.append(f"{k.key:<40} {running:>12} {window:>14} {k.waiting:>8}  {changed}")
+        self.stdout.write("\n".join(lines))
+
+    def do_set_limit(self, **options: Any) -> None:
+        rate = None
+        if options["rate"] is not None:
+            try:
+                rate = Rate(limit=options["rate"], per=options["per"])
+            except ConfigurationError as error:
+                raise Refused(InvalidInput("rate", str(error))) from None
+        service.set_flow_limit(
+            options["key"],
+            concurrency=options["concurrency"],
+            rate=rate,
+            weight=options["weight"],
+            clear=options["clear"],
+            by=options["by"],
+        )
+        [state] = [k for k in service.flow_keys() if k.key == options["key"]]
+        self._emit(
+            options,
+            dataclasses.asdict(state),
+            f"flow key {state.key}: concurrency {state.concurrency or 'unlimited'}, rate "
+            f"{state.rate or 'unlimited'}; {state.running} running, {state.waiting} waiting; "
+            "in force from the next claim",
+        )
 
     def handle(self, *args: Any, action: str, **options: Any) -> None:
         problem = preflight.database_problem()
@@ -297,6 +379,7 @@ class Command(BaseCommand):
     def do_explain(self, **options: Any) -> None:
         job = service.get(options["job_id"], scope=self._scope(options))
         explanation = explain_hold(job)
+        reasons = service.explain(job)  # invariant 28: the one explainer
         pauses = {p.queue: p for p in service.paused_queues()}
         if options["json"]:
             data = (
@@ -324,6 +407,7 @@ class Command(BaseCommand):
                 {
                     "id": str(job.id),
                     "status": job.status,
+                    "reasons": [reason.as_dict() for reason in reasons],
                     "held": data,
                     "queue_paused": None if paused is None else dataclasses.asdict(paused),
                 },
@@ -336,10 +420,10 @@ class Command(BaseCommand):
                 f"queue {p.queue} is paused since {p.paused_at:%Y-%m-%d %H:%M:%S %Z} by "
                 f"{p.paused_by or '-'}: {p.reason or 'no reason given'}"
             )
-        if explanation is None:
-            self.stdout.write(f"{job.kind} {job.id}: {job.status}, not held by a wait condition")
-            return
-        self.stdout.write(f"{job.kind} {job.id}: held\n{explanation.summary}")
+        state = "held" if explanation is not None else job.status
+        lines = [f"{job.kind} {job.id}: {state}"]
+        lines += [f"- [{reason.code}] {reason.sentence}" for reason in reasons]
+        self.stdout.write("\n".join(lines))
 
     def do_cancel(self, **options: Any) -> None:
         job = service.cancel(options["job_id"], scope=self._scope(options), by=options["by"])
@@ -420,6 +504,15 @@ class Command(BaseCommand):
                 "; ".join(
                     f"{queue} since {_when(p['paused_at'])} by {p['paused_by'] or '-'}: {p['reason'] or '-'}"
                     for queue, p in data["paused_queues"].items()
+                )
+                or "none"
+            ),
+            "flow keys: "
+            + (
+                "; ".join(
+                    f"{key} {f['running']}/{f['concurrency'] if f['concurrency'] is not None else '-'} "
+                    f"running, {f['waiting']} waiting"
+                    for key, f in data["flow_keys"].items()
                 )
                 or "none"
             ),

@@ -1,0 +1,158 @@
+"""Invariant 28, explain reads the claim: for every reason, a job explain calls claimable is
+claimed by the dequeue statement, and one it calls blocked is not.
+
+Each case builds one job held back by one reason (or by none), asks ``durable.explain``,
+then runs the claim over the whole queue and compares.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import durable_jobs as durable
+from durable_jobs import store
+from durable_jobs.limits import claims
+from durable_jobs.limits import reasons as r
+from tests.factories import JobFactory
+from tests.integration.support import FAIL_DEFAULTS, lease_of
+
+TTL_MS = 30_000
+
+
+def _claim_all() -> set:
+    flow = claims.claim_settings()
+    return {j.id for j in store.dequeue(["default"], "w", TTL_MS, kinds=None, limit=100, flow=flow)}
+
+
+def _not_due(kinds):
+    return durable.start("ex.free", run_after=3600), r.NOT_DUE
+
+
+def _backing_off(kinds):
+    job = durable.start("ex.free")
+    [claimed] = store.dequeue(["default"], "w0", TTL_MS, kinds=None, limit=1)
+    store.fail_slice(lease_of(claimed), **{**FAIL_DEFAULTS, "backoff_base_ms": 3_600_000})
+    return job, r.BACKING_OFF
+
+
+def _held(kinds):
+    job = JobFactory(
+        kind="ex.free",
+        held_since=-60,
+        next_run_at=600,
+        wait_for=[{"after": "2099-01-01T00:00:00Z"}],
+    )
+    return job, r.HELD
+
+
+def _workflow_wait(kinds):
+    wait = json.dumps({"on": "children", "policy": "fail"})
+    job = JobFactory(kind="ex.free", next_run_at=None, flow_wait=wait)
+    return job, r.WORKFLOW_WAIT
+
+
+def _cancel_requested(kinds):
+    job = durable.start("ex.free")
+    durable.cancel(job.id, by="ops")
+    return job, r.CANCEL_REQUESTED
+
+
+def _queue_paused(kinds):
+    job = durable.start("ex.free")
+    durable.pause_queue("default", reason="maintenance")
+    return job, r.QUEUE_PAUSED
+
+
+def _concurrency_full(kinds):
+    durable.start("ex.one")
+    assert len(_claim_all()) == 1
+    return durable.start("ex.one"), r.CONCURRENCY_FULL
+
+
+def _rate_limited(kinds):
+    durable.start("ex.rated")
+    [first] = store.dequeue(
+        ["default"], "w0", TTL_MS, kinds=None, limit=1, flow=claims.claim_settings()
+    )
+    store.complete(lease_of(first))
+    return durable.start("ex.rated"), r.RATE_LIMITED
+
+
+def _claimable(kinds):
+    return durable.start("ex.free"), r.CLAIMABLE
+
+
+def _fair_turn(kinds):
+    flow = claims.claim_settings()
+    for _ in range(2):
+        durable.start("ex.tenant", scope="busy")
+        store.dequeue(["default"], "w0", TTL_MS, kinds=None, limit=1, flow=flow)
+    durable.start("ex.tenant", scope="busy")
+    durable.start("ex.tenant", scope="quiet")
+    later = durable.start("ex.tenant", scope="quiet")
+    [turn] = store.dequeue(["default"], "w0", TTL_MS, kinds=None, limit=1, flow=flow)
+    assert turn.tenant_id == "quiet"  # the key served least goes first
+    return later, r.FAIR_TURN
+
+
+CASES = {
+    "not_due": _not_due,
+    "backing_off": _backing_off,
+    "held": _held,
+    "workflow_wait": _workflow_wait,
+    "cancel_requested": _cancel_requested,
+    "queue_paused": _queue_paused,
+    "concurrency_full": _concurrency_full,
+    "rate_limited": _rate_limited,
+    "claimable": _claimable,
+    "fair_turn": _fair_turn,
+}
+
+
+@pytest.fixture
+def ex_kinds(kinds):
+    kinds.add("ex.free")
+    kinds.add("ex.one", flow=durable.FlowControl(key="kind", concurrency=1))
+    kinds.add(
+        "ex.rated", flow=durable.FlowControl(key="kind", rate=durable.Rate(limit=1, per=3600))
+    )
+    kinds.add("ex.tenant", flow=durable.FlowControl(key="tenant"))
+    return kinds
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_explain__agrees_with_the_claim(ex_kinds, case):
+    job, expected = CASES[case](ex_kinds)
+
+    reasons = durable.explain(job.id, scope=(job.tenant_id, job.organization_id))
+    blocked = any(reason.blocks_claim for reason in reasons)
+
+    assert expected in [reason.code for reason in reasons], reasons
+    assert all(reason.sentence for reason in reasons)
+    assert (job.id in _claim_all()) is not blocked, reasons
+
+
+@pytest.mark.django_db
+def test_explain__names_the_jobs_holding_a_full_key_and_when_a_rate_frees(ex_kinds):
+    holder = durable.start("ex.one")
+    _claim_all()
+    waiting = durable.start("ex.one")
+
+    [full] = [x for x in durable.explain(waiting.id) if x.code == r.CONCURRENCY_FULL]
+
+    assert full.fields["holders"] == [str(holder.id)]
+    assert full.fields["limit"] == 1
+    assert str(holder.id) in full.sentence
+    assert full.as_dict()["fields"]["key"] == "kind:ex.one"
+
+
+@pytest.mark.django_db
+def test_explain__a_job_no_live_worker_serves_says_so(ex_kinds):
+    job = durable.start("ex.free")
+
+    codes = [x.code for x in durable.explain(job.id)]
+
+    assert r.NO_WORKER in codes
