@@ -45,7 +45,9 @@ from durable_jobs.states import DONE, YIELD, Done, Outcome, QueuePause, Scope, S
 from durable_jobs.unique import Unique
 
 if TYPE_CHECKING:
+    from durable_jobs.limits.api import explain, flow_keys, set_flow_limit
     from durable_jobs.models import Job
+    from durable_jobs.queues import pause_queue, paused_queues, resume_queue
     from durable_jobs.runtime.context import Slice
     from durable_jobs.schedules.api import (
         list_schedules,
@@ -54,23 +56,8 @@ if TYPE_CHECKING:
         run_schedule,
         sync_schedules,
     )
-    from durable_jobs.service import (
-        cancel,
-        cancel_tree,
-        children,
-        explain,
-        flow_keys,
-        get,
-        list_jobs,
-        pause_queue,
-        paused_queues,
-        redrive,
-        resume_queue,
-        send_event,
-        set_flow_limit,
-        start,
-        start_many,
-    )
+    from durable_jobs.service import cancel, get, list_jobs, redrive, start, start_many
+    from durable_jobs.workflows.api import cancel_tree, children, send_event
 
 _LAZY = {
     "start": "durable_jobs.service",
@@ -84,15 +71,15 @@ _LAZY = {
     "resume_schedule": "durable_jobs.schedules.api",
     "run_schedule": "durable_jobs.schedules.api",
     "sync_schedules": "durable_jobs.schedules.api",
-    "pause_queue": "durable_jobs.service",
-    "resume_queue": "durable_jobs.service",
-    "paused_queues": "durable_jobs.service",
-    "send_event": "durable_jobs.service",
-    "cancel_tree": "durable_jobs.service",
-    "children": "durable_jobs.service",
-    "explain": "durable_jobs.service",
-    "set_flow_limit": "durable_jobs.service",
-    "flow_keys": "durable_jobs.service",
+    "pause_queue": "durable_jobs.queues",
+    "resume_queue": "durable_jobs.queues",
+    "paused_queues": "durable_jobs.queues",
+    "send_event": "durable_jobs.workflows.api",
+    "cancel_tree": "durable_jobs.workflows.api",
+    "children": "durable_jobs.workflows.api",
+    "explain": "durable_jobs.limits.api",
+    "set_flow_limit": "durable_jobs.limits.api",
+    "flow_keys": "durable_jobs.limits.api",
     "Slice": "durable_jobs.runtime.context",
     "Job": "durable_jobs.models",
 }

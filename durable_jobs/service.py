@@ -1,5 +1,10 @@
 """The public API: start, get, list, cancel, redrive.
 
+Beside it in the same layer: schedules (``durable_jobs.schedules.api``), paused queues
+(``durable_jobs.queues``), workflows' trees and events (``durable_jobs.workflows.api``),
+and flow limits with ``explain`` (``durable_jobs.limits.api``); the package re-exports
+them all.
+
 Code, the admin and the management commands all act through these functions, so a
 rule holds the same way whoever acts. Every call takes a ``scope``; leaving it out
 means the default tenant's tenant-wide scope, so single-tenant projects never think
@@ -39,11 +44,8 @@ from durable_jobs.exceptions import (
     WrongState,
 )
 from durable_jobs.limits import claims
-from durable_jobs.limits import explain as limits_explain
-from durable_jobs.limits.policy import Rate
-from durable_jobs.limits.reasons import Reason
 from durable_jobs.models import Job
-from durable_jobs.states import LIVE_STATUSES, FlowKeyState, QueuePause, Scope, Status
+from durable_jobs.states import LIVE_STATUSES, Scope, Status
 from durable_jobs.transports import publishing as transports
 from durable_jobs.waits import grammar as waits_grammar
 
@@ -624,62 +626,6 @@ def _job_id(job_id: Any) -> uuid.UUID:
         ) from None
 
 
-# ---------------------------------------------------------------------------------------
-# Paused queues (invariant 27): an operator stops claims from a queue and starts them again.
-# ---------------------------------------------------------------------------------------
-
-#: The longest reason a pause keeps (the column's size).
-MAX_PAUSE_REASON = 500
-
-
-def _queue(queue: Any, settings: conf.Settings) -> str:
-    validation.name("queue", queue)
-    undeclared = conf.undeclared_queue(queue, settings)
-    if undeclared is not None:
-        raise InvalidInput("queue", undeclared)
-    return str(queue)
-
-
-def pause_queue(
-    queue: str, *, reason: str | None = None, by: str | None = None, using: str = DEFAULT_DB_ALIAS
-) -> QueuePause:
-    """Stop every worker, on every host, from claiming jobs of ``queue``; return the pause.
-
-    Invariant 27: honoured inside the dequeue statement, from the first claim that starts
-    after this commits. Running slices finish or yield as usual; pending, handed-back and
-    retrying jobs wait, uncharged; ``start()`` still stores new jobs on the queue. Pausing
-    a paused queue keeps the first pause (its time, author and reason): the answer's
-    ``newly_paused`` is False then. A queue outside ``DURABLE_JOBS['QUEUES']`` (when
-    declared) is refused. Runs in the caller's transaction, like ``start()``.
-    """
-    queue = _queue(queue, conf.get())
-    if by is not None:
-        by = validation.key("by", by, max_length=200)
-    if reason is not None:
-        reason = validation.key("reason", reason, max_length=MAX_PAUSE_REASON)
-    return store.pause_queue(queue, by=by, reason=reason, using=using)
-
-
-def resume_queue(queue: str, *, using: str = DEFAULT_DB_ALIAS) -> QueuePause | None:
-    """Let workers claim from ``queue`` again and wake the idle ones; return the pause it ended.
-
-    None when the queue was not paused (nothing changed). The wake-up is the NOTIFY a
-    ``start()`` sends, delivered when this commits. A paused queue since removed from
-    ``DURABLE_JOBS['QUEUES']`` can still be resumed; any other undeclared name is refused.
-    """
-    validation.name("queue", queue)
-    settings = conf.get()
-    ended = store.resume_queue(queue, notify_channel=settings.NOTIFY_CHANNEL, using=using)
-    if ended is None:
-        _queue(queue, settings)
-    return ended
-
-
-def paused_queues(*, using: str = DEFAULT_DB_ALIAS) -> list[QueuePause]:
-    """Return every paused queue, by name, with when, by whom and why it was paused."""
-    return store.list_paused_queues(using=using)
-
-
 # --- workflows (durable_jobs.workflows) --------------------------------------------------
 
 #: What a failed or cancelled dependency means to a job started ``after`` it.
@@ -717,176 +663,3 @@ def _start_after(
         held = store.get_job(result.job.id, scope, using=using)
         assert held is not None
         return store.InsertResult(held, created=True)
-
-
-#: How many children one cancel statement asks to cancel.
-CANCEL_BATCH = 500
-
-
-def cancel_children(
-    parent_id: Any, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS
-) -> int:
-    """Ask every live descendant of ``parent_id`` to cancel, a bounded batch per statement.
-
-    Each batch is one statement (its own transaction when the caller has none), so a
-    thousand children never make one giant transaction or pile of row locks. Returns how
-    many were asked.
-    """
-    asked = 0
-    parents = [parent_id]
-    while parents:
-        parent = parents.pop()
-        while True:
-            batch = store.request_cancel_children(
-                parent, scope, by=by, limit=CANCEL_BATCH, using=using
-            )
-            asked += len(batch)
-            parents.extend(child for child, has_children in batch if has_children)
-            if len(batch) < CANCEL_BATCH:
-                break
-    return asked
-
-
-def cancel_tree(
-    job_id: Any,
-    *,
-    scope: Scope | str | tuple | None = None,
-    by: str | None = None,
-    using: str = DEFAULT_DB_ALIAS,
-) -> Job:
-    """Cancel a job and every live job it spawned (children, their children, …).
-
-    The parent's request first (``cancel``'s rules and errors), then its descendants in
-    bounded batches. Cancelling a child alone (``cancel``) never cancels its parent: a
-    parent waiting with policy ``fail`` or ``cancel`` ends ``child_failed`` on its own.
-    """
-    job = cancel(job_id, scope=scope, by=by, using=using)
-    cancel_children(job.id, scope_of(scope), by=by, using=using)
-    return job
-
-
-def send_event(
-    job: Any,
-    name: str,
-    payload: Any = None,
-    *,
-    scope: Scope | str | tuple | None = None,
-    using: str = DEFAULT_DB_ALIAS,
-) -> bool:
-    """Send the event ``name`` to a live job, in the caller's transaction; True when kept.
-
-    ``job`` is a job (or its id), or the idempotency key it was started with. The event
-    is kept until the job consumes it (``job.received(name)`` inside ``job.fenced()``):
-    an event sent before the job waits is not lost, and events of one name are kept in
-    the order they were sent, each wait taking the oldest. A job waiting for ``name`` is
-    woken at the caller's commit; a rollback sends nothing. False when the job has
-    already finished (nothing is kept); ``JobNotFound`` when ``scope`` has no such job.
-    """
-    scope = scope_of(scope)
-    validation.name("name", name)
-    settings = conf.get()
-    payload_json = validation.payload(
-        "payload",
-        payload,
-        max_bytes=settings.MAX_PAYLOAD_BYTES,
-        max_depth=settings.MAX_PAYLOAD_DEPTH,
-    )
-    target = _event_target(job, scope, using)
-    return store.send_event(target, scope, name, payload_json, using=using) is not None
-
-
-def _event_target(job: Any, scope: Scope, using: str) -> uuid.UUID:
-    if isinstance(job, str):
-        try:
-            return uuid.UUID(job)
-        except ValueError:
-            found = store.find_by_idempotency_key(scope, validation.key("job", job), using=using)
-            if found is None or found.organization_id != scope.organization:
-                raise JobNotFound(job) from None
-            return found.id
-    target = _job_id(job)
-    get(target, scope=scope, using=using)  # JobNotFound for another scope's job
-    return target
-
-
-def children(
-    job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS
-) -> list[Job]:
-    """The jobs ``job_id`` spawned, in spawn-key order (``JobNotFound`` outside ``scope``)."""
-    parent = get(job_id, scope=scope, using=using)
-    return list(
-        Job.objects.using(using)
-        .filter(
-            parent_id=parent.id,
-            tenant_id=parent.tenant_id,
-            organization_id=parent.organization_id,
-        )
-        .order_by("spawn_key")
-    )
-
-
-def explain(
-    job: Job | uuid.UUID | str,
-    *,
-    scope: Scope | str | tuple[str, str | None] | None = None,
-    using: str = DEFAULT_DB_ALIAS,
-) -> tuple[Reason, ...]:
-    """Return every reason ``job`` is not running now, as data, most decisive first.
-
-    Each ``Reason`` has a ``code`` (``durable_jobs.limits.reasons``), its ``fields`` and a
-    plain ``sentence``; a job nothing holds answers ``claimable`` (or ``fair_turn``).
-    Invariant 28: what keeps a pending job from the claim is read with the claim
-    statement's own predicates, so explain and the claim cannot disagree. A job id is
-    looked up in ``scope`` (invariant 10).
-    """
-    if not isinstance(job, Job):
-        job = get(job, scope=scope, using=using)
-    return limits_explain.explain(job, using=using)
-
-
-def set_flow_limit(
-    key: str,
-    *,
-    concurrency: int | None = None,
-    rate: Rate | None = None,
-    weight: float | None = None,
-    clear: Iterable[str] = (),
-    by: str | None = None,
-    using: str = DEFAULT_DB_ALIAS,
-) -> None:
-    """Set an operator's limits on flow ``key``, in force from the next claim on, fleet-wide.
-
-    They override the settings' ``FLOW_KEYS`` and the kinds' ``FlowControl`` until
-    cleared (``clear=["concurrency", "rate", "weight"]``). Lowering a limit never stops
-    running jobs: the key admits no new one until its running jobs fall below it.
-    """
-    validation.key("key", key, max_length=200)
-    cleared = list(clear)
-    unknown = set(cleared) - {"concurrency", "rate", "weight"}
-    if unknown:
-        raise InvalidInput("clear", f"names no limit: {sorted(unknown)}")
-    if concurrency is not None:
-        validation.integer("concurrency", concurrency, low=0, high=1_000_000)
-    if rate is not None and not isinstance(rate, Rate):
-        raise InvalidInput("rate", "must be a durable_jobs.Rate")
-    if weight is not None and (
-        isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0
-    ):
-        raise InvalidInput("weight", "must be a positive number")
-    if by is not None:
-        by = validation.key("by", by, max_length=200)
-    store.set_flow_limit(
-        key,
-        concurrency=concurrency,
-        rate=None if rate is None else rate.limit,
-        rate_window_ms=None if rate is None else rate.window_ms,
-        weight=None if weight is None else float(weight),
-        clear=cleared,
-        changed_by=by,
-        using=using,
-    )
-
-
-def flow_keys(*, using: str = DEFAULT_DB_ALIAS) -> list[FlowKeyState]:
-    """Every flow key with its limits in force and its occupancy (permits, window, waiting)."""
-    return store.list_flow_keys(flow=claims.claim_settings(), using=using)

@@ -1,7 +1,7 @@
 """The admin's flow keys: each key's limits in force and its occupancy, and an operator's
 runtime limits (invariant 26).
 
-Changes go through ``service.set_flow_limit`` (the same call as code and ``manage.py
+Changes go through ``limits_api.set_flow_limit`` (the same call as code and ``manage.py
 durable_jobs set-limit``), never an ORM write, and need the
 ``durable_jobs.change_flow_limit`` permission; the next claim on every worker applies
 them. A field left blank clears the operator's value (the settings' or the kind's
@@ -17,8 +17,9 @@ from django import forms
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 
-from durable_jobs import service, validation
+from durable_jobs import validation
 from durable_jobs.exceptions import InvalidInput
+from durable_jobs.limits import api as limits_api
 from durable_jobs.limits.policy import Rate
 from durable_jobs.models import FlowKey
 from durable_jobs.states import FlowKeyState
@@ -86,7 +87,7 @@ class FlowKeyAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         # One read of every key's occupancy for the page (store.LIST_FLOW_KEYS).
-        self._seen.states = {state.key: state for state in service.flow_keys()}
+        self._seen.states = {state.key: state for state in limits_api.flow_keys()}
         return super().changelist_view(request, extra_context)
 
     def _state(self, key: FlowKey) -> FlowKeyState | None:
@@ -118,7 +119,7 @@ class FlowKeyAdmin(admin.ModelAdmin):
         if data.get("rate") is not None:
             rate = Rate(limit=data["rate"], per=(data.get("rate_window_ms") or 1000) / 1000)
         cleared = [name for name in ("concurrency", "rate", "weight") if data.get(name) is None]
-        service.set_flow_limit(
+        limits_api.set_flow_limit(
             obj.key,
             concurrency=data.get("concurrency"),
             rate=rate,

@@ -1,6 +1,6 @@
 """The admin's paused queues: see what is paused, pause a queue, resume the selected ones.
 
-Every change goes through ``service.pause_queue`` / ``service.resume_queue`` (the same
+Every change goes through ``queues.pause_queue`` / ``queues.resume_queue`` (the same
 calls as code and ``manage.py durable_jobs pause``), never an ORM write; both need the
 ``durable_jobs.pause_queue`` permission. Seeing the list needs ``view_pausedqueue``.
 """
@@ -15,7 +15,7 @@ from django.db.models import Count, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 
-from durable_jobs import conf, service, validation
+from durable_jobs import conf, queues, validation
 from durable_jobs.exceptions import InvalidInput
 from durable_jobs.models import Job, PausedQueue
 from durable_jobs.states import LIVE_STATUSES
@@ -65,7 +65,7 @@ class PausedQueueAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: PausedQueue, form: Any, change: bool) -> None:
         """Pause through the service (never ``obj.save()``); say so if it already was."""
-        pause = service.pause_queue(
+        pause = queues.pause_queue(
             obj.queue_name, reason=obj.reason or None, by=request.user.get_username() or None
         )
         obj.paused_at, obj.paused_by = pause.paused_at, pause.paused_by
@@ -79,7 +79,7 @@ class PausedQueueAdmin(admin.ModelAdmin):
         resumed = [
             paused.queue_name
             for paused in queryset
-            if service.resume_queue(paused.queue_name) is not None
+            if queues.resume_queue(paused.queue_name) is not None
         ]
         self.message_user(
             request,
@@ -110,7 +110,7 @@ class PausedQueueAdmin(admin.ModelAdmin):
 
 def warn_paused(request: HttpRequest) -> None:
     """Say on the job list which queues are paused: their jobs wait, on purpose."""
-    for pause in service.paused_queues():
+    for pause in queues.paused_queues():
         messages.warning(
             request,
             f"Queue {pause.queue!r} is paused since {pause.paused_at:%Y-%m-%d %H:%M:%S %Z} by "

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from durable_jobs import service
+from durable_jobs.limits import api as limits_api
 from durable_jobs.limits.reasons import Reason
 from durable_jobs.models import Job
 
 
 def reasons(job: Job) -> tuple[Reason, ...]:
     """The reasons ``job`` is not running, as data."""
-    return service.explain(job)
+    return limits_api.explain(job)
 
 
 def explain(job: Job, *, now: datetime | None = None) -> list[str]:

@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from durable_jobs import conf, registry, service, store, workflows
+from durable_jobs import conf, registry, store, workflows
 from durable_jobs.exceptions import InvalidInput, LeaseLost, UnknownKind
 from durable_jobs.limits import claims
 from durable_jobs.models import Job
 from durable_jobs.states import Lease, Scope, SliceOutcome
+from durable_jobs.workflows import api as workflows_api
 
 if TYPE_CHECKING:
     from durable_jobs.runtime.context import Slice
@@ -147,5 +148,5 @@ def failure_verdict(job: Job, lease: Lease, *, using: str) -> tuple[str, str] | 
     code, message, cancel_siblings = verdict
     if cancel_siblings:
         scope = Scope(tenant=job.tenant_id, organization=job.organization_id)
-        service.cancel_children(job.id, scope, by=f"job:{job.id}", using=using)
+        workflows_api.cancel_children(job.id, scope, by=f"job:{job.id}", using=using)
     return code, message

@@ -54,7 +54,7 @@ else:
                 "django-tasks backport (pip install 'durable-jobs[tasks]')"
             ) from error
 
-from durable_jobs import conf, registry
+from durable_jobs import conf, queues, registry
 from durable_jobs.exceptions import (
     CancelRequested,
     ConfigurationError,
@@ -277,15 +277,13 @@ class DurableBackend(BaseTaskBackend):
         Django's ``TaskResult`` has no place for it: a task enqueued onto a paused queue is
         stored and stays ``READY`` until ``durable_jobs.resume_queue(queue_name)``.
         """
-        from durable_jobs import service
 
-        return {p.queue: p for p in service.paused_queues(using=self.database)}.get(queue_name)
+        return {p.queue: p for p in queues.paused_queues(using=self.database)}.get(queue_name)
 
     def paused_queues(self) -> list[str]:
         """The names of the paused queues in this backend's database."""
-        from durable_jobs import service
 
-        return [pause.queue for pause in service.paused_queues(using=self.database)]
+        return [pause.queue for pause in queues.paused_queues(using=self.database)]
 
     # --- helpers ------------------------------------------------------------------------
 

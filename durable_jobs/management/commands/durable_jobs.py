@@ -19,9 +19,10 @@ from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser, SystemCheckError
 
-from durable_jobs import conf, service
+from durable_jobs import conf, queues, service
 from durable_jobs.console import stats, workers
 from durable_jobs.exceptions import ConfigurationError, DurableJobsError, InvalidInput
+from durable_jobs.limits import api as limits_api
 from durable_jobs.limits.policy import Rate
 from durable_jobs.management import preflight
 from durable_jobs.models import Job
@@ -280,7 +281,7 @@ class Command(BaseCommand):
                 p.add_argument("--by", default="cli", help="who changes it (recorded on the key)")
 
     def do_limits(self, **options: Any) -> None:
-        keys = service.flow_keys()
+        keys = limits_api.flow_keys()
         if options["json"]:
             self._emit(options, [dataclasses.asdict(k) for k in keys], "")
             return
@@ -303,7 +304,7 @@ class Command(BaseCommand):
                 rate = Rate(limit=options["rate"], per=options["per"])
             except ConfigurationError as error:
                 raise Refused(InvalidInput("rate", str(error))) from None
-        service.set_flow_limit(
+        limits_api.set_flow_limit(
             options["key"],
             concurrency=options["concurrency"],
             rate=rate,
@@ -311,7 +312,7 @@ class Command(BaseCommand):
             clear=options["clear"],
             by=options["by"],
         )
-        [state] = [k for k in service.flow_keys() if k.key == options["key"]]
+        [state] = [k for k in limits_api.flow_keys() if k.key == options["key"]]
         self._emit(
             options,
             dataclasses.asdict(state),
@@ -379,8 +380,8 @@ class Command(BaseCommand):
     def do_explain(self, **options: Any) -> None:
         job = service.get(options["job_id"], scope=self._scope(options))
         explanation = explain_hold(job)
-        reasons = service.explain(job)  # invariant 28: the one explainer
-        pauses = {p.queue: p for p in service.paused_queues()}
+        reasons = limits_api.explain(job)  # invariant 28: the one explainer
+        pauses = {p.queue: p for p in queues.paused_queues()}
         if options["json"]:
             data = (
                 None
@@ -561,7 +562,7 @@ class Command(BaseCommand):
         self.stdout.write("\n".join(lines))
 
     def do_pause(self, **options: Any) -> None:
-        pause = service.pause_queue(options["queue"], reason=options["reason"], by=options["by"])
+        pause = queues.pause_queue(options["queue"], reason=options["reason"], by=options["by"])
         data = dataclasses.asdict(pause)
         state = "paused" if pause.newly_paused else "already paused"
         self._emit(
@@ -573,7 +574,7 @@ class Command(BaseCommand):
         )
 
     def do_resume(self, **options: Any) -> None:
-        ended = service.resume_queue(options["queue"])
+        ended = queues.resume_queue(options["queue"])
         data = {"queue": options["queue"], "resumed": ended is not None}
         self._emit(
             options,

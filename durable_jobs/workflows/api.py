@@ -1,0 +1,123 @@
+"""Workflows, the public side: cancel a tree, send an event, read a job's children.
+
+The handler's side (spawn, wait for children or an event, sleep) is on the slice context;
+``start(after=[...])`` is ``durable_jobs.service.start``'s. See docs/workflows.rst.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS
+
+from durable_jobs import conf, store, validation
+from durable_jobs.exceptions import JobNotFound
+from durable_jobs.models import Job
+from durable_jobs.service import _job_id, cancel, get, scope_of
+from durable_jobs.states import Scope
+
+#: How many children one cancel statement asks to cancel.
+CANCEL_BATCH = 500
+
+
+def cancel_children(
+    parent_id: Any, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS
+) -> int:
+    """Ask every live descendant of ``parent_id`` to cancel, a bounded batch per statement.
+
+    Each batch is one statement (its own transaction when the caller has none), so a
+    thousand children never make one giant transaction or pile of row locks. Returns how
+    many were asked.
+    """
+    asked = 0
+    parents = [parent_id]
+    while parents:
+        parent = parents.pop()
+        while True:
+            batch = store.request_cancel_children(
+                parent, scope, by=by, limit=CANCEL_BATCH, using=using
+            )
+            asked += len(batch)
+            parents.extend(child for child, has_children in batch if has_children)
+            if len(batch) < CANCEL_BATCH:
+                break
+    return asked
+
+
+def cancel_tree(
+    job_id: Any,
+    *,
+    scope: Scope | str | tuple | None = None,
+    by: str | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Job:
+    """Cancel a job and every live job it spawned (children, their children, …).
+
+    The parent's request first (``cancel``'s rules and errors), then its descendants in
+    bounded batches. Cancelling a child alone (``cancel``) never cancels its parent: a
+    parent waiting with policy ``fail`` or ``cancel`` ends ``child_failed`` on its own.
+    """
+    job = cancel(job_id, scope=scope, by=by, using=using)
+    cancel_children(job.id, scope_of(scope), by=by, using=using)
+    return job
+
+
+def send_event(
+    job: Any,
+    name: str,
+    payload: Any = None,
+    *,
+    scope: Scope | str | tuple | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> bool:
+    """Send the event ``name`` to a live job, in the caller's transaction; True when kept.
+
+    ``job`` is a job (or its id), or the idempotency key it was started with. The event
+    is kept until the job consumes it (``job.received(name)`` inside ``job.fenced()``):
+    an event sent before the job waits is not lost, and events of one name are kept in
+    the order they were sent, each wait taking the oldest. A job waiting for ``name`` is
+    woken at the caller's commit; a rollback sends nothing. False when the job has
+    already finished (nothing is kept); ``JobNotFound`` when ``scope`` has no such job.
+    """
+    scope = scope_of(scope)
+    validation.name("name", name)
+    settings = conf.get()
+    payload_json = validation.payload(
+        "payload",
+        payload,
+        max_bytes=settings.MAX_PAYLOAD_BYTES,
+        max_depth=settings.MAX_PAYLOAD_DEPTH,
+    )
+    target = _event_target(job, scope, using)
+    return store.send_event(target, scope, name, payload_json, using=using) is not None
+
+
+def _event_target(job: Any, scope: Scope, using: str) -> uuid.UUID:
+    if isinstance(job, str):
+        try:
+            return uuid.UUID(job)
+        except ValueError:
+            found = store.find_by_idempotency_key(scope, validation.key("job", job), using=using)
+            if found is None or found.organization_id != scope.organization:
+                raise JobNotFound(job) from None
+            return found.id
+    target = _job_id(job)
+    get(target, scope=scope, using=using)  # JobNotFound for another scope's job
+    return target
+
+
+def children(
+    job_id: Any, *, scope: Scope | str | tuple | None = None, using: str = DEFAULT_DB_ALIAS
+) -> list[Job]:
+    """The jobs ``job_id`` spawned, in spawn-key order (``JobNotFound`` outside ``scope``)."""
+    parent = get(job_id, scope=scope, using=using)
+    return list(
+        Job.objects.using(using)
+        .filter(
+            parent_id=parent.id,
+            tenant_id=parent.tenant_id,
+            organization_id=parent.organization_id,
+        )
+        .order_by("spawn_key")
+    )
