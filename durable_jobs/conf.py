@@ -11,7 +11,7 @@ import difflib
 import importlib.util
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, cast
@@ -535,14 +535,16 @@ def flow_keys(raw: Any) -> MappingProxyType:
     label = "DURABLE_JOBS['FLOW_KEYS']"
     if raw is None:
         return MappingProxyType({})
-    if not isinstance(raw, dict):
+    # Any mapping: a setting rebuilt from the loaded one (tests' overrides, a settings
+    # module that copies another) carries the frozen MappingProxyType this returns.
+    if not isinstance(raw, Mapping):
         raise ConfigurationError(f"{label} must be a dict of flow key -> limits")
     checked = {}
     for key, limits in raw.items():
         where = f"{label}[{key!r}]"
         if not isinstance(key, str) or not 1 <= len(key) <= 200:
             raise ConfigurationError(f"{where}: a flow key is a string of 1-200 characters")
-        if not isinstance(limits, dict) or set(limits) - set(_FLOW_FIELDS):
+        if not isinstance(limits, Mapping) or set(limits) - set(_FLOW_FIELDS):
             raise ConfigurationError(f"{where} must be a dict of {', '.join(_FLOW_FIELDS)}")
         for name in ("concurrency", "rate"):
             if limits.get(name) is not None:

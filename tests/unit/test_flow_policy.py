@@ -88,3 +88,12 @@ def test_reason__is_frozen_data_with_a_sentence():
     }
     with pytest.raises(TypeError):
         reason.fields["limit"] = 4  # type: ignore[index]
+
+
+def test_flow_keys_setting__takes_back_the_frozen_mapping_a_loaded_setting_carries():
+    """A setting rebuilt from the loaded one (an override that copies every field) passes."""
+    loaded = conf.load({"FLOW_KEYS": {"tenant:acme": {"concurrency": 5}}})
+    again = conf.load({"FLOW_KEYS": loaded.FLOW_KEYS})
+    assert again.FLOW_KEYS == loaded.FLOW_KEYS
+    with pytest.raises(durable.ConfigurationError, match="must be a dict of flow key"):
+        conf.load({"FLOW_KEYS": [("tenant:acme", {"concurrency": 5})]})
