@@ -3619,7 +3619,9 @@ UPDATE {TABLE}
        lease_owner = NULL,
        lease_expires_at = clock_timestamp(),
        pending_since = now(),
-       flow_wait = %(wait)s::jsonb,
+       -- The continuation this wait hands over to: the wait's policy (and an event's wake)
+       -- applies to that slice alone, never to a later one after an ordinary yield.
+       flow_wait = %(wait)s::jsonb || jsonb_build_object('seq', continuation_seq + 1),
        next_run_at = CASE %(on)s
            WHEN 'sleep' THEN clock_timestamp() + {_ms("delay_ms")}
            WHEN 'children' THEN CASE
@@ -3673,6 +3675,7 @@ WITH target AS (
        SET next_run_at = CASE
                WHEN j.status = 'pending' AND j.lease_owner IS NULL
                 AND j.flow_wait->>'on' = 'event' AND j.flow_wait->>'event' = %(name)s
+                AND (j.flow_wait->>'seq')::bigint = j.continuation_seq
                 AND (j.next_run_at IS NULL OR j.next_run_at > clock_timestamp())
                THEN clock_timestamp() ELSE j.next_run_at END,
            updated_at = now()
@@ -3802,7 +3805,8 @@ WITH deps AS (
       FROM deps
 )
 UPDATE {TABLE} AS p
-   SET flow_wait = %(wait)s::jsonb, deps_total = c.total, deps_ended = c.ended,
+   SET flow_wait = %(wait)s::jsonb || jsonb_build_object('seq', p.continuation_seq),
+       deps_total = c.total, deps_ended = c.ended,
        deps_failed = c.failed,
        next_run_at = CASE WHEN {_dependencies_ready("c.ended", "c.failed", "c.total", "%(wait)s::jsonb")}
                           THEN p.next_run_at END,

@@ -141,7 +141,7 @@ def _schedule(job: Job, verdict: dict[str, Any], now: datetime) -> list[Reason]:
     hold = explain_hold(job, now=now)
     if (
         hold is None
-        and job.flow_wait
+        and workflows.current_wait(job.flow_wait, job.continuation_seq)
         and job.status == Status.PENDING.value
         and job.lease_owner is None
     ):

@@ -142,7 +142,12 @@ def hold(lease: Lease, wait_json: str | None, *, using: str) -> SliceOutcome | N
 def failure_verdict(job: Job, lease: Lease, *, using: str) -> tuple[str, str] | None:
     """``(code, message)`` when the parent's wait policy ends it now; asks siblings to cancel
     first when the policy is ``cancel``."""
-    verdict = workflows.failure_verdict(job.flow_wait, job.children_failed, job.deps_failed)
+    verdict = workflows.failure_verdict(
+        job.flow_wait,
+        job.children_failed,
+        job.deps_failed,
+        continuation_seq=job.continuation_seq,
+    )
     if verdict is None:
         return None
     code, message, cancel_siblings = verdict

@@ -147,15 +147,28 @@ class Event:
 DEPENDENCY_FAILED = "dependency_failed"
 
 
+def current_wait(flow_wait: Any, continuation_seq: int) -> dict[str, Any] | None:
+    """The wait the continuation ``continuation_seq`` resumes from, else None.
+
+    A hold stamps the continuation it hands over to (``seq``); a later slice, after an
+    ordinary yield, is not resuming from that wait, and its policy no longer applies.
+    """
+    if not isinstance(flow_wait, dict) or flow_wait.get("seq") != continuation_seq:
+        return None
+    return flow_wait
+
+
 def failure_verdict(
-    flow_wait: Any, children_failed: int, deps_failed: int = 0
+    flow_wait: Any, children_failed: int, deps_failed: int = 0, *, continuation_seq: int
 ) -> tuple[str, str, bool] | None:
     """``(code, message, cancel siblings)`` when a woken job must end failed, else None.
 
-    Read from the row as claimed: its last wait's policy and how many of its children (or
-    dependencies) ended failed or cancelled, as their terminal statements counted them.
+    Read from the row as claimed: the policy of the wait it resumes from (``current_wait``)
+    and how many of its children (or dependencies) ended failed or cancelled, as their
+    terminal statements counted them.
     """
-    if not isinstance(flow_wait, dict):
+    flow_wait = current_wait(flow_wait, continuation_seq)
+    if flow_wait is None:
         return None
     if flow_wait.get("on") == "after":
         if flow_wait.get("policy", "fail") != "fail" or deps_failed <= 0:

@@ -48,7 +48,7 @@ def _held(kinds):
 
 
 def _workflow_wait(kinds):
-    wait = json.dumps({"on": "children", "policy": "fail"})
+    wait = json.dumps({"on": "children", "policy": "fail", "seq": 0})  # as a hold stores it
     job = JobFactory(kind="ex.free", next_run_at=None, flow_wait=wait)
     return job, r.WORKFLOW_WAIT
 

@@ -131,6 +131,38 @@ def test_wait_for_children__policy_fail_ends_the_parent_child_failed(kinds):
     assert (row.status, row.error_code) == ("failed", "child_failed")
 
 
+def test_wait_for_children__a_finished_waits_policy_never_fails_a_later_slice(kinds):
+    """A parent whose fan-in (policy fail) ended cleanly, then spawns a child that fails and
+    yields without waiting: the old wait's policy is not its policy any more."""
+
+    def parent(job):
+        step = (job.checkpoint or {}).get("step", 0)
+        if step == 0:
+            with job.fenced():
+                job.spawn(CHILD, key="first", input={"fail": False})
+                job.save_checkpoint({"step": 1})
+            return job.wait_for_children(policy="fail")
+        if step == 1:
+            with job.fenced():
+                job.spawn(CHILD, key="second", input={"fail": True})
+                job.save_checkpoint({"step": 2})
+            return durable.YIELD
+        return durable.Done({"children": [c.status for c in job.children()]})
+
+    def child(job):
+        if job.input["fail"]:
+            raise durable.TerminalError("bad chunk", code="bad_chunk")
+        return durable.DONE
+
+    kinds.add(PARENT, parent)
+    kinds.add(CHILD, child)
+    started = durable.start(PARENT)
+    testing.run_jobs()
+    row = reload(started)
+    assert (row.status, row.error_code) == ("completed", None)
+    assert sorted(row.result["children"]) == ["completed", "failed"]
+
+
 def test_wait_for_children__policy_continue_resumes_with_every_outcome(kinds):
     kinds.add(PARENT, summing_parent(policy="continue"))
 
