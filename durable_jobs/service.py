@@ -325,6 +325,13 @@ def start(
     _set_unique_key(fields, scope)
     fields["flow_key"] = claims.flow_key(fields, scope.tenant, scope.organization)
     _bound_instants([fields], using)
+    if dependencies and transports.is_brokered(fields["queue"]):
+        # Its hold is woken by its dependencies' terminal statements, which publish nothing.
+        raise InvalidInput(
+            "after",
+            f"queue {fields['queue']!r} is delivered by a broker; a job started after "
+            "others runs on a database queue",
+        )
     if dependencies:
         result = _start_after(fields, scope, dependencies, after_policy, using)
     else:

@@ -866,6 +866,7 @@ UPDATE {TABLE}
    AND (lease_expires_at IS NULL OR lease_expires_at < clock_timestamp())
    AND cancel_requested_at IS NULL
    AND {QUEUE_NOT_PAUSED}
+   AND NOT {_FLOW_HELD}
 RETURNING {COLUMNS}
 """
 
@@ -892,7 +893,8 @@ def claim(
     delivery must fail the claim and leave the job to the reconciler's cancel step
     (invariant 8; invariant 31: the broker only says "look now"). Nor does a job whose
     queue is paused (invariant 27, the dequeue's own predicate): the consumer hands such
-    a message back to its broker instead of dropping it (``runtime.intake``).
+    a message back to its broker instead of dropping it (``runtime.intake``). Nor does a
+    job held by a workflow wait (invariant 30), whatever a delivery says.
     """
     return fetch_job(
         using,
@@ -3263,9 +3265,12 @@ def set_flow_limit(
 # Whether any job with a flow key waits in these queues: a worker none of whose kinds has
 # a flow policy asks this now and then, to know whether it must claim through DEQUEUE
 # (keys) or may use DEQUEUE_OPEN. One probe of durable_jobs_flow_deliverable per queue.
+# A paused queue's keyed jobs wait for the resume (invariant 27): they must not move every
+# worker serving the queue onto the keyed claim meanwhile.
 HAS_KEYED_WORK = f"""
 SELECT EXISTS (SELECT 1 FROM unnest(%(queues)s::text[]) AS q(name)
-                WHERE EXISTS (SELECT 1 FROM {TABLE}
+                WHERE NOT EXISTS (SELECT 1 {_paused_row("q.name")})
+                  AND EXISTS (SELECT 1 FROM {TABLE}
                                WHERE queue_name = q.name AND {_flow_deliverable()}))
 """
 

@@ -35,6 +35,19 @@ def claim_settings(kinds: Iterable[str] | None = None) -> str:
     return json.dumps({"keys": keys, "kinds": by_kind}, sort_keys=True)
 
 
+def flow_kinds() -> bool:
+    """Whether a kind registered here has flow control: only its jobs carry a flow key.
+
+    A worker whose kinds have none never needs the keyed claim, nor the look for keyed
+    work (invariant 14b: it claims only the kinds it runs), so flow control costs a
+    project that does not use it nothing on the claim path.
+    """
+    return any(
+        handler is not None and handler.flow is not None
+        for handler in map(registry.get, registry.kinds())
+    )
+
+
 #: How long a worker trusts its last look for keyed jobs (seconds). A keyed job started
 #: while a worker's unkeyed backlog keeps its claims full waits at most this long; one
 #: started into an otherwise idle queue is seen at once (see ``keyed_work``).
@@ -50,6 +63,8 @@ def for_claim(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> str | 
     at most every KEYED_LOOK_TTL seconds. The default claim never takes a keyed job, so a
     stale answer only delays one; it never lets one past its key.
     """
+    if not flow_kinds():
+        return None  # no kind it runs has a key: every job it may claim is unkeyed
     key = tuple(queues)
     seen = _looked.get(key)
     if seen is None or time.monotonic() - seen[0] > KEYED_LOOK_TTL:
@@ -63,6 +78,8 @@ def keyed_work(queues: Sequence[str], *, using: str = DEFAULT_DB_ALIAS) -> bool:
     A worker whose default claim came back short asks this before it waits, so a keyed
     job in an otherwise drained queue is claimed at once, not after the look's TTL.
     """
+    if not flow_kinds():
+        return False
     found = store.has_keyed_work(queues, using=using)
     _looked[tuple(queues)] = (time.monotonic(), found)
     return found

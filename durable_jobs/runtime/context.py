@@ -294,10 +294,12 @@ class Slice:
         ends ``child_failed``), ``cancel`` (and its live children are asked to cancel),
         ``continue`` (count it as ended), ``wait`` (count only completed children).
         """
+        flow.refuse_on_a_broker(self.row.queue_name, "wait_for_children")
         return Wait.children(at_least=at_least, policy=policy)
 
     def wait_for_event(self, name: str, *, timeout: Any = None) -> Wait:
         """Return this to wait, holding no lease, for the event ``name`` or the ``timeout``."""
+        flow.refuse_on_a_broker(self.row.queue_name, "wait_for_event")
         return Wait.for_event(name, timeout=timeout)
 
     def received(self, name: str) -> Event | None:

@@ -18,10 +18,28 @@ from durable_jobs.exceptions import InvalidInput, LeaseLost, UnknownKind
 from durable_jobs.limits import claims
 from durable_jobs.models import Job
 from durable_jobs.states import Lease, Scope, SliceOutcome
+from durable_jobs.transports import publishing as transports
 from durable_jobs.workflows import api as workflows_api
 
 if TYPE_CHECKING:
     from durable_jobs.runtime.context import Slice
+
+
+def refuse_on_a_broker(queue: str, field: str) -> None:
+    """Refuse a workflow on a broker queue, in one line naming the queue and its transport.
+
+    A workflow's wake-ups (a child born, the last child's end, an event, a dependency's
+    end) make a row due inside a terminal or sending statement; the database transport's
+    claim reads that, but nothing publishes it to a broker, and a broker delivery's claim
+    cannot see a hold. Workflows therefore run on database queues.
+    """
+    if transports.is_brokered(queue):
+        transport = conf.transport_of(queue, conf.get())
+        raise InvalidInput(
+            field,
+            f"queue {queue!r} is delivered by {transport}; workflows (children, waits for "
+            "children or events, after=) run on database queues",
+        )
 
 
 def child_rows(parent_id: Any, children: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -49,6 +67,7 @@ def child_rows(parent_id: Any, children: Iterable[Mapping[str, Any]]) -> list[di
         undeclared = conf.undeclared_queue(row["queue"], settings)
         if undeclared is not None:
             raise InvalidInput("queue", undeclared)
+        refuse_on_a_broker(row["queue"], "queue")
         row["priority"] = child.get("priority")
         rows.append(row)
     if len(rows) > workflows.policy.MAX_SPAWN_BATCH:

@@ -156,6 +156,23 @@ def test_a_kind_with_flow_control__is_refused_on_a_broker_queue_in_one_line(brok
     assert durable.start("tests.limited").flow_key  # on a database queue it is limited
 
 
+def test_workflows__are_refused_on_a_broker_queue_in_one_line(brokered, kinds):
+    """A workflow's wake-ups are decided in terminal and sending statements that publish
+    nothing: a job started after others, or a child, on a broker queue is refused."""
+    from durable_jobs.runtime import flow
+
+    kinds.add("tests.brokered_child", queue=QUEUE)
+    dependency = durable.start("demo.noop")
+
+    with pytest.raises(durable.InvalidInput, match="delivered by a broker") as refused:
+        durable.start("demo.noop", queue=QUEUE, after=[dependency])
+    assert "\n" not in str(refused.value)
+    assert durable.list_jobs(kind="demo.noop")[1] == 1  # the dependency alone
+
+    with pytest.raises(durable.InvalidInput, match="workflows .* run on database queues"):
+        flow.child_rows(dependency.id, [{"kind": "tests.brokered_child", "key": "a"}])
+
+
 def test_a_kind_this_worker_cannot_run__is_left_for_another(brokered, kinds, monkeypatch):
     """Invariant 14b: not claimed, not charged, not lost."""
     monkeypatch.setattr(streams, "REDELIVER_AFTER_MS", 0)

@@ -15,6 +15,7 @@ import durable_jobs as durable
 from durable_jobs import store, testing
 from durable_jobs.exceptions import InvalidInput, JobNotFound
 from durable_jobs.models import Job
+from durable_jobs.states import Delivery
 from tests.factories import reload
 
 pytestmark = pytest.mark.django_db
@@ -161,6 +162,21 @@ def test_wait_for_children__a_finished_waits_policy_never_fails_a_later_slice(ki
     row = reload(started)
     assert (row.status, row.error_code) == ("completed", None)
     assert sorted(row.result["children"]) == ["completed", "failed"]
+
+
+def test_claim__a_delivery_never_claims_a_job_held_by_a_workflow_wait(kinds):
+    """Invariant 30 on the delivery path (store.claim, a broker's): a hold is not claimable,
+    whatever (seq, redrives) a delivery carries."""
+    kinds.add(PARENT, summing_parent())
+    kinds.add(CHILD, lambda job: durable.Done({"n": 1}))
+    parent = durable.start(PARENT)
+    testing.run_jobs(max_slices=1)  # the parent's first slice: spawns, then holds
+    held = reload(parent)
+    assert (held.status, held.next_run_at, held.lease_owner) == ("pending", None, None)
+
+    scope = durable.Scope(tenant=held.tenant_id, organization=held.organization_id)
+    delivery = Delivery(seq=held.continuation_seq, redrives=held.redrives)
+    assert store.claim(held.id, scope, delivery, "broker-consumer", 30_000) is None
 
 
 def test_wait_for_children__policy_continue_resumes_with_every_outcome(kinds):
