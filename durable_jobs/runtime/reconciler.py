@@ -279,6 +279,11 @@ class Reconciler:
         """
         settings = conf.get()
         queues = transports.stale_candidate_queues(settings)
+        if queues is not None:
+            # Asked before any row is locked: a broker's round trip must not hold job rows,
+            # and a queue that still has a backlog must not fill every batch with rows that
+            # are then skipped while other queues' lost deliveries wait behind them.
+            queues = [queue for queue in queues if transports.holds_nothing(queue)]
         if queues == []:
             return
         ttl_ms = conf.ms(settings.PENDING_TTL)
