@@ -8,9 +8,11 @@ testing helpers, which act system-wide.
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
+from django.db.models import QuerySet
 
 from durable_jobs.db import JOB_COLUMNS as COLUMNS
 from durable_jobs.db import execute, fetch_job, fetch_jobs, fetch_value, job_from_row
@@ -111,3 +113,14 @@ def awaiting_delivery(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> tuple
     if row is None:
         return None
     return job_from_row(row[:-1], using), int(row[-1])
+
+
+def children_of(
+    parent_id: uuid.UUID, scope: Scope, *, using: str = DEFAULT_DB_ALIAS
+) -> QuerySet[Job]:
+    """The jobs ``parent_id`` spawned, in its scope only (invariant 10), in spawn-key order."""
+    return (
+        Job.objects.using(using)
+        .filter(parent_id=parent_id, tenant_id=scope.tenant, organization_id=scope.organization)
+        .order_by("spawn_key")
+    )

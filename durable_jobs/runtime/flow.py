@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from durable_jobs import conf, registry, store, workflows
+from durable_jobs import conf, reads, registry, store, workflows
 from durable_jobs.exceptions import InvalidInput, LeaseLost, UnknownKind
 from durable_jobs.limits import claims
 from durable_jobs.models import Job
@@ -105,15 +105,8 @@ def spawn(context: Slice, children: Sequence[Mapping[str, Any]]) -> list[Any]:
 
 def children(context: Slice) -> list[workflows.ChildOutcome]:
     """The slice's job's children, in spawn-key order, as last committed."""
-    rows = (
-        Job.objects.using(context.using)
-        .filter(
-            parent_id=context.id,
-            tenant_id=context.scope.tenant,
-            organization_id=context.scope.organization,
-        )
-        .order_by("spawn_key")
-        .values_list("id", "spawn_key", "kind", "status", "result", "error_code", "error_message")
+    rows = reads.children_of(context.id, context.scope, using=context.using).values_list(
+        "id", "spawn_key", "kind", "status", "result", "error_code", "error_message"
     )
     return [
         workflows.ChildOutcome(

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
 
-from durable_jobs import conf, store, validation
+from durable_jobs import conf, reads, store, validation
 from durable_jobs.exceptions import JobNotFound
 from durable_jobs.models import Job
 from durable_jobs.service import _job_id, cancel, get, scope_of
@@ -112,12 +112,5 @@ def children(
 ) -> list[Job]:
     """The jobs ``job_id`` spawned, in spawn-key order (``JobNotFound`` outside ``scope``)."""
     parent = get(job_id, scope=scope, using=using)
-    return list(
-        Job.objects.using(using)
-        .filter(
-            parent_id=parent.id,
-            tenant_id=parent.tenant_id,
-            organization_id=parent.organization_id,
-        )
-        .order_by("spawn_key")
-    )
+    found = Scope(tenant=parent.tenant_id, organization=parent.organization_id)
+    return list(reads.children_of(parent.id, found, using=using))
