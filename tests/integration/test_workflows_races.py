@@ -8,6 +8,7 @@ not yet done, which is exactly where a read-then-write wake loses (zero wakes) o
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -160,3 +161,47 @@ def test_a_dependency_ending_while_its_dependent_starts_never_strands_it(kinds, 
     assert report.next_run_at is not None, "runnable: its dependency completed"
     testing.run_jobs()
     assert reload(report).status == "completed"
+
+
+@pytest.mark.parametrize("ending", ["complete", "complete_many", "fail_terminal"])
+def test_a_dependent_linked_while_its_dependency_ends_is_told(kinds, other_connection, ending):
+    """The reverse of the race above: the dependent's start holds the dependency's row when
+    the dependency's terminal statement runs. That statement's leaf form (for a row nobody
+    waits on) must see the link once the lock is granted, and the dependent be told."""
+    from django.db import transaction
+
+    kinds.add("tests.flow.extract")
+    kinds.add("tests.flow.report")
+    extract = durable.start("tests.flow.extract")
+    _, lease = claim(extract, scope=Scope(tenant=extract.tenant_id))
+    linked, proceed, started, answers = threading.Event(), threading.Event(), [], []
+
+    def start_dependent():
+        with transaction.atomic():
+            started.append(
+                durable.start("tests.flow.report", after=[extract], scope=extract.tenant_id)
+            )
+            linked.set()
+            proceed.wait(10)
+
+    def end():
+        if ending == "complete":
+            answers.append(store.complete(lease))
+        elif ending == "complete_many":
+            answers.append(store.complete_many([(lease, None)]))
+        else:
+            answers.append(store.fail_terminal(lease, code="error", error_class="Boom"))
+
+    starter = in_thread(start_dependent)
+    assert linked.wait(10)
+    ender = in_thread(end)
+    blocked_until(lambda: lock_waiters(other_connection))
+    proceed.set()
+    starter.join(10)
+    ender.join(10)
+
+    assert answers and answers[0], "the dependency ended (its lease was still held)"
+    report = reload(started[0])
+    assert (report.deps_total, report.deps_ended) == (1, 1)
+    assert report.deps_failed == (1 if ending == "fail_terminal" else 0)
+    assert report.next_run_at is not None, "told: its dependency ended"
