@@ -111,8 +111,11 @@ CONSOLE_INDEXES = [
 #: taken costs one probe however many jobs wait on it; the third counts a key's live jobs
 #: for the console and the metrics.
 FLOW_INDEXES = [
-    # The default claim's index: durable_jobs_deliverable's rows without a flow key, so
-    # the unkeyed scan never steps over a full key's waiting jobs.
+    # The default claim's index: deliverable rows (pending, or running with a released
+    # lease) without a flow key, by queue, priority (higher first) and run time, so the
+    # unkeyed scan never steps over a full key's waiting jobs. With the next index it
+    # covers every deliverable row once: migration 0015 dropped durable_jobs_deliverable,
+    # which held them all a second time and cost every start an index insert.
     models.Index(
         F("queue_name"),
         F("priority").desc(),
@@ -322,19 +325,6 @@ class Job(models.Model):
         # counters), which keeps the heartbeat a HOT update (invariant 12).
         indexes = (
             [
-                # Dequeue: deliverable rows (pending, or running with a released lease) by
-                # queue, priority (higher first) and run time.
-                models.Index(
-                    F("queue_name"),
-                    F("priority").desc(),
-                    F("next_run_at"),
-                    condition=Q(
-                        status__in=LIVE_STATUSES,
-                        lease_owner__isnull=True,
-                        next_run_at__isnull=False,
-                    ),
-                    name="durable_jobs_deliverable",
-                ),
                 # Orphans: rows under a live claim. Deliberately not keyed on lease_expires_at,
                 # which every heartbeat rewrites; the reconciler filters the few leased rows.
                 models.Index(

@@ -916,7 +916,7 @@ def claim(
 # A released lease (a failed slice waiting for its retry) is as deliverable as pending.
 #
 # One index scan per queue (the LATERAL over the queue names), each already in
-# (priority, run time) order on durable_jobs_deliverable, merged and limited outside: a
+# (priority, run time) order on durable_jobs_open_deliverable, merged and limited outside: a
 # plain `queue_name = ANY(...)` cannot read that index in order and sorts the whole due
 # backlog on every call (measured: 30 ms at 100k due jobs, against 0.06 ms this way).
 # A row one queue's scan locked but the merge left out is claimed by nobody and is
@@ -932,7 +932,8 @@ def claim(
 # as an index bound; clock_timestamp() itself is volatile and would only filter. At most
 # 2 * MAX_PRIORITY + 1 levels exist.
 def _deliverable(alias: str = "") -> str:
-    """The partial predicate of durable_jobs_deliverable, so every probe can read that index."""
+    """What the two deliverable indexes share (``_open_deliverable``, ``_flow_deliverable``):
+    a row a claim may take once its time has come."""
     column = f"{alias}." if alias else ""
     return f"{column}status IN {LIVE} AND {column}lease_owner IS NULL AND {column}next_run_at IS NOT NULL"
 

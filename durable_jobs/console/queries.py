@@ -133,7 +133,8 @@ SELECT error_code, count(*) FROM {TABLE}
 # Everything else `durable_jobs stats` and the scrape report, in one statement (one round
 # trip, however loaded the machine): the database's clock, the pending backlog's oldest
 # entry (durable_jobs_pending), running jobs whose lease expired (durable_jobs_leased),
-# retrying jobs (durable_jobs_deliverable: each predicate written as that index's own),
+# retrying jobs (the two deliverable indexes, with and without a flow key: each predicate
+# written as that index's own),
 # held jobs (durable_jobs_held), and jobs finished in the last 1, 5 and 15 minutes:
 # unparked ones through durable_jobs_finished, parked ones through the parked index. Every
 # read is proportional to the live backlog, the parked jobs or the last 15 minutes'
@@ -144,7 +145,9 @@ SELECT clock_timestamp(),
        (SELECT count(*) FROM {TABLE} WHERE status = 'running' AND lease_owner IS NOT NULL
            AND lease_expires_at < now() {{scope}}),
        (SELECT count(*) FROM {TABLE} WHERE status IN {LIVE} AND lease_owner IS NULL
-           AND next_run_at IS NOT NULL AND status = 'running' {{scope}}),
+           AND next_run_at IS NOT NULL AND flow_key IS NULL AND status = 'running' {{scope}})
+     + (SELECT count(*) FROM {TABLE} WHERE status IN {LIVE} AND lease_owner IS NULL
+           AND next_run_at IS NOT NULL AND flow_key IS NOT NULL AND status = 'running' {{scope}}),
        (SELECT count(*) FROM {TABLE} WHERE status = 'pending' AND held_since IS NOT NULL
            AND wait_satisfied_at IS NULL {{scope}}),
        count(*), min(finished_at),
@@ -276,13 +279,23 @@ def attempts_of(
     return list(attempts.order_by("-attempt")[: max(0, int(limit))])
 
 
-# Read off durable_jobs_deliverable (its partial predicate, store._deliverable): the
-# jobs a claim could take, per queue, whether their run time has come or not. The cost
-# follows the live backlog, never the finished history.
+# Read off the two deliverable indexes (their partial predicates, store._deliverable with
+# and without a flow key): the jobs a claim could take, per queue, whether their run time
+# has come or not. The cost follows the live backlog, never the finished history.
 QUEUE_BACKLOGS = f"""
-SELECT queue_name, count(*), count(*) FILTER (WHERE next_run_at <= statement_timestamp())
-  FROM {TABLE}
- WHERE status IN {LIVE} AND lease_owner IS NULL AND next_run_at IS NOT NULL
+SELECT queue_name, sum(waiting), sum(due)
+  FROM (SELECT queue_name, count(*) AS waiting,
+               count(*) FILTER (WHERE next_run_at <= statement_timestamp()) AS due
+          FROM {TABLE}
+         WHERE status IN {LIVE} AND lease_owner IS NULL AND next_run_at IS NOT NULL
+           AND flow_key IS NULL
+         GROUP BY queue_name
+         UNION ALL
+        SELECT queue_name, count(*), count(*) FILTER (WHERE next_run_at <= statement_timestamp())
+          FROM {TABLE}
+         WHERE status IN {LIVE} AND lease_owner IS NULL AND next_run_at IS NOT NULL
+           AND flow_key IS NOT NULL
+         GROUP BY queue_name) AS backlog
  GROUP BY queue_name
 """
 
