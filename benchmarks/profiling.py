@@ -395,12 +395,19 @@ def _what_ifs(ctx, *, backlog: int, prof: dict) -> str:
     durable_bench.reset()
     durable_bench.fill_pending_sql(ctx, backlog)
     queues = ["default"]
-    params = {"queues": queues, "owner": "whatif", "ttl_ms": 60000, "limit": 1, "kinds": None}
-    as_written = store.DEQUEUE
+    params = {
+        "queues": queues,
+        "owner": "whatif",
+        "ttl_ms": 60000,
+        "limit": 1,
+        "kinds": None,
+        "flow": "{}",
+    }
+    as_written = store.DEQUEUE_OPEN  # the default claim (DEQUEUE is the keyed one, flow control)
     single = as_written.replace(
         "queue_name = ANY(%(queues)s)", "queue_name = (%(queues)s::text[])[1]"
     )
-    variants = [("DEQUEUE as written (queue_name = ANY(...)), limit 1", as_written, params)]
+    variants = [("DEQUEUE_OPEN as written (queue_name = ANY(...)), limit 1", as_written, params)]
     if single != as_written:
         variants.append(
             ("DEQUEUE with queue_name = <one queue> (equality), limit 1", single, params)

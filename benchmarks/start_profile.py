@@ -47,6 +47,9 @@ from benchmarks.durable_bench import KIND, TABLE
 from durable_jobs import store
 
 COPY = "bench_job_copy"
+#: The yardstick of issue #27 item 7: start() in atomic() costs at most 1.3x this.
+INSERT_IN_ATOMIC = "Django cursor in atomic(): the same row's bare INSERT (no RETURNING, no NOTIFY)"
+START_IN_ATOMIC = "durable.start() in transaction.atomic()"
 
 
 def _params(new_id) -> dict:
@@ -222,6 +225,10 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
             cur.execute(store.INSERT_NEW_JOB_AND_NOTIFY, _params(_uuid7()))
             cur.fetchone()
 
+    def django_insert():  # issue #27's yardstick: the same row, a bare INSERT, in atomic()
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute(insert_real, _params(uuid.uuid4()))
+
     def start_autocommit():
         durable.start(KIND)
 
@@ -245,18 +252,15 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
         "transaction: BEGIN pipelined with the statement, COMMIT (2)": (begin_pipelined, "raw"),
         "Django cursor, autocommit": (django_autocommit, "django"),
         "Django cursor in transaction.atomic()": (django_cursor, "django"),
+        INSERT_IN_ATOMIC: (django_insert, "django"),
         "durable.start(), autocommit": (start_autocommit, "django"),
-        "durable.start() in transaction.atomic()": (start, "django"),
+        START_IN_ATOMIC: (start, "django"),
     }
     samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in steps}
     for phase in ("pk", "indexed"):
         if phase == "indexed":
             for definition in copy_indexes:
-                raw.execute(
-                    definition.replace(f" ON public.{TABLE} ", f" ON public.{COPY} ").replace(
-                        "INDEX durable_jobs_", "INDEX bench_copy_"
-                    )
-                )
+                raw.execute(_copy_index(definition))
             raw.commit()
             steps["job row, copy table, every index, UUIDv4"] = (copy_v4, "raw")
             steps["job row, copy table, every index, UUIDv7"] = (copy_v7, "raw")
@@ -286,6 +290,7 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
         "job row, copy table, every index": _server_timing(raw, insert_copy, _params(_uuid7())),
         "job row, real table": _server_timing(raw, insert_real, _params(_uuid7())),
     }
+    index_costs = _index_costs(raw, copy_indexes, insert_copy, pids["raw"], n=n, rounds=rounds)
     raw.execute(f"TRUNCATE {COPY}")
     raw.execute(f"ALTER TABLE {COPY} DROP CONSTRAINT {COPY}_pkey")
     for name in [
@@ -328,6 +333,64 @@ def breakdown(dburl: str, *, n: int = 300, rounds: int = 5) -> dict:
         "cprofile": text.getvalue(),
         "indexes": len(copy_indexes) + 1,
         "indexes_touched": touched,
+        "index_costs": index_costs,
+    }
+
+
+def _copy_index(definition: str) -> str:
+    return definition.replace(f" ON public.{TABLE} ", f" ON public.{COPY} ").replace(
+        "INDEX durable_jobs_", "INDEX bench_copy_"
+    )
+
+
+def _index_costs(
+    raw, definitions: list[str], insert_copy: str, pid: int | None, *, n: int, rounds: int
+) -> dict[str, dict[str, float]]:
+    """What each index of the job table costs a plain start, alone beside the primary key.
+
+    The copy table keeps its primary key and gets one index at a time; ``n`` single-row
+    insert transactions are timed with it (wall and server CPU per row) and, in the same
+    round, without it; the median difference over ``rounds`` is that index's cost. An index
+    whose partial predicate a new pending row does not meet costs only the predicate's test.
+    """
+    for name in [
+        row[0]
+        for row in raw.execute(
+            "SELECT indexname FROM pg_indexes WHERE tablename = %s AND indexname NOT LIKE %s",
+            [COPY, "%pkey"],
+        ).fetchall()
+    ]:
+        raw.execute(f"DROP INDEX {name}")
+    raw.commit()
+
+    def measure() -> tuple[float, float]:
+        def insert() -> None:
+            raw.execute(insert_copy, _params(uuid.uuid4()))
+            raw.commit()
+
+        insert()
+        server0 = _schedstat(pid)
+        wall = _time(n, insert)
+        return wall, (_schedstat(pid) - server0) / n / 1e3 if pid else float("nan")
+
+    deltas: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(rounds):
+        for definition in definitions:
+            name = definition.split(" INDEX ", 1)[1].split(" ON ", 1)[0]
+            base_wall, base_server = measure()
+            raw.execute(_copy_index(definition))
+            raw.commit()
+            wall, server = measure()
+            raw.execute(f"DROP INDEX {name.replace('durable_jobs_', 'bench_copy_')}")
+            raw.execute(f"TRUNCATE {COPY}")  # every index measured against a table of equal size
+            raw.commit()
+            deltas.setdefault(name, []).append((wall - base_wall, server - base_server))
+    return {
+        name: {
+            "wall_us": statistics.median(d[0] for d in values),
+            "server_cpu_us": statistics.median(d[1] for d in values),
+        }
+        for name, values in deltas.items()
     }
 
 
@@ -361,6 +424,15 @@ def render(result: dict) -> str:
         ]
         for name, (plan, execute) in timings.items():
             lines.append(f"{name:40}  {plan * 1000:11.0f}  {execute * 1000:12.0f}")
+    costs = result.get("index_costs") or {}
+    if costs:
+        lines += [
+            "",
+            "each index alone beside the primary key, against none (median of the rounds):",
+            f"{'index':44}  {'wall us/start':>13}  {'server CPU us':>13}",
+        ]
+        for name, cost in sorted(costs.items(), key=lambda item: -item[1]["server_cpu_us"]):
+            lines.append(f"{name:44}  {cost['wall_us']:13.1f}  {cost['server_cpu_us']:13.1f}")
     lines += ["", "where the time goes (differences of the steps above, microseconds per job):"]
     lines += [f"  {text}" for text in explain(result)]
     return "\n".join(lines)

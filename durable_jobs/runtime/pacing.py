@@ -44,18 +44,38 @@ class Pace(enum.Enum):
     SLOW = "slow"  # a slice took QUICK_SLICE or more (or the batch was cut short): one at a time
 
 
-def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int) -> int:
+#: The share of PREFETCH_WINDOW a batch is sized to fill (``fits_in_window``): the slices'
+#: own time plus the batch's bookkeeping must still end inside the window.
+WINDOW_SHARE = 0.9
+
+
+def fits_in_window(slice_seconds: float | None) -> int | None:
+    """How many slices of ``slice_seconds`` (the last batch's mean) one batch should hold.
+
+    Doubling past it would make the batch run past ``PREFETCH_WINDOW``: its last claims
+    handed back (a statement, and another claim for each of them), then the batch halved,
+    then doubled again. 20 ms slices cycled 4, 8 (5 run, 3 handed back), 4, 8, ...; sized
+    to the window they stay at 4. None: nothing measured yet (no bound).
+    """
+    if not slice_seconds or slice_seconds <= 0:
+        return None
+    return max(1, int(PREFETCH_WINDOW * WINDOW_SHARE / slice_seconds))
+
+
+def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int, fits: int | None = None) -> int:
     """How many jobs a slot claims next, after claiming ``claimed`` of ``batch`` at ``pace``.
 
-    Grows (doubling, up to ``ceiling``, i.e. ``MAX_PREFETCH``) only when the claim came
-    back full, so a thin queue keeps batches small; halves after a long batch; drops to
-    one after a slow slice, since the claims behind a slow slice are what prefetch costs.
+    Grows (doubling, up to ``ceiling``, i.e. ``MAX_PREFETCH``, and up to ``fits``, the
+    slices that fit in ``PREFETCH_WINDOW``) only when the claim came back full, so a thin
+    queue keeps batches small; halves after a long batch; drops to one after a slow slice,
+    since the claims behind a slow slice are what prefetch costs.
     """
     if pace is Pace.SLOW:
         return 1
+    bound = ceiling if fits is None else min(ceiling, fits)
     if pace is Pace.LONG:
-        return max(1, batch // 2)
-    return min(ceiling, batch * 2) if claimed == batch else min(ceiling, batch)
+        return max(1, min(batch // 2, bound))
+    return min(bound, batch * 2) if claimed == batch else min(bound, batch)
 
 
 def slice_seconds(report: SliceReport) -> float:

@@ -51,6 +51,7 @@ from durable_jobs.runtime.pacing import (
     PREFETCH_WINDOW,
     QUICK_SLICE,
     Pace,
+    fits_in_window,
     next_batch,
     prefetch_ceiling,
     slice_seconds,
@@ -122,6 +123,7 @@ class SlotState:
     batch: int = (
         1  # how many jobs it claims at once: grows while its batches are quick (next_batch)
     )
+    slice_mean: float | None = None  # the last batch's mean slice time (fits_in_window)
 
     @property
     def started_thread(self) -> threading.Thread:
@@ -448,6 +450,7 @@ class Worker(Supervision, WakeUps):
                         len(claimed),
                         pace,
                         prefetch_ceiling(settings.MAX_PREFETCH, self.execution),
+                        fits_in_window(slot.slice_mean),
                     )
                     continue
                 if then == intake.AGAIN:
@@ -504,7 +507,7 @@ class Worker(Supervision, WakeUps):
         ):
             runner.send_ahead([(job, entries[job.id].lease) for job in claimed])
         pace = Pace.QUICK
-        ran = 0
+        ran, busy = 0, 0.0
         try:
             for job in claimed:
                 if slot.abandoned:
@@ -549,7 +552,9 @@ class Worker(Supervision, WakeUps):
                     1  # one live thread per slot number writes its cell
                 )
                 ran += 1
-                if slice_seconds(report) >= QUICK_SLICE:
+                took = slice_seconds(report)
+                busy += took
+                if took >= QUICK_SLICE:
                     pace = Pace.SLOW
         finally:
             if not slot.abandoned:  # an abandoned slot's claims were handed back by the supervisor
@@ -566,6 +571,7 @@ class Worker(Supervision, WakeUps):
                 runner.forget()
         if pace is Pace.QUICK and ran > 1 and time.monotonic() - began > PREFETCH_WINDOW:
             pace = Pace.LONG
+        slot.slice_mean = busy / ran if ran else slot.slice_mean
         return pace
 
     @staticmethod

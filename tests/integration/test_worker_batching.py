@@ -103,6 +103,24 @@ def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():
     assert next_batch(16, 16, Pace.SLOW, 32) == 1
 
 
+def test_a_batch_grows_no_further_than_its_slices_fit_in_the_prefetch_window():
+    """20 ms slices: a batch of 8 would run 160 ms, past PREFETCH_WINDOW (100 ms), and hand
+    its last claims back every other batch; sized to the window it holds 4 and stays there."""
+    from durable_jobs.runtime.pacing import fits_in_window
+    from durable_jobs.runtime.worker import next_batch
+
+    fits = fits_in_window(0.0205)
+    assert fits == 4
+    assert next_batch(4, 4, Pace.QUICK, 64, fits) == 4, "full and quick, but 8 would not fit"
+    assert next_batch(2, 2, Pace.QUICK, 64, fits) == 4
+    assert next_batch(8, 8, Pace.LONG, 64, fits) == 4
+    assert next_batch(4, 4, Pace.QUICK, 2, fits) == 2, "MAX_PREFETCH still caps it"
+    assert fits_in_window(0.0001) == 900, "no-op slices: MAX_PREFETCH is the bound"
+    assert fits_in_window(0.3) == 1
+    assert fits_in_window(None) is None
+    assert next_batch(4, 4, Pace.QUICK, 64, None) == 8, "nothing measured yet: no bound"
+
+
 def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
     from durable_jobs import conf
     from durable_jobs.exceptions import ConfigurationError
