@@ -33,6 +33,10 @@ Scenarios (``--only`` picks some):
 ``transports``  the database transport against RabbitMQ and Redis Streams at 4, 16 and 64
                 slots over several processes: jobs/s, start-to-claim latency, commits and
                 server CPU per job (``benchmarks/transport_bench.py``).
+``churn``       (~40 s) short jobs drained by one 4-slot worker
+                undisturbed and with two of its backends terminated every second:
+                jobs/s ratio, the backlog's drain after the churn, warnings, re-drives
+                (``benchmarks/churn_bench.py``).
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
@@ -42,6 +46,7 @@ Scenarios (``--only`` picks some):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -71,6 +76,7 @@ SCENARIOS = (
     "flow",
     "transports",
     "duty",
+    "churn",
 )
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
 EXTRA_SCENARIOS = ("trial",)
@@ -92,6 +98,8 @@ TARGETS = {
     "dequeue_growth": 0.10,  # DEQUEUE at 1M finished rows within 10 % of an empty table
     "hot_share": 0.95,  # share of heartbeat updates that are HOT
     "memory_growth_mib": 5.0,  # worker RSS growth after warm-up
+    "churn_ratio": 0.8,  # jobs/s with 2 backends terminated a second / undisturbed
+    "churn_drain_ratio": 0.9,  # the backlog's drain rate after the churn / undisturbed
 }
 
 
@@ -1254,6 +1262,84 @@ class Results:
             "-",
             "",
             "info",
+        )
+
+    def scenario_churn(self) -> None:
+        """Jobs/s with two of the worker's backends terminated every second vs undisturbed."""
+        from benchmarks import churn_bench
+
+        quick = self.plan.quick
+        r = churn_bench.run(
+            self.ctx,
+            n=2000 if quick else 6000,
+            churn_seconds=8.0 if quick else 20.0,
+            after_seconds=4.0 if quick else 8.0,
+            timeout=self.plan.worker_timeout,
+        )
+        self.raw["churn"] = r
+        calm, churn = r["undisturbed"], r["churn"]
+        job_ms = r["job_seconds"] * 1000
+        self.table_obj.add(
+            f"churn: {job_ms:g} ms jobs, 4 slots, jobs/s undisturbed / with {r['kills_per_second']}"
+            f" backends terminated a second for {churn['churn_seconds']:.0f} s (ratio)",
+            f"{report.num(calm['per_second'])} / {report.num(churn['per_second'])}"
+            + (f" ({r['ratio']:.2f}x)" if r["ratio"] else ""),
+            "-",
+            "-",
+            f">= {TARGETS['churn_ratio']:g}x",
+            report.verdict(r["ratio"] is not None and r["ratio"] >= TARGETS["churn_ratio"]),
+        )
+        self.table_obj.add(
+            "  churn: backlog left when it stopped, drained in s (rate vs undisturbed)",
+            f"{churn['backlog_at_churn_end']:,} in {churn['drain_seconds']:.1f} s"
+            + (f" ({r['drain_ratio']:.2f}x)" if r["drain_ratio"] else ""),
+            "-",
+            "-",
+            f">= {TARGETS['churn_drain_ratio']:g}x",
+            report.verdict(
+                r["drain_ratio"] is not None and r["drain_ratio"] >= TARGETS["churn_drain_ratio"]
+            ),
+        )
+        log = churn["log"]
+        self.table_obj.add(
+            "  churn: backends killed; worker WARNING lines (bookkeeping writes given up); "
+            "jobs re-driven after a lease / charged an interruption",
+            f"{churn['kills']}; {log['warnings']:,} ({log['failed_twice']}); "
+            f"{churn['redriven']:,} / {churn['interrupted']:,}",
+            "-",
+            "-",
+            "0 re-driven",
+            report.verdict(churn["redriven"] == 0),
+        )
+        self.table_obj.add(
+            "  churn: every job completed exactly once, none failed",
+            f"{churn['completed']:,} of {churn['n']:,} ({churn['failed']} failed)",
+            "-",
+            "-",
+            "all",
+            report.verdict(r["exactly_once"]),
+        )
+        print(
+            "    churn: "
+            + json.dumps(
+                {
+                    "undisturbed_per_s": calm["per_second"],
+                    "churn_per_s": churn["per_second"],
+                    "ratio": r["ratio"],
+                    "drain_ratio": r["drain_ratio"],
+                    "backlog": churn["backlog_at_churn_end"],
+                    "drain_s": churn["drain_seconds"],
+                    "last_1pct_s": churn["last_1pct_seconds"],
+                    "warnings": log["warnings"],
+                    "failed_twice": log["failed_twice"],
+                    "redriven": churn["redriven"],
+                    "interrupted": churn["interrupted"],
+                    "killed": churn["killed"],
+                    "top_warnings": log["top_warnings"],
+                },
+                default=str,
+            ),
+            flush=True,
         )
 
     def scenario_trial(self) -> None:

@@ -59,6 +59,7 @@ __all__ = [
     "leave_broken_transaction",
     "read_timestamps_in_c",
     "reset_connection",
+    "retry_after_a_cut",
     "start_cursor",
 ]
 
@@ -107,6 +108,24 @@ def reset_connection(using: str = DEFAULT_DB_ALIAS) -> None:
         connection.close()
     except Exception:  # noqa: BLE001 - closing a dead connection may itself fail
         connection.connection = None
+
+
+def retry_after_a_cut(using: str, statement: Callable[[], T]) -> T:
+    """Run ``statement``; when the connection was cut under it, reconnect and run it once more.
+
+    A cut connection (``pg_terminate_backend``, a pooler or a proxy closing an idle
+    session) is an event of one connection, not an outage: the next connect usually
+    works at once, so a loop should not wait out its backoff (or log an outage) for it.
+    Only for statements that may run twice (reads, renewals, fenced writes whose second
+    run finds its first one landed); a second failure, or any other error, propagates.
+    """
+    try:
+        return statement()
+    except Exception as error:
+        if not is_connection_loss(error):
+            raise
+        reset_connection(using)
+    return statement()
 
 
 def leave_broken_transaction(using: str = DEFAULT_DB_ALIAS) -> None:

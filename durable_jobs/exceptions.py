@@ -248,7 +248,7 @@ class TaskAttemptInterrupted(TransientError):
 
 
 class BookkeepingFailed(DurableJobsError):
-    """A slice's bookkeeping write failed twice (the connection replaced in between).
+    """A slice's bookkeeping write and its retries failed (the connection replaced in between).
 
     Raised inside the runtime only: the slice is reported ``bookkeeping_failed`` and the
     job is left to its lease, which expires and makes it an orphan the reconciler
@@ -257,7 +257,7 @@ class BookkeepingFailed(DurableJobsError):
 
     def __init__(self, cause: str) -> None:
         self.cause = cause
-        super().__init__(f"bookkeeping write failed twice: {cause}")
+        super().__init__(f"bookkeeping write failed: {cause}")
 
 
 class KindNotRegisteredHere(TransientError):

@@ -31,6 +31,30 @@ def get_job_unscoped(job_id: object, *, using: str = DEFAULT_DB_ALIAS) -> Job | 
 MAX_PAGE_SIZE = 200
 
 
+ENDED_AT_EPOCH = f"""
+SELECT id FROM {TABLE}
+ WHERE id = ANY(%(ids)s::uuid[]) AND status = %(status)s AND lease_epoch = %(epoch)s
+"""
+
+
+def ended_at_epoch(
+    leases: list[tuple[object, int]], status: str, *, using: str = DEFAULT_DB_ALIAS
+) -> set[Any]:
+    """Return the ids, of ``(job id, epoch)`` pairs, whose job ended ``status`` at that epoch.
+
+    For a terminal write retried after its connection was cut: its first try may have
+    committed with the reply lost. The terminal statements keep the epoch, and any other
+    hand that ends a running job first takes it over (a new epoch), so a row ended
+    ``status`` at the writer's own epoch is the writer's own landed write.
+    """
+    found: set[Any] = set()
+    for epoch in {epoch for _, epoch in leases}:
+        ids = [str(job_id) for job_id, at in leases if at == epoch]
+        with execute(using, ENDED_AT_EPOCH, {"ids": ids, "status": status, "epoch": epoch}) as cur:
+            found.update(row[0] for row in cur)
+    return found
+
+
 def list_jobs(
     scope: Scope,
     *,

@@ -100,7 +100,7 @@ class SliceOutcome(str, enum.Enum):
     LEASE_LOST = "lease_lost"
     HANDED_BACK = "handed_back"  # withdrawn unstarted: released uncharged
     MIRROR_RETRY = "mirror_retry"  # the terminal transaction's mirror failed; counted
-    BOOKKEEPING_FAILED = "bookkeeping_failed"  # the write failed twice: left to its lease
+    BOOKKEEPING_FAILED = "bookkeeping_failed"  # the write and its retries failed: left to its lease
     DEFERRED = "deferred"  # finished; completed with the slot's batch
     ABANDONED = "abandoned"  # the worker gave up on it and recorded that itself
     HELD = "held"  # its wait condition has not cleared, or it waits in a workflow

@@ -21,7 +21,8 @@ its handler process died                charge_interruption: the re-drive budget
 =====================================  ==================================================
 
 The bookkeeping write has a fallback: a database error there is logged, the
-connection replaced and the write tried once more. If that fails too the job is left
+connection replaced and the write tried again (a cut connection for a few seconds, with
+a short backoff; any other error once). If that fails too the job is left
 to its lease, which expires and makes it an orphan the reconciler re-drives; it is
 never left looking healthy while nobody runs it, and the worker loop never dies of it.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import threading
@@ -45,7 +47,7 @@ from django.db import (
     transaction,
 )
 
-from durable_jobs import conf, db, faults, metrics, registry, signals, store
+from durable_jobs import conf, db, faults, metrics, reads, registry, signals, store
 from durable_jobs.exceptions import (
     BookkeepingFailed,
 )
@@ -194,7 +196,7 @@ def run_slice(
             else:
                 outcome, error = record(control, ran, completions=completions, using=using)
     except BookkeepingFailed as failed:
-        # The write and its one retry both failed: the job is left to its lease, which
+        # The write and its retries all failed: the job is left to its lease, which
         # expires and makes it an orphan the reconciler re-drives (invariant 14a).
         outcome, error = SliceOutcome.BOOKKEEPING_FAILED, failed.cause
     except Exception as unexpected:
@@ -229,18 +231,15 @@ def _end_failed(
 ) -> SliceOutcome:
     """End the job failed with ``code`` before its handler runs: a verdict already decided,
     or a wait's (a wait condition's code, a workflow wait's failure policy)."""
-    return _guarded(
-        using,
-        lambda: _finish(
-            job,
-            handler,
-            lease,
-            SliceOutcome.FAILED,
-            using=using,
-            code=code,
-            error_class=error_class,
-            message=message,
-        ),
+    return _finish_guarded(
+        job,
+        handler,
+        lease,
+        SliceOutcome.FAILED,
+        using=using,
+        code=code,
+        error_class=error_class,
+        message=message,
     )
 
 
@@ -282,9 +281,7 @@ def record(
         _guarded(using, lambda: store.release_lease(lease, delay_ms=0, using=using))
         return SliceOutcome.HANDED_BACK, None
     if ran.end is SliceEnd.CANCEL:
-        return _guarded(
-            using, lambda: _finish(job, handler, lease, SliceOutcome.CANCELLED, using=using)
-        ), None
+        return _finish_guarded(job, handler, lease, SliceOutcome.CANCELLED, using=using), None
     if ran.end is SliceEnd.DONE:
         if completions is not None and handler.mirror is None:
             completions.append(
@@ -292,17 +289,8 @@ def record(
             )
             return SliceOutcome.DEFERRED, None
         result = json.loads(ran.result_json) if ran.result_json is not None else None
-        return _guarded(
-            using,
-            lambda: _finish(
-                job,
-                handler,
-                lease,
-                SliceOutcome.COMPLETED,
-                using=using,
-                result=result,
-                processed=None,
-            ),
+        return _finish_guarded(
+            job, handler, lease, SliceOutcome.COMPLETED, using=using, result=result
         ), None
     if ran.end is SliceEnd.YIELD:
         delivery = _guarded(
@@ -376,18 +364,48 @@ def _fail(control: SliceControl, ran: Ran, using: str) -> SliceOutcome:
         return SliceOutcome.LEASE_LOST
     if reply.verdict is None:
         return SliceOutcome.RETRYING
+    return _finish_guarded(
+        control.row,
+        handler,
+        lease,
+        SliceOutcome.FAILED,
+        using=using,
+        code=reply.verdict,
+        error_class=ran.error_class,
+        message=ran.message,
+    )
+
+
+#: The status each terminal outcome writes.
+_ENDS = {
+    SliceOutcome.COMPLETED: "completed",
+    SliceOutcome.FAILED: "failed",
+    SliceOutcome.CANCELLED: "cancelled",
+}
+
+
+def _finish_guarded(
+    job: Job,
+    handler: Handler,
+    lease: Lease,
+    outcome: SliceOutcome,
+    *,
+    using: str,
+    **details: Any,
+) -> SliceOutcome:
+    """``_finish`` under ``_guarded``: retried on a cut connection, and recognising its own
+    terminal write when a try before the retry committed and only its reply was lost."""
+
+    def landed() -> SliceOutcome | None:
+        row = reads.get_job_unscoped(lease.job_id, using=using)
+        if row is None or row.status != _ENDS[outcome] or row.lease_epoch != lease.epoch:
+            return None  # not ended, or ended by another hand (a takeover moves the epoch)
+        signals.job_finished.send_robust(sender=Slice, job=row, outcome=outcome)
+        metrics.emit(f"jobs_{outcome}", kind=job.kind)
+        return outcome
+
     return _guarded(
-        using,
-        lambda: _finish(
-            control.row,
-            handler,
-            lease,
-            SliceOutcome.FAILED,
-            using=using,
-            code=reply.verdict,
-            error_class=ran.error_class,
-            message=ran.message,
-        ),
+        using, lambda: _finish(job, handler, lease, outcome, using=using, **details), landed=landed
     )
 
 
@@ -465,23 +483,68 @@ def _finish(
     return outcome
 
 
-def _guarded(using: str, write: Callable[[], T]) -> T:
-    """Run a bookkeeping write; on a connection failure replace the connection and retry once.
+#: How long a bookkeeping write keeps retrying a cut connection (seconds). A connection
+#: that ``pg_terminate_backend`` or a proxy cut is replaced at the next connect, so the
+#: first retry nearly always lands; the bound is for a server that is restarting. It is
+#: well inside any lease TTL (conf refuses one under the heartbeat interval): the job's
+#: lease is still ours and still beaten by the heartbeat meanwhile.
+RECONNECT_WINDOW = 5.0
+#: Pauses between those retries (seconds): at once, then growing, the last one repeated.
+RECONNECT_PAUSES = (0.0, 0.05, 0.1, 0.25, 0.5, 1.0)
 
-    Raises ``BookkeepingFailed`` when the second try fails too: ``run_slice`` reports the
+
+def _guarded(
+    using: str, write: Callable[[], T], *, landed: Callable[[], T | None] | None = None
+) -> T:
+    """Run a bookkeeping write; on a database failure replace the connection and retry.
+
+    A lost connection is retried, on a new connection each time, for up to
+    ``RECONNECT_WINDOW`` (at once, then with a short backoff): before issue #27 a finished
+    job whose write met two cut connections in a row waited out its whole lease as an
+    orphan. Any other database error (a statement that failed on a live connection) is
+    tried once more only. A write retried after its reply was lost may find its own first
+    try committed: every bookkeeping statement is fenced, so the second run matches
+    nothing and doubles nothing; the terminal writes recognise their own landed write
+    (``landed``: asked before a retry that follows a cut connection) so the outcome is
+    still reported as it was.
+
+    Raises ``BookkeepingFailed`` when the retries are spent: ``run_slice`` reports the
     slice ``bookkeeping_failed`` and the job is left to its lease (invariant 14a).
     """
+    window = min(RECONNECT_WINDOW, conf.ms(conf.get().LEASE_TTL) / 2000)
+    deadline = time.monotonic() + window
     cause = ""
-    for attempt in (1, 2):
+    lost = False
+    for attempt in itertools.count(1):
         try:
+            if lost and landed is not None:
+                # The try before was cut off: it may have committed, its reply lost.
+                own = landed()
+                if own is not None:
+                    log.info("bookkeeping write had landed before its connection was cut")
+                    return own
             return write()
         except (OperationalError, InterfaceError, DatabaseError) as error:
             cause = describe(error)
-            log.warning("bookkeeping write failed (attempt %d): %s", attempt, cause)
+            lost = db.is_connection_loss(error)
             db.reset_connection(using)
+            pause = RECONNECT_PAUSES[min(attempt - 1, len(RECONNECT_PAUSES) - 1)]
+            if not lost and attempt >= 2 or time.monotonic() + pause > deadline:
+                break
+            # One cut connection is routine (a pooler, an administrator, a failover): it
+            # says so at INFO. A write that still fails on a new connection is a warning.
+            log.log(
+                logging.INFO if lost and attempt == 1 else logging.WARNING,
+                "bookkeeping write failed (attempt %d), retrying on a new connection: %s",
+                attempt,
+                cause,
+            )
+            time.sleep(pause)
     log.error(
-        "bookkeeping write failed twice; "
-        "the job's lease will expire and the reconciler will re-drive it"
+        "bookkeeping write failed %d times (%s); "
+        "the job's lease will expire and the reconciler will re-drive it",
+        attempt,
+        cause,
     )
     raise BookkeepingFailed(cause)
 
@@ -513,6 +576,7 @@ def complete_deferred(
             lambda: store.complete_many(
                 [(item.lease, item.result_json) for item in completions], using=using
             ),
+            landed=lambda: _landed_completions(completions, using),
         )
     except BookkeepingFailed:
         applied = set()  # none committed: each is left to its lease, and reported so
@@ -553,6 +617,23 @@ def complete_deferred(
     for kind, count in completed.items():
         log.info("slices kind=%s jobs=%d outcome=completed (batched completion)", kind, count)
     return outcomes
+
+
+def _landed_completions(completions: list[DeferredCompletion], using: str) -> set[Any] | None:
+    """After a cut connection: the batch's completions that had committed, the rest completed now.
+
+    ``store.complete_many`` may run as two transactions (its leaf form, then the telling
+    form for the rows left), so a try may have landed some rows and not others.
+    """
+    leases = [(item.lease.job_id, item.lease.epoch) for item in completions]
+    done = reads.ended_at_epoch(leases, "completed", using=using)
+    if not done:
+        return None  # nothing landed: the write runs again as it is
+    ended = {str(job_id) for job_id in done}
+    rest = [item for item in completions if str(item.job.id) not in ended]
+    if rest:
+        done |= store.complete_many([(item.lease, item.result_json) for item in rest], using=using)
+    return done
 
 
 def _report(

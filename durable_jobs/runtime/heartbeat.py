@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durable_jobs import faults, store
+from durable_jobs import db, faults, store
 from durable_jobs.states import Lease
 
 if TYPE_CHECKING:
@@ -153,7 +153,12 @@ class Heartbeater:
         if not due:
             return
         faults.point("before_heartbeat")
-        answers = store.heartbeat_leases([holder.lease for holder in due], using=self.using)
+        leases = [holder.lease for holder in due]
+        # A cut connection costs this tick nothing but a reconnect (extending a lease
+        # twice is harmless): no warning, no lease left a beat closer to its expiry.
+        answers = db.retry_after_a_cut(
+            self.using, lambda: store.heartbeat_leases(leases, using=self.using)
+        )
         for holder in due:
             answer = answers.get(holder.lease.job_id)
             if answer == store.LOST:

@@ -50,7 +50,7 @@ from collections.abc import Callable
 
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
-from durable_jobs import conf, faults, metrics, registry, store, validation
+from durable_jobs import conf, db, faults, metrics, registry, store, validation
 from durable_jobs.models import Job
 from durable_jobs.states import VERDICT_CODES, Lease, ParkReason
 from durable_jobs.transports import publishing as transports
@@ -471,8 +471,16 @@ def run_as_leader(
         while not stop.is_set():
             interval = conf.get().RECONCILE_INTERVAL
             try:
-                epoch = store.acquire_leadership(
-                    name, identity, ttl_ms=conf.ms(interval * LEADER_LEASE_INTERVALS), using=using
+                # A cut connection alone is retried at once: leadership is not given up for it.
+                epoch = db.retry_after_a_cut(
+                    using,
+                    functools.partial(
+                        store.acquire_leadership,
+                        name,
+                        identity,
+                        ttl_ms=conf.ms(interval * LEADER_LEASE_INTERVALS),
+                        using=using,
+                    ),
                 )
             except DatabaseError as error:
                 # Once per outage: the loop tries again every interval, and the worker's

@@ -169,8 +169,12 @@ def _turn(identity: str, interval: float, using: str) -> tuple[int | None, float
     """One turn of the loop: renew (or try to take) leadership, fire what is due; return
     ``(epoch or None, seconds to sleep)``."""
     try:
-        epoch = store.acquire_leadership(
-            LEADERSHIP, identity, ttl_ms=conf.ms(interval * LEASE_INTERVALS), using=using
+        # A cut connection alone is retried at once: leadership is not given up for it.
+        epoch = db.retry_after_a_cut(
+            using,
+            lambda: store.acquire_leadership(
+                LEADERSHIP, identity, ttl_ms=conf.ms(interval * LEASE_INTERVALS), using=using
+            ),
         )
         if epoch is None:
             return None, interval

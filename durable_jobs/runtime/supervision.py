@@ -176,12 +176,19 @@ class Supervision:
                 complete_deferred(completions, using=self.using)
             for entry in waiting:
                 if not entry.lease_lost:
-                    db.with_lock_timeout(
-                        200,
+                    # A cut connection is retried once on a new one: a claim not handed
+                    # back waits out its whole lease (a release that landed before the cut
+                    # finds the lease gone the second time, and changes nothing).
+                    db.retry_after_a_cut(
+                        self.using,
                         functools.partial(
-                            store.release_lease, entry.lease, delay_ms=0, using=self.using
+                            db.with_lock_timeout,
+                            200,
+                            functools.partial(
+                                store.release_lease, entry.lease, delay_ms=0, using=self.using
+                            ),
+                            using=self.using,
                         ),
-                        using=self.using,
                     )
         except (DatabaseError, InterfaceError) as error:
             log.warning(

@@ -29,6 +29,10 @@ DUE_SLACK = 0.005
 #: A listener connection up this long (seconds) has proved itself: its backoff resets.
 LISTENER_HEALTHY = 30.0
 
+#: A listener connection cut after this long up (seconds) is reconnected at once: it
+#: worked, so the server is there; a reconnect loop is then at most one a second.
+LISTENER_PROVED = 1.0
+
 
 class WakeUps:
     """Sleeping, waking and listening (mixed into ``Worker``)."""
@@ -113,6 +117,17 @@ class WakeUps:
                         if failures and time.monotonic() - connected_at > LISTENER_HEALTHY:
                             failures = 0
                 except Exception as error:  # noqa: BLE001 - the listener must outlive any fault
+                    if (
+                        connected_at is not None
+                        and time.monotonic() - connected_at >= LISTENER_PROVED
+                        and db.is_connection_loss(error)
+                    ):
+                        # A connection that worked and was cut (pg_terminate_backend, a
+                        # proxy): reconnect at once, since every wake-up is lost meanwhile.
+                        # Backoff is for connections that fail at once (LISTENER_HEALTHY).
+                        log.info("the listener's connection was cut; reconnecting")
+                        failures = 0
+                        continue
                     failures += 1
                     delay = min(30.0, 0.2 * 2**failures)
                     # One warning per outage for the whole worker (OutageLog), whoever

@@ -414,6 +414,16 @@ class Worker(Supervision, WakeUps):
                         failing_since = time.monotonic()
                     failing_for = time.monotonic() - failing_since
                     connections[self.using].close()
+                    if failures == 1 and db.is_connection_loss(error):
+                        # One cut connection (pg_terminate_backend, a proxy's idle timeout)
+                        # is not an outage: claim again at once on a new connection. The
+                        # backoff, and the outage's warning, start at the second failure.
+                        log.info(
+                            "slot %s: connection lost (%s); reconnecting",
+                            slot.owner,
+                            one_line(error),
+                        )
+                        continue
                     if self.burst and failing_for >= ttl_ms / 1000:
                         self._give_up_burst(slot, one_line(error), failing_for)
                         break

@@ -364,3 +364,66 @@ def test_sigkill_before_a_batched_completion_commits(recorded, processes):
     assert Job.objects.filter(status="completed").count() == 40
     assert Job.objects.filter(redrives__gte=1).exists(), "the unflushed batch was re-driven"
     assert_invariants(recorded, processes)
+
+
+def test_two_worker_backends_terminated_every_quarter_second_lose_and_double_nothing(
+    recorded, processes
+):
+    """Issue #27 item 4, as an operator sees it: a 4-slot worker whose connections are cut
+    two at a time, four times a second (slots, handler processes, heartbeat, listener,
+    reconciler alike), finishes every job exactly once, stays up, and leaves no job to
+    wait out its lease (the worker never says a lease "will expire"), without a warning
+    per cut."""
+    import random
+    import threading
+
+    import psycopg
+
+    from tests.conftest import database_url
+
+    jobs = start_imports(24, rows=4, delay=0.05)  # a mirror: the terminal transaction
+    jobs += [durable.start("demo.flaky", input={"failures": 0}) for _ in range(150)]
+    worker = processes.worker(
+        "--concurrency", "4", "--reconcile", app_name="durable-churn", env=RESCUE
+    )
+    wait_until(lambda: len(backends_of("durable-churn")) >= 4, message="the worker's connections")
+    stop, killed = threading.Event(), []
+
+    def killer() -> None:
+        rng = random.Random(27)
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            while not stop.is_set():
+                pids = [
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE application_name = %s"
+                        " OR application_name LIKE %s",
+                        ["durable-churn", "durable-churn/%"],
+                    )
+                ]
+                for pid in rng.sample(pids, min(2, len(pids))):
+                    if conn.execute("SELECT pg_terminate_backend(%s)", [pid]).fetchone()[0]:
+                        killed.append(pid)
+                stop.wait(0.25)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    ids = [job.id for job in jobs]
+    try:
+        wait_until(
+            lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
+            timeout=90,
+            message="every job to finish under churn",
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+    assert len(killed) >= 4, "the churn happened"
+    assert worker.popen.poll() is None, "the worker survived"
+    assert set(Job.objects.filter(id__in=ids).values_list("status", flat=True)) == {"completed"}
+    output = worker.output()
+    assert "will expire" not in output, "a claim or a finished job was left to its lease"
+    # A cut connection is routine: reconnected and said at INFO. Before issue #27 each one
+    # was a WARNING or two (29 for 54 cuts here); an outage still warns once.
+    assert output.count(" WARNING ") <= len(killed) // 3, output
+    assert_invariants(recorded, processes)
