@@ -932,3 +932,56 @@ def fill_pending_sql_quiet(ctx: Ctx, n: int) -> None:
         "SELECT pg_notify(%s, %s)",
         [conf.get().NOTIFY_CHANNEL or "durable_jobs", conf.get().DEFAULT_QUEUE],
     )
+
+
+# ---------------------------------------------------------------------------------------
+# steady: a producer at a fixed rate into an idle fleet (issue #27 item 3)
+# ---------------------------------------------------------------------------------------
+
+
+def steady(ctx: Ctx, *, rate: float, seconds: float, processes: int, slots: int, tag: str) -> dict:
+    """One client starts no-op jobs at ``rate`` per second for ``seconds`` (one ``start()``
+    per transaction, paced) into a warmed-up, idle fleet of processes × slots: the jobs/s
+    the fleet completes while the producer runs, the start-to-run latency, and the
+    database's transactions per job (the producer's own taken out). A burst drain measures
+    the fleet's boot as well; this measures what a long-running fleet does with a steady
+    stream of single starts, where every start's NOTIFY reaches every process."""
+    reset()
+    cmds = [ctx.worker_cmd(slots, burst=False) for _ in range(processes)]
+    logs = [ctx.logs / f"durable-steady-{tag}-{i}.log" for i in range(processes)]
+    group = procs.Group(cmds, env=ctx.worker_env(), cwd=REPO, logs=logs)
+    try:
+        problem = _warm_up(ctx, group, notify=True)
+        if problem:
+            return {"error": problem}
+        time.sleep(2.0)  # every slot's wake-up pass after its LISTEN is over: the fleet sleeps
+        warm_ids = [r[0] for r in ctx.sql(f"SELECT id FROM {TABLE}")]
+        before = _xacts(ctx)
+        began = time.monotonic()
+        started = 0
+        while (elapsed := time.monotonic() - began) < seconds:
+            due = int(elapsed * rate) + 1
+            while started < due:
+                durable.start(KIND)
+                started += 1
+            time.sleep(max(0.0, started / rate - (time.monotonic() - began)))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0] == 0:
+                break
+            time.sleep(0.1)
+        after = _xacts(ctx)
+    finally:
+        group.stop()
+    done, window = ctx.sql(
+        f"""SELECT count(*) FILTER (WHERE status = 'completed'),
+                   extract(epoch FROM max(finished_at) - min(created_at))
+              FROM {TABLE} WHERE NOT (id = ANY(%s))""",
+        [warm_ids],
+    )[0]
+    return _latency_sql(ctx, warm_ids, started) | {
+        "offered_per_second": started / seconds,
+        "completed_per_second": done / float(window) if window else None,
+        "transactions_per_job": (after - before - started) / max(1, started),
+        "slots_total": processes * slots,
+    }

@@ -77,6 +77,7 @@ SCENARIOS = (
     "transports",
     "duty",
     "churn",
+    "steady",
 )
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
 EXTRA_SCENARIOS = ("trial",)
@@ -1400,6 +1401,39 @@ class Results:
                 "-",
                 f">= {wanted:.0%}",
                 report.verdict(None if duty is None else duty >= wanted and best.get("verified")),
+                pgqueuer="-",
+            )
+
+    def scenario_steady(self) -> None:
+        """Issue #27 item 3: a steady producer of single starts into idle fleets of 1 x 4,
+        4 x 4 and 8 x 8 slots; completions, latency and transactions per job."""
+        from benchmarks import durable_bench
+
+        rate, seconds = (200.0, 3.0) if self.plan.quick else (400.0, 8.0)
+        fleets = [(1, 4)] if self.plan.quick else [(1, 4), (4, 4), (8, 8)]
+        self.raw["steady"] = {}
+        for processes, slots in fleets:
+            tag = f"{processes}x{slots}"
+            print(f"    steady producer, {rate:g}/s into {tag}", flush=True)
+            r = durable_bench.steady(
+                self.ctx, rate=rate, seconds=seconds, processes=processes, slots=slots, tag=tag
+            )
+            self.raw["steady"][tag] = r
+            cell = (
+                "error: " + _short(r["error"])
+                if "error" in r
+                else f"{r['offered_per_second']:,.0f} / {r['completed_per_second'] or 0:,.0f}; "
+                f"{r['transactions_per_job']:.1f} tx/job; {r['p50_ms']:.1f} / {r['p99_ms']:.1f} ms"
+            )
+            self.table_obj.add(
+                f"steady: one client starting {rate:g}/s into an idle {processes} x {slots} fleet "
+                f"for {seconds:g} s: started / completed per s; transactions per job; latency "
+                "p50 / p99",
+                cell,
+                "-",
+                "-",
+                "",
+                "info",
                 pgqueuer="-",
             )
 
