@@ -955,6 +955,7 @@ def steady(ctx: Ctx, *, rate: float, seconds: float, processes: int, slots: int,
         if problem:
             return {"error": problem}
         time.sleep(2.0)  # every slot's wake-up pass after its LISTEN is over: the fleet sleeps
+        settled = _settled(group)  # 64 handler processes take a while to boot on 2 cores
         warm_ids = [r[0] for r in ctx.sql(f"SELECT id FROM {TABLE}")]
         before = _xacts(ctx)
         began = time.monotonic()
@@ -984,4 +985,33 @@ def steady(ctx: Ctx, *, rate: float, seconds: float, processes: int, slots: int,
         "completed_per_second": done / float(window) if window else None,
         "transactions_per_job": (after - before - started) / max(1, started),
         "slots_total": processes * slots,
+        "settled_after_s": settled,
     }
+
+
+def _settled(group: procs.Group, *, idle_share: float = 0.1, timeout: float = 90.0) -> float:
+    """Wait until the fleet (its processes and their children) uses under ``idle_share`` of
+    a core over a second: booted and asleep. Returns the seconds waited."""
+    import psutil
+
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        tree = []
+        for proc in group.procs:
+            with contextlib.suppress(psutil.Error):
+                parent = psutil.Process(proc.pid)
+                tree += [parent, *parent.children(recursive=True)]
+
+        def cpu() -> float:
+            total = 0.0
+            for member in tree:
+                with contextlib.suppress(psutil.Error):
+                    times = member.cpu_times()
+                    total += times.user + times.system
+            return total
+
+        first = cpu()
+        time.sleep(1.0)
+        if cpu() - first < idle_share:
+            break
+    return time.monotonic() - began

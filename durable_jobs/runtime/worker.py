@@ -166,6 +166,7 @@ class Worker(Supervision, WakeUps):
         self._idle_lock = threading.Lock()
         self._sleepers: dict[int, None] = {}  # slots asleep waiting for work, oldest first
         self._missed_wakes = 0  # wake-ups that found no slot asleep (guarded by _idle_lock)
+        self._empty_claims = 0  # claims in a row that found nothing (guarded by _idle_lock)
         self._heartbeater = Heartbeater(using=using)
         self._intake = intake.Intake(self.queues, using=using)
         self._outage = OutageLog(log, self.identity)
@@ -431,6 +432,8 @@ class Worker(Supervision, WakeUps):
                     self._outage.failed(f"slot {slot.owner}", error, delay)
                     self.stopping.wait(delay)
                     continue
+                if claimed or then != intake.AGAIN:  # AGAIN without claims: a refused message
+                    self._claim_found(bool(claimed))  # sets the listener's wake-up cooldown
                 if claimed:
                     self._set_idle(slot.number, False)
                     if len(claimed) == slot.batch:
