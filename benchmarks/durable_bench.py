@@ -1015,3 +1015,37 @@ def _settled(group: procs.Group, *, idle_share: float = 0.1, timeout: float = 90
         if cpu() - first < idle_share:
             break
     return time.monotonic() - began
+
+
+def io_bound(
+    ctx: Ctx, *, processes: int, slots: int, per_slot: int, seconds: float, tag: str
+) -> dict:
+    """``per_slot`` jobs per slot whose slice sleeps ``seconds`` (work waiting on I/O),
+    pre-filled and drained by processes × slots burst workers: jobs/s against the ideal
+    ``slots / seconds``, and the workers' CPU per job (handler processes included)."""
+    from benchmarks import trial
+
+    n = processes * slots * per_slot
+    reset()
+    ctx.sql(trial.INSERT, {"kind": trial.KIND, "seconds": [seconds] * n})
+    ctx.sql(f"VACUUM (ANALYZE) {TABLE}")
+    cmds = [ctx.worker_cmd(slots, burst=True) for _ in range(processes)]
+    logs = [ctx.logs / f"durable-io-{tag}-{i}.log" for i in range(processes)]
+    results = procs.Group(cmds, env=ctx.worker_env() | trial.BASE_ENV, cwd=REPO, logs=logs).wait(
+        600
+    )
+    done, window = ctx.sql(
+        f"""SELECT count(*) FILTER (WHERE status = 'completed'),
+                   extract(epoch FROM max(finished_at) - min(started_at)) FROM {TABLE}"""
+    )[0]
+    rate = done / float(window) if window else None
+    ideal = processes * slots / seconds
+    return {
+        "n": n,
+        "completed": done,
+        "per_second": rate,
+        "ideal_per_second": ideal,
+        "share_of_ideal": None if rate is None else rate / ideal,
+        "worker_cpu_ms_per_job": 1000 * sum(r.cpu_seconds for r in results) / n,
+        "verified": done == n,
+    }

@@ -1436,6 +1436,37 @@ class Results:
                 "info",
                 pgqueuer="-",
             )
+        # The same fleets on work that waits: 50 ms I/O-bound slices, drained in a burst.
+        self.raw["io_bound"] = {}
+        for processes, slots in [(1, 16), (8, 8)] if not self.plan.quick else [(1, 16)]:
+            tag = f"{processes}x{slots}"
+            print(f"    50 ms I/O-bound jobs at {tag}", flush=True)
+            r = durable_bench.io_bound(
+                self.ctx,
+                processes=processes,
+                slots=slots,
+                per_slot=5 if self.plan.quick else 40,
+                seconds=0.05,
+                tag=tag,
+            )
+            self.raw["io_bound"][tag] = r
+            share = r.get("share_of_ideal")
+            self.table_obj.add(
+                f"I/O-bound: {r['n']:,} jobs of 50 ms, {processes} x {slots} = "
+                f"{processes * slots} slots: jobs/s (share of the ideal slots / 0.05 s); "
+                "worker CPU ms/job",
+                "error"
+                if share is None
+                else f"{r['per_second']:,.0f} ({share:.0%} of {r['ideal_per_second']:,.0f}); "
+                f"{r['worker_cpu_ms_per_job']:.1f}",
+                "-",
+                "-",
+                ">= 90%" if processes * slots == 64 else "",
+                report.verdict(share is not None and share >= 0.9 and r["verified"])
+                if processes * slots == 64
+                else "info",
+                pgqueuer="-",
+            )
 
     def scenario_size(self) -> None:
         from benchmarks import durable_bench
