@@ -80,7 +80,7 @@ SCENARIOS = (
     "steady",
 )
 #: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
-EXTRA_SCENARIOS = ("trial",)
+EXTRA_SCENARIOS = ("trial", "horizon")
 
 #: Goals, each keyed by what it measures. PASS/MISS never fails the command.
 TARGETS = {
@@ -161,6 +161,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "restarts the server once",
     )
     parser.add_argument(
+        "--pin-seconds",
+        type=float,
+        default=120.0,
+        help="horizon scenario: how long a session holds its XID (default 120; 600 for issue #27)",
+    )
+    parser.add_argument(
+        "--horizon-rate",
+        type=float,
+        default=1000.0,
+        help="horizon scenario: starts per second during the run (default 1,000)",
+    )
+    parser.add_argument(
         "--output", type=Path, help="results file (default benchmarks/results/<timestamp>.md)"
     )
     return parser.parse_args(argv)
@@ -185,6 +197,8 @@ class Plan:
         self.passes = 5 if quick else 20
         self.explain_reps = 10 if quick else 30
         self.worker_timeout = 120 if quick else 600
+        self.pin_seconds = args.pin_seconds
+        self.horizon_rate = args.horizon_rate
         self.repeat = args.repeat or (1 if quick else 3)
         self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
         unknown = set(self.scenarios) - set(SCENARIOS) - set(EXTRA_SCENARIOS)
@@ -355,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(("Profile: a no-op slice at 4 slots", profile_text))
     if results.trial_text:
         sections.append(("Trial: each mechanism off vs all on", report.block(results.trial_text)))
+    if results.horizon_text:
+        sections.append(("A pinned horizon, sample by sample", report.block(results.horizon_text)))
     report.write(
         out_path,
         title=f"durable_jobs benchmarks, {stamp}",
@@ -463,6 +479,7 @@ class Results:
         self.plans: dict[str, dict[str, str]] = {}
         self.start_profile_text = ""
         self.trial_text = ""
+        self.horizon_text = ""
 
     # --- helpers -------------------------------------------------------------------
     def _peer_cells(self, fn, fmt) -> dict[str, str]:
@@ -1468,6 +1485,49 @@ class Results:
                 report.verdict(share is not None and share >= 0.9 and r["verified"])
                 if processes * slots == 64
                 else "info",
+                pgqueuer="-",
+            )
+
+    def scenario_horizon(self) -> None:
+        """Issue #27 item 8: a steady load while a session pins the horizon (only when named;
+        ``--pin-seconds`` sets the pin, 600 for the issue's ten minutes)."""
+        from benchmarks import horizon_bench
+
+        pinned = self.plan.pin_seconds
+        result = horizon_bench.run(
+            self.ctx,
+            rate=self.plan.horizon_rate,
+            before=30.0,
+            pinned=pinned,
+            after=60.0,
+        )
+        self.raw["horizon"] = result
+        if "error" in result:
+            self.notes.append("horizon: " + result["error"])
+            return
+        text = horizon_bench.table(result)
+        print(text, flush=True)
+        self.horizon_text = text
+        phases = result["phases"]
+        base, pin, after = (phases.get(k, {}) for k in ("before", "pinned", "after"))
+        for label, key, fmt in [
+            ("jobs/s (median of the samples)", "jobs_per_second", "{:,.0f}"),
+            ("claim server ms (worst sample)", "claim_server_ms_max", "{:.3f}"),
+            ("latency p99 ms (worst sample)", "latency_p99_ms_max", "{:.1f}"),
+            ("dead tuples (most)", "dead_tuples_max", "{:,}"),
+            ("indexes MiB (most)", "indexes_mib_max", "{:.1f}"),
+        ]:
+            cells = " / ".join(
+                "-" if key not in phase else fmt.format(phase[key]) for phase in (base, pin, after)
+            )
+            self.table_obj.add(
+                f"horizon pinned {pinned:g} s under {self.plan.horizon_rate:g} starts/s: {label}, "
+                "before / pinned / after",
+                cells,
+                "-",
+                "-",
+                "within 2x of before" if key in ("jobs_per_second", "latency_p99_ms_max") else "",
+                "info",
                 pgqueuer="-",
             )
 
