@@ -16,6 +16,7 @@ import random
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from django.db import connection, transaction
@@ -989,27 +990,34 @@ def steady(ctx: Ctx, *, rate: float, seconds: float, processes: int, slots: int,
     }
 
 
+def _fleet_cpu(group: procs.Group) -> Callable[[], float]:
+    """A reader of the CPU seconds the fleet's processes and their children (the handler
+    processes, as they are now) have used so far."""
+    import psutil
+
+    tree = []
+    for proc in group.procs:
+        with contextlib.suppress(psutil.Error):
+            parent = psutil.Process(proc.pid)
+            tree += [parent, *parent.children(recursive=True)]
+
+    def cpu() -> float:
+        total = 0.0
+        for member in tree:
+            with contextlib.suppress(psutil.Error):
+                times = member.cpu_times()
+                total += times.user + times.system
+        return total
+
+    return cpu
+
+
 def _settled(group: procs.Group, *, idle_share: float = 0.1, timeout: float = 90.0) -> float:
     """Wait until the fleet (its processes and their children) uses under ``idle_share`` of
     a core over a second: booted and asleep. Returns the seconds waited."""
-    import psutil
-
     began = time.monotonic()
     while time.monotonic() - began < timeout:
-        tree = []
-        for proc in group.procs:
-            with contextlib.suppress(psutil.Error):
-                parent = psutil.Process(proc.pid)
-                tree += [parent, *parent.children(recursive=True)]
-
-        def cpu() -> float:
-            total = 0.0
-            for member in tree:
-                with contextlib.suppress(psutil.Error):
-                    times = member.cpu_times()
-                    total += times.user + times.system
-            return total
-
+        cpu = _fleet_cpu(group)
         first = cpu()
         time.sleep(1.0)
         if cpu() - first < idle_share:
@@ -1026,8 +1034,6 @@ def io_bound(
     ``slots / seconds``, and the fleet's CPU per job while it drained them. The fleet's
     boot (a handler process per slot) is over before the jobs arrive: a burst worker's
     window would include it, and 64 handler processes take seconds to boot on 2 cores."""
-    import psutil
-
     from benchmarks import trial
 
     n = processes * slots * per_slot
@@ -1040,20 +1046,7 @@ def io_bound(
         if problem:
             return {"error": problem}
         _settled(group)
-        tree = []
-        for proc in group.procs:
-            with contextlib.suppress(psutil.Error):
-                parent = psutil.Process(proc.pid)
-                tree += [parent, *parent.children(recursive=True)]
-
-        def cpu() -> float:
-            total = 0.0
-            for member in tree:
-                with contextlib.suppress(psutil.Error):
-                    times = member.cpu_times()
-                    total += times.user + times.system
-            return total
-
+        cpu = _fleet_cpu(group)
         cpu0 = cpu()
         reset()
         ctx.sql(trial.INSERT, {"kind": trial.KIND, "seconds": [seconds] * n})
