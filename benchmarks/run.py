@@ -1456,8 +1456,9 @@ class Results:
         # Fleets of 16 and 64 slots on work that waits: 50 ms I/O-bound slices.
         self.raw["io_bound"] = {}
         # 8 x 8 needs more than the server's default 100 connections once it runs: each
-        # process holds a connection per slot besides its listener, heartbeat, reconciler,
-        # scheduler and registration ones. 64 slots are measured in 1 and 4 processes.
+        # process holds up to two per slot (the slot's and its handler process's) besides
+        # its listener, heartbeat, reconciler, scheduler and registration ones. 64 slots
+        # are measured in 1 and 4 processes.
         for processes, slots in [(1, 16), (1, 64), (4, 16)] if not self.plan.quick else [(1, 16)]:
             tag = f"{processes}x{slots}"
             print(f"    50 ms I/O-bound jobs at {tag}", flush=True)
