@@ -10,7 +10,8 @@ example::
 on the calling thread. ``@N`` fires on the N-th time the point is reached (default:
 the first), ``@*`` every time.
 
-Points: ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
+Points: ``claim_returned`` (a slot's dequeue came back with jobs, none started yet),
+``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
 ``before_batched_completion``, ``zygote_ready`` (the zygote, once Django is set up),
 ``scheduler_between`` (a tick planned, its transaction not begun).
@@ -25,6 +26,7 @@ import time
 
 POINTS = frozenset(
     {
+        "claim_returned",
         "after_claim",
         "domain_before_commit",
         "domain_after_commit",

@@ -59,6 +59,7 @@ class WakeUps:
     stopping: threading.Event
     _wakes: list[threading.Event]  # one per slot
     _idle: list[bool]  # per slot: its last dequeue found nothing (guarded by _idle_lock)
+    _claiming: list[bool]  # per slot, in a burst: a dequeue in flight (guarded by _idle_lock)
     _idle_lock: threading.Lock
     _sleepers: dict[int, None]  # slots asleep waiting for work, oldest first
     _missed_wakes: int  # wake-ups that found no slot asleep (guarded by _idle_lock)
@@ -84,10 +85,23 @@ class WakeUps:
             # A hair past the instant, so the dequeue's clock_timestamp() has reached it.
             return min(poll, self._due_soon[0] - now + DUE_SLACK)
 
+    def _claim_begins(self, number: int) -> None:
+        """A burst slot is about to dequeue: until it answers, the burst is not over.
+
+        Without this, a slot whose last dequeue found nothing reads as idle while its next
+        one is in flight, and a neighbour could end the burst just before that dequeue
+        returns a job, leaving the claim unrun until its lease expired.
+        """
+        with self._idle_lock:
+            self._claiming[number] = True
+
     def _set_idle(self, number: int, idle: bool) -> bool:
+        """Record what slot ``number``'s dequeue found; True once every slot's last dequeue
+        found nothing and none is in flight: a burst run is then over."""
         with self._idle_lock:
             self._idle[number] = idle
-            return all(self._idle)
+            self._claiming[number] = False
+            return all(self._idle) and not any(self._claiming)
 
     def _listen(self, channel: str) -> None:
         """Wake one idle slot per committed start; reconnect with backoff when cut.

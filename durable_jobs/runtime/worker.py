@@ -163,6 +163,7 @@ class Worker(Supervision, WakeUps):
         self._slices_per_slot = [0] * concurrency
         self._wakes = [threading.Event() for _ in range(concurrency)]
         self._idle = [False] * concurrency
+        self._claiming = [False] * concurrency
         self._idle_lock = threading.Lock()
         self._sleepers: dict[int, None] = {}  # slots asleep waiting for work, oldest first
         self._missed_wakes = 0  # wake-ups that found no slot asleep (guarded by _idle_lock)
@@ -403,6 +404,8 @@ class Worker(Supervision, WakeUps):
                     db.keep_connection_healthy(self.using)
                     if runner is not None:
                         runner.ensure_started()  # before claiming: a claim should not wait for a boot
+                    if self.burst:
+                        self._claim_begins(slot.number)
                     # Invariant 14b inside: only the kinds it can run (the table, a broker).
                     claimed, then = self._intake.claim(
                         slot.owner, ttl_ms, limit=slot.batch, wait=min(settings.POLL_INTERVAL, 1.0)
@@ -435,6 +438,7 @@ class Worker(Supervision, WakeUps):
                 if claimed or then != intake.AGAIN:  # AGAIN without claims: a refused message
                     self._claim_found(bool(claimed))  # sets the listener's wake-up cooldown
                 if claimed:
+                    faults.point("claim_returned")
                     self._set_idle(slot.number, False)
                     if len(claimed) == slot.batch:
                         # Maybe more is due (one notification can stand for a whole batch of
@@ -468,13 +472,21 @@ class Worker(Supervision, WakeUps):
                     continue
                 if then == intake.AGAIN:
                     continue  # a broker message was handled (refused by its claim): ask again
-                if self.burst and self._set_idle(slot.number, True):
-                    due_in = self._retry_due_in() if self.wait_for_retries else None
-                    if due_in is None:
-                        self.stopping.set()  # every slot found nothing due: the burst is over
-                        self._wake_all()  # the sleeping slots need not wait out their poll
-                        break
-                    self._note_due(due_in)  # a retry is coming: sleep until it is due
+                if self.burst:
+                    if self._set_idle(slot.number, True):
+                        due_in = self._retry_due_in() if self.wait_for_retries else None
+                        if due_in is None:
+                            self.stopping.set()  # every slot found nothing due: the burst is over
+                            self._wake_all()  # the sleeping slots need not wait out their poll
+                            break
+                        self._note_due(due_in)  # a retry is coming: sleep until it is due
+                    elif then == intake.WAITED:
+                        # Another slot is busy or mid-dequeue: sleep (woken by a start, or
+                        # by the burst's end) instead of waiting on the broker again at
+                        # once. Slots whose broker waits kept overlapping would never all
+                        # be seen idle, and the burst would never end.
+                        self._sleep(slot.number, wake, self._idle_wait(settings.POLL_INTERVAL))
+                        continue
                 if then != intake.WAITED:
                     self._sleep(slot.number, wake, self._idle_wait(settings.POLL_INTERVAL))
         finally:
@@ -531,6 +543,10 @@ class Worker(Supervision, WakeUps):
                 if pace is Pace.QUICK and ran and time.monotonic() - began > PREFETCH_WINDOW:
                     pace = Pace.LONG  # the claims left have waited long enough behind the ones run
                 if self.stopping.is_set() or pace is not Pace.QUICK:
+                    if not batched:
+                        # A lone claim that came back as the worker began to stop: released
+                        # with the batched ones' hand-back, not left to wait out its lease.
+                        slot.waiting.append(HeldLease(job, _lease_of(job, ttl_ms), interval))
                     self._hand_back(slot)  # takes back first what the child has not started
                     if runner is None or not runner.holds(job.id):
                         return Pace.SLOW if self.stopping.is_set() else pace

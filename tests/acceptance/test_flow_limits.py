@@ -25,6 +25,10 @@ ENV = {
     "DURABLE_JOBS_HEARTBEAT_INTERVAL": "0.3",
     "DURABLE_JOBS_ORPHAN_GRACE": "0.2",
     "DURABLE_JOBS_RECONCILE_INTERVAL": "0.3",
+    # The stop usually lands just after a claim, inside the handler's first fenced(): the
+    # stopped transaction holds the job's row lock and the orphan take (SKIP LOCKED) passes
+    # the job by until the server ends that idle transaction. Keep that wait short.
+    "DURABLE_JOBS_FENCED_IDLE_TIMEOUT": "2",
 }
 HOLDING = (
     "SELECT id, lease_owner, lease_epoch FROM durable_jobs_job"
@@ -55,11 +59,21 @@ def _worker_of(owner: str, workers) -> object:
     return next(w for w in workers if w.pid == pid)
 
 
-def test_a_key_limited_to_two_never_has_three_holders_through_a_kill_and_a_stall(processes, db_url):
-    jobs = [durable.start("demo.limited", input={"account": 1, "seconds": 0.6}) for _ in range(8)]
-    other = [durable.start("demo.limited", input={"account": 2, "seconds": 0.1}) for _ in range(2)]
+@pytest.fixture
+def sampler(db_url):
     sampler = Sampler(db_url)
     sampler.start()
+    yield sampler
+    sampler.stop.set()
+    sampler.join(5)
+    sampler.conn.close()  # a session left open would keep the test database from being dropped
+
+
+def test_a_key_limited_to_two_never_has_three_holders_through_a_kill_and_a_stall(
+    processes, sampler
+):
+    jobs = [durable.start("demo.limited", input={"account": 1, "seconds": 0.6}) for _ in range(8)]
+    other = [durable.start("demo.limited", input={"account": 2, "seconds": 0.1}) for _ in range(2)]
     workers = [
         processes.worker("--concurrency", "3", app_name=f"durable-flow-{n}", env=ENV)
         for n in range(3)
@@ -73,12 +87,7 @@ def test_a_key_limited_to_two_never_has_three_holders_through_a_kill_and_a_stall
         message="the orphan take to bump the killed worker's epoch",
     )
 
-    def held_elsewhere():
-        return [h for h in sampler.holders() if _worker_of(h[1], workers) is not killed]
-
-    (stalled_job, owner, stalled_epoch), *_ = wait_until(held_elsewhere, message="a permit held")
-    stopped = _worker_of(owner, workers)
-    stopped.signal(signal.SIGSTOP)
+    stopped, (stalled_job, _, stalled_epoch) = _stall_a_holder(sampler, workers, killed)
     wait_until(
         lambda: Job.objects.get(id=stalled_job).lease_epoch > stalled_epoch,
         timeout=20,
@@ -104,6 +113,27 @@ def test_a_key_limited_to_two_never_has_three_holders_through_a_kill_and_a_stall
         "each job finished exactly once"
     )
     _assert_at_most_two_overlapping(jobs)
+
+
+def _stall_a_holder(sampler: Sampler, workers, killed) -> tuple[object, tuple]:
+    """SIGSTOP a live worker holding a permit; return it and a permit it still holds.
+
+    A permit read just before the stop may be released before the stop lands (the 0.6 s
+    slice ended): then the stopped worker holds nothing to take over, so it is continued
+    and another holder is chosen.
+    """
+    for _ in range(10):
+        (_, owner, _), *_ = wait_until(
+            lambda: [h for h in sampler.holders() if _worker_of(h[1], workers) is not killed],
+            message="a permit held",
+        )
+        stopped = _worker_of(owner, workers)
+        stopped.signal(signal.SIGSTOP)
+        held = [h for h in sampler.holders() if _worker_of(h[1], workers) is stopped]
+        if held:
+            return stopped, held[0]
+        stopped.signal(signal.SIGCONT)
+    raise AssertionError("no worker could be stopped while it held a permit")
 
 
 def _assert_at_most_two_overlapping(jobs) -> None:

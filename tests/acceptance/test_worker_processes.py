@@ -207,6 +207,30 @@ def test_sigterm_yields_interrupted_and_the_next_worker_finishes(processes):
     effects_exactly_once(job, 30)
 
 
+def test_a_claim_that_comes_back_as_the_worker_stops_is_handed_back_not_left_to_its_lease(
+    processes,
+):
+    """A SIGTERM that lands while a slot's dequeue is in flight: the job it brings back was
+    never started, so the worker releases it on its way out, uncharged, for the next worker
+    to run at once rather than after the lease expires (60 s here)."""
+    worker = processes.worker(
+        env={"DURABLE_JOBS_FAULTS": "claim_returned=pause:2", "DURABLE_JOBS_LEASE_TTL": "60"}
+    )
+    job = durable.start("demo.sleep", input={"seconds": 0.1})
+    wait_until(lambda: "FAULT claim_returned" in worker.output(), message="the claim to return")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=20) == 0, worker.output()
+    after = reload(job)
+    assert after.lease_owner is None, "handed back on the way out, not left to its lease"
+    assert (after.redrives, after.consecutive_failures, after.interruptions) == (0, 0, 0), (
+        "never started, so nothing spent and nothing interrupted"
+    )
+    processes.worker(app_name="durable-test-worker-2")
+    wait_until(
+        lambda: status_of(job) == "completed", timeout=20, message="the next worker to run it"
+    )
+
+
 def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processes):
     """Issue 9: a worker stopped at once used to leave its lease to expire, and the re-drive
     was charged to the poison budget. Now the slice is handed back as an interruption."""
