@@ -57,6 +57,12 @@ class Beatable(Protocol):
     @property
     def lease_lost(self) -> bool: ...
 
+    @property
+    def returned(self) -> bool:
+        """The slice is over and its end is being written: a lease found gone may be that
+        write landing while a beat was in flight, not another claim."""
+        ...
+
     def mark_lease_lost(self) -> None: ...
 
     def observe_cancel(self) -> None: ...
@@ -67,6 +73,7 @@ class HeldLease:
     or finished and waiting for the batch's completion. Its lease is kept alive too."""
 
     lease_lost = False
+    returned = False  # set once its slice finished and waits for the batch's completion
 
     def __init__(self, job: Job, lease: Lease, heartbeat_interval: float) -> None:
         self.id = job.id
@@ -162,8 +169,14 @@ class Heartbeater:
         for holder in due:
             answer = answers.get(holder.lease.job_id)
             if answer == store.LOST:
-                log.warning(
-                    "[%s %s] lease lost: another claim owns the job now", holder.kind, holder.id
+                # A slice whose own end committed while this beat was in flight finds its
+                # lease gone too: that is no loss to warn of (the end is logged with its
+                # outcome, and a real takeover fails the end's own fence and says so).
+                log.log(
+                    logging.DEBUG if holder.returned else logging.WARNING,
+                    "[%s %s] lease lost: another claim owns the job now",
+                    holder.kind,
+                    holder.id,
                 )
                 holder.mark_lease_lost()
             elif answer == store.CANCEL_REQUESTED:

@@ -575,6 +575,7 @@ class Worker(Supervision, WakeUps):
                 if report.recheck_in is not None:
                     self._note_due(report.recheck_in)
                 if entry is not None and report.outcome == "deferred":
+                    entry.returned = True
                     slot.finished.append(entry)
                     self._heartbeater.track(entry)
                 self._slices_per_slot[slot.number] += (
