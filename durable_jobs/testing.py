@@ -19,6 +19,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
+from django.db.models.functions import Now
 
 from durable_jobs import conf, reads, registry, service, store
 from durable_jobs.limits import claims
@@ -115,14 +116,18 @@ def _bring_forward(queues: Sequence[str], using: str) -> bool:
             cancel_requested_at__isnull=True,
             queue_name__in=list(queues),
             kind__in=registry.kinds(),  # what run_jobs can claim (invariant 14b)
-            next_run_at__isnull=False,
+            # Not yet due: a due job the dequeue passed over (its key's limit is full) is
+            # left for the next scheduled one, which the fast-forward must still reach.
+            next_run_at__gt=Now(),
         )
         .exclude(HELD)
         .order_by("next_run_at")
         .values_list("id", flat=True)[:1]
     )
     for job_id in waiting:
-        return store.make_due(job_id, using=using) is not None
+        # None when it came due on its own since: the next dequeue takes it all the same.
+        store.make_due(job_id, using=using)
+        return True
     return False
 
 

@@ -23,7 +23,7 @@ from tests.acceptance.harness import wait_until
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
 FAST = {"DURABLE_JOBS_RECONCILE_INTERVAL": "0.3"}
-ROWS = 12
+ROWS = 24  # 7 s of work: time for a second worker to start beside it on a slow machine
 TAKEN = "reconciler leadership reconciler taken"
 
 

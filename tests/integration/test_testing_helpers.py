@@ -7,7 +7,8 @@ from datetime import timedelta
 import pytest
 
 import durable_jobs as durable
-from durable_jobs import testing
+from durable_jobs import store, testing
+from durable_jobs.limits import claims
 from testproject.demo.models import Effect, Report
 from tests.factories import reload
 
@@ -34,6 +35,23 @@ def test_fast_forward_runs_retries_and_scheduled_jobs_to_their_end():
     outcomes = [r.outcome for r in testing.run_jobs(fast_forward=True)]
     assert outcomes.count("completed") == 2
     assert reload(flaky).result == {"attempts": 3} and reload(later).status == "completed"
+
+
+def test_fast_forward_passes_over_a_due_job_it_cannot_claim_to_reach_the_scheduled_ones():
+    """A due job its key's limit keeps from being claimed (two permits held by another
+    worker) must not end the fast-forward: the job scheduled after it still runs."""
+    for _ in range(2):
+        durable.start("demo.limited", input={"account": 1, "seconds": 0})
+    held = store.dequeue(
+        ["default"], "another-worker", 60_000, kinds=None, limit=2, flow=claims.claim_settings()
+    )
+    assert len(held) == 2
+    blocked = durable.start("demo.limited", input={"account": 1, "seconds": 0})
+    later = durable.start("demo.brief", input={"seconds": 0}, run_after=timedelta(hours=1))
+
+    assert [r.outcome for r in testing.run_jobs(fast_forward=True)] == ["completed"]
+    assert reload(later).status == "completed"
+    assert reload(blocked).lease_owner is None, "still waiting for a permit"
 
 
 def test_max_slices_and_assert_started():
