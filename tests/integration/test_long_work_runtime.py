@@ -12,11 +12,13 @@ import time
 import psycopg
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 import durable_jobs as durable
 from durable_jobs import conf, registry, store, testing
 from durable_jobs.db import is_connection_loss
 from durable_jobs.exceptions import ConfigurationError
+from durable_jobs.runtime.heartbeat import Heartbeater, HeldLease
 from tests.factories import reload, running
 from tests.integration.support import in_thread, lease_of, other_connection_fixture  # noqa: F401
 
@@ -66,6 +68,42 @@ def test_heartbeat_leases__refuses_a_lease_released_by_its_holder():
     store.release_lease(lease, delay_ms=0)
     assert store.heartbeat_leases([lease]) == {job.id: store.LOST}
     assert reload(job).lease_owner is None
+
+
+@pytest.mark.django_db
+def test_heartbeater__a_beat_takes_along_leases_due_soon_and_stays_fenced_by_epoch():
+    """Invariants 4 and 12: the leases due within a quarter of their interval are extended
+    by the due lease's own statement; a lease whose epoch moved on (the job was claimed
+    again) is reported lost and its row left alone; a lease due later waits its turn."""
+    due, soon, later, taken = running(), running(), running(), running()
+    leases = {
+        due.id: (lease_of(due), -0.1),
+        soon.id: (lease_of(soon), 2.0),
+        later.id: (lease_of(later), 5.0),
+        taken.id: (lease_of(taken, epoch=taken.lease_epoch - 1), 1.0),
+    }
+    beater = Heartbeater()  # not started: beat_due() runs on this thread
+    holders = {}
+    for job in (due, soon, later, taken):
+        lease, offset = leases[job.id]
+        holders[job.id] = holder = HeldLease(job, lease, 10.0)
+        beater.track(holder)
+        beater._held[id(holder)] = (holder, time.monotonic() + offset)  # its beat's moment
+    before = {job.id: reload(job).heartbeat_at for job in (due, soon, later, taken)}
+
+    with CaptureQueriesContext(connection) as queries:
+        beater.beat_due()
+
+    assert len(queries) == 1, "one statement for every lease it took along"
+    assert reload(due).heartbeat_at > before[due.id]
+    assert reload(soon).heartbeat_at > before[soon.id], "due within 2.5 s: taken along"
+    assert reload(later).heartbeat_at == before[later.id], "due in 5 s: not yet"
+    assert reload(taken).heartbeat_at == before[taken.id], "an older epoch extends nothing"
+    assert holders[taken.id].lease_lost and not holders[soon.id].lease_lost
+    next_beats = {holder: at for holder, at in beater._held.values()}
+    assert next_beats[holders[soon.id]] == pytest.approx(next_beats[holders[due.id]], abs=0.5), (
+        "the lease taken along now shares the due lease's beat"
+    )
 
 
 # ---------------------------------------------------------------------------------------
