@@ -4,6 +4,7 @@ classification, time-limit policy and the worker's per-slot prefetch state."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -58,6 +59,29 @@ def test_heartbeat_leases__skips_a_locked_row_and_beats_the_others(other_connect
     assert reload(locked).lease_expires_at == locked.lease_expires_at, (
         "the busy row was not touched"
     )
+
+
+@pytest.mark.django_db
+def test_heartbeat_leases__finds_each_row_by_its_key_whatever_the_statistics_say():
+    """Invariant 12's statement stays cheap with many leases: statistics taken while no row
+    ran made the planner look the rows up in durable_jobs_leased (keyed on lease_epoch,
+    which most running rows share), reading every running row once per lease. The lookup
+    must go through the primary key, and every lease is still extended."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_jobs_job")  # taken while nothing runs
+    jobs = [running() for _ in range(200)]  # all at epoch 1
+    leases = json.dumps(
+        [
+            {"id": str(j.id), "owner": j.lease_owner, "epoch": j.lease_epoch, "ttl_ms": 60_000}
+            for j in jobs
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + store.HEARTBEAT_LEASES, {"leases": leases})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "durable_jobs_leased" not in plan, plan
+    answers = store.heartbeat_leases([lease_of(j) for j in jobs])
+    assert set(answers.values()) == {store.BEATEN} and len(answers) == 200
 
 
 @pytest.mark.django_db
