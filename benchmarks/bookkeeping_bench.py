@@ -230,13 +230,21 @@ def _slice_run(ctx: Ctx, group: procs.Group, length: int, *, jobs: int, per_job:
 # ---------------------------------------------------------------------------------------
 
 
-def leases(ctx: Ctx, *, n: int, owners: int, interval: float | None, windows: int = 2) -> dict:
+def leases(
+    ctx: Ctx,
+    *,
+    n: int,
+    owners: int,
+    interval: float | None,
+    windows: int = 2,
+    arrangements: list[tuple[str, bool, float]] | None = None,
+) -> dict:
     """``n`` claimed leases over ``owners`` real Heartbeaters: aligned, staggered, and
     staggered with the beats' coalescing off (``coalesce=0``: the heartbeat before it).
     ``interval``: the holders' heartbeat interval (default: ``HEARTBEAT_INTERVAL``)."""
     interval = interval or conf.get().HEARTBEAT_INTERVAL
     out: dict = {"leases": n, "owners": owners, "interval": interval, "arrangements": {}}
-    for name, staggered, coalesce in ARRANGEMENTS:
+    for name, staggered, coalesce in arrangements or ARRANGEMENTS:
         out["arrangements"][name] = _lease_run(
             ctx,
             n=n,
