@@ -214,10 +214,30 @@ def _proc_cpu(pid: int, *, with_children: bool) -> float:
 def server_cpu_seconds(postmaster_pid: int | None) -> float | None:
     """CPU seconds used so far by a local server: the postmaster, its live backends, and
     (through the postmaster's reaped-children counters) every backend that has exited."""
+    by_process = server_cpu_by_process(postmaster_pid)
+    return None if by_process is None else sum(by_process.values())
+
+
+#: The server's own processes, by the title they run under (``postgres: walwriter``).
+_AUXILIARY = (
+    "checkpointer",
+    "background writer",
+    "walwriter",
+    "autovacuum launcher",
+    "autovacuum worker",
+    "logical replication launcher",
+    "io worker",
+)
+
+
+def server_cpu_by_process(postmaster_pid: int | None) -> dict[str, float] | None:
+    """``server_cpu_seconds`` split by what each process is: ``backends`` (client
+    sessions), each auxiliary process by name, and ``postmaster and exited`` (the
+    postmaster and every reaped child)."""
     if postmaster_pid is None:
         return None
     try:
-        total = _proc_cpu(postmaster_pid, with_children=True)
+        split = {"postmaster and exited": _proc_cpu(postmaster_pid, with_children=True)}
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -226,9 +246,17 @@ def server_cpu_seconds(postmaster_pid: int | None) -> float | None:
                     stat = handle.read()
                 ppid = int(stat.rsplit(")", 1)[1].split()[1])
                 if ppid == postmaster_pid:
-                    total += _proc_cpu(int(entry), with_children=False)
+                    role = _server_role(int(entry))
+                    split[role] = split.get(role, 0.0) + _proc_cpu(int(entry), with_children=False)
             except (OSError, ValueError, IndexError):
                 continue
-        return total
+        return split
     except OSError:
         return None
+
+
+def _server_role(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as handle:
+        title = handle.read().replace(b"\0", b" ").decode(errors="replace")
+    title = title.removeprefix("postgres: ").strip()
+    return next((name for name in _AUXILIARY if title.startswith(name)), "backends")

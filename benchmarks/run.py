@@ -39,6 +39,9 @@ Scenarios (``--only`` picks some):
                 (``benchmarks/churn_bench.py``).
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
+``bookkeeping``  (only with --only bookkeeping; pg_stat_statements preloaded) statements per
+                1 s, 5 s and 20 s slice by role; heartbeat statements/s and server CPU for
+                10,000 leases over 20 Heartbeaters (``benchmarks/bookkeeping_bench.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
                 and a py-spy profile of the 4-slot worker.
 """
@@ -79,8 +82,10 @@ SCENARIOS = (
     "churn",
     "steady",
 )
-#: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
-EXTRA_SCENARIOS = ("trial", "horizon")
+#: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself; the
+#: bookkeeping scenario ~3 minutes, and it needs pg_stat_statements preloaded (a setting the
+#: other scenarios are not measured with).
+EXTRA_SCENARIOS = ("trial", "horizon", "bookkeeping")
 
 #: Goals, each keyed by what it measures. PASS/MISS never fails the command.
 TARGETS = {
@@ -101,6 +106,12 @@ TARGETS = {
     "memory_growth_mib": 5.0,  # worker RSS growth after warm-up
     "churn_ratio": 0.8,  # jobs/s with 2 backends terminated a second / undisturbed
     "churn_drain_ratio": 0.9,  # the backlog's drain rate after the churn / undisturbed
+    # statements a long slice costs besides its heartbeats and the handler's own checkpoints
+    # (a claim, the yield or completion, their transactions): constant in the slice's length
+    "slice_bookkeeping_statements": 10.0,
+    # heartbeat statements per heartbeat interval of one worker (one Heartbeater) holding
+    # many leases: a beat takes along the leases due within a quarter interval
+    "heartbeat_statements_per_worker_interval": 4.0,
 }
 
 
@@ -199,6 +210,9 @@ class Plan:
         self.worker_timeout = 120 if quick else 600
         self.pin_seconds = args.pin_seconds
         self.horizon_rate = args.horizon_rate
+        # bookkeeping: slice lengths (s), jobs x slices each at 2 slots; leases over owners
+        self.slice_lengths = [1, 2] if quick else [1, 5, 20]
+        self.lease_count, self.lease_owners = (1_000, 5) if quick else (10_000, 20)
         self.repeat = args.repeat or (1 if quick else 3)
         self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
         unknown = set(self.scenarios) - set(SCENARIOS) - set(EXTRA_SCENARIOS)
@@ -243,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print("  starting PostgreSQL ...", flush=True)
-    server = server_mod.start(pg_stat_statements=plan.profile)
+    server = server_mod.start(pg_stat_statements=plan.profile or "bookkeeping" in plan.scenarios)
     raw: dict = {"plan": plan.describe(), "machine": machine}
     notes: list[str] = list(server.notes)
     try:
@@ -371,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(("Trial: each mechanism off vs all on", report.block(results.trial_text)))
     if results.horizon_text:
         sections.append(("A pinned horizon, sample by sample", report.block(results.horizon_text)))
+    if results.bookkeeping_text:
+        sections.append(
+            ("Bookkeeping of long slices and many leases", report.block(results.bookkeeping_text))
+        )
     report.write(
         out_path,
         title=f"durable_jobs benchmarks, {stamp}",
@@ -480,6 +498,7 @@ class Results:
         self.start_profile_text = ""
         self.trial_text = ""
         self.horizon_text = ""
+        self.bookkeeping_text = ""
 
     # --- helpers -------------------------------------------------------------------
     def _peer_cells(self, fn, fmt) -> dict[str, str]:
@@ -1531,6 +1550,85 @@ class Results:
                 "info",
                 pgqueuer="-",
             )
+
+    def scenario_bookkeeping(self) -> None:
+        """Issue #27 item 6, second half: statements per long slice by kind, against the
+        slice's length; heartbeat statements and server CPU for many leases (only when
+        named: the server then runs with pg_stat_statements preloaded)."""
+        from benchmarks import bookkeeping_bench as bk
+
+        if not self.ctx.server.pg_stat_statements:
+            self.notes.append("bookkeeping: pg_stat_statements could not be preloaded; skipped")
+            return
+        self.ctx.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        quick = self.plan.quick
+        lengths = self.plan.slice_lengths
+        print(f"    slices of {', '.join(f'{n} s' for n in lengths)} at 2 slots", flush=True)
+        began = time.monotonic()
+        sliced = bk.slices(self.ctx, lengths=lengths, jobs=2, per_job=2, slots=2)
+        interval = 1.0 if quick else None  # None: HEARTBEAT_INTERVAL
+        n, owners = self.plan.lease_count, self.plan.lease_owners
+        print(f"    {n:,} leases over {owners} heartbeaters ({time.monotonic() - began:.0f} s)")
+        began = time.monotonic()
+        # --quick: staggered with and without the coalescing only (aligned is the easy case)
+        arrangements = bk.ARRANGEMENTS[1:] if quick else bk.ARRANGEMENTS
+        leased = bk.leases(
+            self.ctx, n=n, owners=owners, interval=interval, arrangements=arrangements
+        )
+        print(f"    leases done ({time.monotonic() - began:.0f} s)", flush=True)
+        self.raw["bookkeeping"] = {"slices": sliced, "leases": leased}
+        texts = [
+            "Statements per slice by role (2 jobs of 2 slices each, 2 slots, the default "
+            "worker):\n" + bk.slices_table(sliced),
+            bk.statements_table(sliced),
+            f"{n:,} leases over {owners} Heartbeater threads, HEARTBEAT_INTERVAL "
+            f"{leased['interval']:g} s:\n" + bk.leases_table(leased),
+        ]
+        self.bookkeeping_text = "\n\n".join(texts)
+        print(self.bookkeeping_text, flush=True)
+        self._bookkeeping_rows(sliced, leased)
+
+    def _bookkeeping_rows(self, sliced: dict, leased: dict) -> None:
+        from benchmarks import bookkeeping_bench as bk
+
+        if "error" in sliced:
+            self.notes.append("bookkeeping slices: " + sliced["error"])
+        for length, r in sliced.get("lengths", {}).items():
+            if "error" in r:
+                self.notes.append(f"bookkeeping {length} s slices: " + r["error"])
+                continue
+            per = bk.per_slice(r)
+            wanted = TARGETS["slice_bookkeeping_statements"]
+            self._bookkeeping_row(
+                f"{length} s slices ({r['slices']}, 2 slots, default worker), statements per "
+                "slice: heartbeat / checkpoint (1 per 1 s batch) / the rest (claim, yield or "
+                "completion, their transactions); all per slice-second",
+                f"{per['heartbeat']:.1f} / {per['checkpoint']:.1f} / {per['fixed']:.1f}; "
+                f"{per['all'] / length:.1f}/s",
+                f"rest <= {wanted:g}",
+                per["fixed"] <= wanted,
+            )
+        wanted = TARGETS["heartbeat_statements_per_worker_interval"]
+        owners, interval = leased["owners"], leased["interval"]
+        for name, r in leased["arrangements"].items():
+            per_interval = r["statements_per_second"] * interval / owners
+            cpu = (
+                "-"
+                if r["server_cpu_share"] is None
+                else f"{r['server_cpu_share']:.1%}; {r['server_cpu_ms_per_s_per_1000']:.1f}"
+            )
+            self._bookkeeping_row(
+                f"{r['claimed']:,} leases, {owners} heartbeaters ({name}), interval "
+                f"{interval:g} s: heartbeat statements/s (per worker per interval); leases "
+                "renewed/s; server CPU; server CPU ms/s per 1,000 leases",
+                f"{r['statements_per_second']:.1f} ({per_interval:.1f}); "
+                f"{r['rows_per_second']:,.0f}; {cpu}",
+                f"<= {wanted:g} per worker per interval",
+                per_interval <= wanted and r["renewed_in_window"] == r["claimed"],
+            )
+
+    def _bookkeeping_row(self, label: str, cell: str, target: str, ok: bool) -> None:
+        self.table_obj.add("bookkeeping: " + label, cell, "-", "-", target, report.verdict(ok))
 
     def scenario_size(self) -> None:
         from benchmarks import durable_bench

@@ -45,3 +45,24 @@ def fanout(job: durable.Slice):
         return job.wait_for_children()
     done = sum(1 for child in job.children() if child.status == "completed")
     return durable.Done({"completed": done, "spawn_s": job.checkpoint["spawn_s"]})
+
+
+def _long_slices(job: durable.Slice):
+    """Batches of ``input["batch"]`` seconds of sleep, each one checkpointed, for
+    ``input["slices"]`` slices: the handler loop the docs recommend (save a checkpoint per
+    batch, return ``YIELD`` when ``should_yield()`` says so), for the bookkeeping scenario
+    (benchmarks/bookkeeping_bench.py). The last slice completes the job."""
+    done = job.checkpoint or {"batches": 0}
+    while True:
+        time.sleep(float(job.input["batch"]))
+        done = {"batches": done["batches"] + 1}
+        job.save_checkpoint(done, processed=done["batches"])
+        if job.should_yield():
+            last = job.continuation + 1 >= int(job.input["slices"])
+            return durable.Done(done) if last else durable.YIELD
+
+
+# One kind per slice length (the slice budget is a kind's setting): bench.slice1 runs 1 s
+# slices, bench.slice20 20 s ones. Everything else is the library's default.
+for _seconds in (1, 2, 5, 20):
+    durable.handler(f"bench.slice{_seconds}", slice_budget=float(_seconds))(_long_slices)

@@ -4,6 +4,7 @@ classification, time-limit policy and the worker's per-slot prefetch state."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -12,11 +13,13 @@ import time
 import psycopg
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 import durable_jobs as durable
 from durable_jobs import conf, registry, store, testing
 from durable_jobs.db import is_connection_loss
 from durable_jobs.exceptions import ConfigurationError
+from durable_jobs.runtime.heartbeat import Heartbeater, HeldLease
 from tests.factories import reload, running
 from tests.integration.support import in_thread, lease_of, other_connection_fixture  # noqa: F401
 
@@ -59,6 +62,29 @@ def test_heartbeat_leases__skips_a_locked_row_and_beats_the_others(other_connect
 
 
 @pytest.mark.django_db
+def test_heartbeat_leases__finds_each_row_by_its_key_whatever_the_statistics_say():
+    """Invariant 12's statement stays cheap with many leases: statistics taken while no row
+    ran made the planner look the rows up in durable_jobs_leased (keyed on lease_epoch,
+    which most running rows share), reading every running row once per lease. The lookup
+    must go through the primary key, and every lease is still extended."""
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE durable_jobs_job")  # taken while nothing runs
+    jobs = [running() for _ in range(200)]  # all at epoch 1
+    leases = json.dumps(
+        [
+            {"id": str(j.id), "owner": j.lease_owner, "epoch": j.lease_epoch, "ttl_ms": 60_000}
+            for j in jobs
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + store.HEARTBEAT_LEASES, {"leases": leases})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "durable_jobs_leased" not in plan, plan
+    answers = store.heartbeat_leases([lease_of(j) for j in jobs])
+    assert set(answers.values()) == {store.BEATEN} and len(answers) == 200
+
+
+@pytest.mark.django_db
 def test_heartbeat_leases__refuses_a_lease_released_by_its_holder():
     """Invariant 4: a released lease (a failed slice) is no longer the holder's to extend."""
     job = running()
@@ -66,6 +92,42 @@ def test_heartbeat_leases__refuses_a_lease_released_by_its_holder():
     store.release_lease(lease, delay_ms=0)
     assert store.heartbeat_leases([lease]) == {job.id: store.LOST}
     assert reload(job).lease_owner is None
+
+
+@pytest.mark.django_db
+def test_heartbeater__a_beat_takes_along_leases_due_soon_and_stays_fenced_by_epoch():
+    """Invariants 4 and 12: the leases due within a quarter of their interval are extended
+    by the due lease's own statement; a lease whose epoch moved on (the job was claimed
+    again) is reported lost and its row left alone; a lease due later waits its turn."""
+    due, soon, later, taken = running(), running(), running(), running()
+    leases = {
+        due.id: (lease_of(due), -0.1),
+        soon.id: (lease_of(soon), 2.0),
+        later.id: (lease_of(later), 5.0),
+        taken.id: (lease_of(taken, epoch=taken.lease_epoch - 1), 1.0),
+    }
+    beater = Heartbeater()  # not started: beat_due() runs on this thread
+    holders = {}
+    for job in (due, soon, later, taken):
+        lease, offset = leases[job.id]
+        holders[job.id] = holder = HeldLease(job, lease, 10.0)
+        beater.track(holder)
+        beater._held[id(holder)] = (holder, time.monotonic() + offset)  # its beat's moment
+    before = {job.id: reload(job).heartbeat_at for job in (due, soon, later, taken)}
+
+    with CaptureQueriesContext(connection) as queries:
+        beater.beat_due()
+
+    assert len(queries) == 1, "one statement for every lease it took along"
+    assert reload(due).heartbeat_at > before[due.id]
+    assert reload(soon).heartbeat_at > before[soon.id], "due within 2.5 s: taken along"
+    assert reload(later).heartbeat_at == before[later.id], "due in 5 s: not yet"
+    assert reload(taken).heartbeat_at == before[taken.id], "an older epoch extends nothing"
+    assert holders[taken.id].lease_lost and not holders[soon.id].lease_lost
+    next_beats = {holder: at for holder, at in beater._held.values()}
+    assert next_beats[holders[soon.id]] == pytest.approx(next_beats[holders[due.id]], abs=0.5), (
+        "the lease taken along now shares the due lease's beat"
+    )
 
 
 # ---------------------------------------------------------------------------------------
