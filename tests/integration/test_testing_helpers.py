@@ -26,7 +26,14 @@ def test_run_jobs_runs_every_slice_until_idle():
     assert report.status == "completed"
 
 
-def test_fast_forward_runs_retries_and_scheduled_jobs_to_their_end():
+def test_fast_forward_runs_retries_and_scheduled_jobs_to_their_end(settings):
+    # A minute's backoff: on a slow machine the default first retry (1-2 s) could come due
+    # while run_jobs still runs, and this test is about what is not due.
+    settings.DURABLE_JOBS = {
+        **settings.DURABLE_JOBS,
+        "RETRY_BACKOFF_BASE": 60.0,
+        "RETRY_BACKOFF_MAX": 120.0,
+    }
     flaky = durable.start("demo.flaky", input={"failures": 2})
     later = durable.start("demo.flaky", input={"failures": 0}, run_after=timedelta(hours=1))
     assert [r.outcome for r in testing.run_jobs()] == ["retrying"], (
