@@ -50,8 +50,9 @@ def run_jobs(
     queues = list(queues) if queues else _all_queues(using)
     ttl_ms = conf.ms(conf.get().LEASE_TTL)
     reports: list[SliceReport] = []
-    while max_slices is None or len(reports) < max_slices:
-        claimed = store.dequeue(
+
+    def claim_one() -> list[Job]:
+        return store.dequeue(
             queues,
             _OWNER,
             ttl_ms,
@@ -60,8 +61,16 @@ def run_jobs(
             flow=claims.claim_settings(),
             using=using,
         )
-        if not claimed and fast_forward and _bring_forward(queues, using):
-            continue
+
+    while max_slices is None or len(reports) < max_slices:
+        claimed = claim_one()
+        if not claimed and fast_forward:
+            if _bring_forward(queues, using):
+                continue
+            # Nothing left to bring forward; but a retry may have come due on its own
+            # between the claim and that look (it is then neither due to the claim nor
+            # scheduled to the look): one more claim, and only then is the run over.
+            claimed = claim_one()
         if not claimed:
             break
         reports.append(run_slice(claimed[0], using=using))
