@@ -37,6 +37,9 @@ Scenarios (``--only`` picks some):
                 undisturbed and with two of its backends terminated every second:
                 jobs/s ratio, the backlog's drain after the churn, warnings, re-drives
                 (``benchmarks/churn_bench.py``).
+``sustained``   (only with --only sustained) a default fleet's peak, then a producer at 80 % of it
+                for --sustained-minutes (default 10; --quick 20 s): first minute against last,
+                the worst 10 s, dead tuples, autovacuums, sizes (``benchmarks/sustained_bench.py``).
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
@@ -79,8 +82,9 @@ SCENARIOS = (
     "churn",
     "steady",
 )
-#: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself.
-EXTRA_SCENARIOS = ("trial", "horizon")
+#: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself, the
+#: horizon and the sustained run several minutes each.
+EXTRA_SCENARIOS = ("trial", "horizon", "sustained")
 
 #: Goals, each keyed by what it measures. PASS/MISS never fails the command.
 TARGETS = {
@@ -101,6 +105,7 @@ TARGETS = {
     "memory_growth_mib": 5.0,  # worker RSS growth after warm-up
     "churn_ratio": 0.8,  # jobs/s with 2 backends terminated a second / undisturbed
     "churn_drain_ratio": 0.9,  # the backlog's drain rate after the churn / undisturbed
+    "sustained_ratio": 0.9,  # last minute's jobs/s / first minute's, at 80 % of the peak
 }
 
 
@@ -173,6 +178,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="horizon scenario: starts per second during the run (default 1,000)",
     )
     parser.add_argument(
+        "--sustained-minutes",
+        type=float,
+        help="sustained scenario: minutes of the steady run (default 10; --quick 20 s)",
+    )
+    parser.add_argument(
+        "--sustained-peak",
+        type=float,
+        help="sustained scenario: the fleet's peak jobs/s (default: measured by a backlog drain)",
+    )
+    parser.add_argument(
         "--output", type=Path, help="results file (default benchmarks/results/<timestamp>.md)"
     )
     return parser.parse_args(argv)
@@ -199,6 +214,10 @@ class Plan:
         self.worker_timeout = 120 if quick else 600
         self.pin_seconds = args.pin_seconds
         self.horizon_rate = args.horizon_rate
+        minutes = args.sustained_minutes or (1 / 3 if quick else 10.0)
+        self.sustained_seconds = minutes * 60
+        self.sustained_peak = args.sustained_peak
+        self.sustained_backlog = 2_000 if quick else 20_000
         self.repeat = args.repeat or (1 if quick else 3)
         self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
         unknown = set(self.scenarios) - set(SCENARIOS) - set(EXTRA_SCENARIOS)
@@ -371,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(("Trial: each mechanism off vs all on", report.block(results.trial_text)))
     if results.horizon_text:
         sections.append(("A pinned horizon, sample by sample", report.block(results.horizon_text)))
+    if results.sustained_text:
+        sections.append(
+            ("Sustained throughput, sample by sample", report.block(results.sustained_text))
+        )
     report.write(
         out_path,
         title=f"durable_jobs benchmarks, {stamp}",
@@ -480,6 +503,7 @@ class Results:
         self.start_profile_text = ""
         self.trial_text = ""
         self.horizon_text = ""
+        self.sustained_text = ""
 
     # --- helpers -------------------------------------------------------------------
     def _peer_cells(self, fn, fmt) -> dict[str, str]:
@@ -1531,6 +1555,68 @@ class Results:
                 "info",
                 pgqueuer="-",
             )
+
+    def scenario_sustained(self) -> None:
+        """Issue #27 item 5: a default fleet's peak, then 80 % of it for ten minutes (only when
+        named; ``--sustained-minutes``, ``--sustained-peak``)."""
+        from benchmarks import sustained_bench
+
+        r = sustained_bench.run(
+            self.ctx,
+            seconds=self.plan.sustained_seconds,
+            peak=self.plan.sustained_peak,
+            backlog=self.plan.sustained_backlog,
+        )
+        self.raw["sustained"] = r
+        if "error" in r:
+            self.notes.append("sustained: " + r["error"])
+            return
+        text = sustained_bench.table(r)
+        print(text, flush=True)
+        self.sustained_text = text
+        first, last = r["samples"][0], r["samples"][-1]
+        fleet = f"{r['processes']} default workers (1 slot each)"
+        peak = (
+            f"peak {r['peak']:,.0f}/s ({r['backlog']:,}-job drain)"
+            if r["peak_measured"]
+            else f"peak {r['peak']:,.0f}/s (given)"
+        )
+        length = f"{r['seconds']:g} s" if r["seconds"] < 120 else f"{r['seconds'] / 60:g} min"
+        head = f"sustained {length}, {fleet}, {peak}:"
+        edge = f"{r['edge_seconds']} s" if r["edge_seconds"] != 60 else "minute"
+        wanted = TARGETS["sustained_ratio"]
+        rows = [
+            (
+                f"{head} offered / completed jobs/s; first / last {edge} (ratio)",
+                f"{r['offered_per_second']:,.0f}; {r['first_per_second']:,.0f} / "
+                f"{r['last_per_second']:,.0f} ({r['ratio'] or 0:.2f})",
+                f">= {wanted:.2f}",
+                report.verdict(r["ratio"] is not None and r["ratio"] >= wanted),
+            ),
+            (
+                f"{head} worst {sustained_bench.WINDOW} s window, jobs/s (share of offered; at s)",
+                f"{r['worst_window_per_second'] or 0:,.0f} ({r['worst_window_share'] or 0:.0%}; "
+                f"{r['worst_window_at']})",
+                "",
+                "info",
+            ),
+            (
+                f"{head} dead tuples (most); autovacuums (samples with one running)",
+                f"{r['dead_tuples_max']:,}; {r['autovacuums']} ({r['vacuum_samples']})",
+                "",
+                "info",
+            ),
+            (
+                f"{head} table / indexes MiB at start -> end; claim server ms start -> end",
+                f"{first['table_mib']:.1f} / {first['indexes_mib']:.1f} -> "
+                f"{last['table_mib']:.1f} / {last['indexes_mib']:.1f}; "
+                f"{first['claim_server_ms'] or 0:.3f} -> {last['claim_server_ms'] or 0:.3f}",
+                "",
+                "info",
+            ),
+        ]
+        for label, cell, target, status in rows:
+            self.table_obj.add(label, cell, "-", "-", target, status, pgqueuer="-")
 
     def scenario_size(self) -> None:
         from benchmarks import durable_bench
