@@ -101,19 +101,17 @@ def run(
 
 
 def table(result: dict) -> str:
-    lines = [
-        f"{'t (s)':>6}  {'phase':7}  {'jobs/s':>7}  {'p50 / p99 ms':>15}  {'claim ms':>8}  "
-        f"{'dead tuples':>11}  {'table / indexes MiB':>20}"
-    ]
-    for s in result.get("samples", []):
-        latency = (
-            "-"
-            if s["latency_p50_ms"] is None
-            else f"{s['latency_p50_ms']:.1f} / {s['latency_p99_ms']:.1f}"
-        )
-        lines.append(
-            f"{s['t']:6.0f}  {s['phase']:7}  {s['completed'] / result['interval']:7,.0f}  "
-            f"{latency:>15}  {s['claim_server_ms'] or 0:8.3f}  {s['dead_tuples']:11,}  "
-            f"{s['table_mib']:9.1f} / {s['indexes_mib']:8.1f}"
-        )
-    return "\n".join(lines)
+    """The samples, one line each."""
+    interval = result.get("interval", 1.0)
+    return steady_load.render(
+        result.get("samples", []),
+        [
+            ("t (s)", 6, lambda s: f"{s['t']:.0f}"),
+            ("phase", 7, lambda s: s["phase"]),
+            ("jobs/s", 7, lambda s: f"{s['completed'] / interval:,.0f}"),
+            ("p50 / p99 ms", 15, steady_load.latency_cell),
+            ("claim ms", 8, lambda s: f"{s['claim_server_ms'] or 0:.3f}"),
+            ("dead tuples", 11, lambda s: f"{s['dead_tuples']:,}"),
+            ("table / indexes MiB", 20, lambda s: f"{s['table_mib']:.1f} / {s['indexes_mib']:.1f}"),
+        ],
+    )

@@ -388,12 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(("Profile: a no-op slice at 4 slots", profile_text))
     if results.trial_text:
         sections.append(("Trial: each mechanism off vs all on", report.block(results.trial_text)))
-    if results.horizon_text:
-        sections.append(("A pinned horizon, sample by sample", report.block(results.horizon_text)))
-    if results.sustained_text:
-        sections.append(
-            ("Sustained throughput, sample by sample", report.block(results.sustained_text))
-        )
+    for title, text in results.sample_tables.items():
+        sections.append((f"{title}, sample by sample", report.block(text)))
     report.write(
         out_path,
         title=f"durable_jobs benchmarks, {stamp}",
@@ -502,8 +498,8 @@ class Results:
         self.plans: dict[str, dict[str, str]] = {}
         self.start_profile_text = ""
         self.trial_text = ""
-        self.horizon_text = ""
-        self.sustained_text = ""
+        #: The tables of samples of the long scenarios, by title, for the results file.
+        self.sample_tables: dict[str, str] = {}
 
     # --- helpers -------------------------------------------------------------------
     def _peer_cells(self, fn, fmt) -> dict[str, str]:
@@ -543,6 +539,18 @@ class Results:
             report.verdict(ratio <= wanted),
             pgqueuer="-",
         )
+
+    def _sampled(self, name: str, title: str, result: dict, table) -> bool:
+        """Keep a long scenario's figures and print and keep its table of samples; False
+        (and a note saying why) when it failed."""
+        self.raw[name] = result
+        if "error" in result:
+            self.notes.append(f"{name}: {result['error']}")
+            return False
+        text = table(result)
+        print(text, flush=True)
+        self.sample_tables[title] = text
+        return True
 
     def _peer(self, key: str):
         return self.peers[key]
@@ -1526,13 +1534,8 @@ class Results:
             pinned=pinned,
             after=60.0,
         )
-        self.raw["horizon"] = result
-        if "error" in result:
-            self.notes.append("horizon: " + result["error"])
+        if not self._sampled("horizon", "A pinned horizon", result, horizon_bench.table):
             return
-        text = horizon_bench.table(result)
-        print(text, flush=True)
-        self.horizon_text = text
         phases = result["phases"]
         base, pin, after = (phases.get(k, {}) for k in ("before", "pinned", "after"))
         for label, key, fmt in [
@@ -1567,13 +1570,8 @@ class Results:
             peak=self.plan.sustained_peak,
             backlog=self.plan.sustained_backlog,
         )
-        self.raw["sustained"] = r
-        if "error" in r:
-            self.notes.append("sustained: " + r["error"])
+        if not self._sampled("sustained", "Sustained throughput", r, sustained_bench.table):
             return
-        text = sustained_bench.table(r)
-        print(text, flush=True)
-        self.sustained_text = text
         first, last = r["samples"][0], r["samples"][-1]
         fleet = f"{r['processes']} default workers (1 slot each)"
         peak = (
@@ -1601,16 +1599,20 @@ class Results:
                 "info",
             ),
             (
-                f"{head} dead tuples (most); autovacuums (samples with one running)",
-                f"{r['dead_tuples_max']:,}; {r['autovacuums']} ({r['vacuum_samples']})",
+                f"{head} dead tuples (most); autovacuums (samples with one running: their jobs/s "
+                "/ the others')",
+                f"{r['dead_tuples_max']:,}; {r['autovacuums']} ({r['vacuum_samples']}: "
+                f"{r['per_second_vacuuming'] or 0:,.0f} / {r['per_second_otherwise'] or 0:,.0f})",
                 "",
                 "info",
             ),
             (
-                f"{head} table / indexes MiB at start -> end; claim server ms start -> end",
+                f"{head} table / indexes MiB at start -> end; claim server planning / "
+                "execution ms, start -> end",
                 f"{first['table_mib']:.1f} / {first['indexes_mib']:.1f} -> "
                 f"{last['table_mib']:.1f} / {last['indexes_mib']:.1f}; "
-                f"{first['claim_server_ms'] or 0:.3f} -> {last['claim_server_ms'] or 0:.3f}",
+                f"{first['claim_planning_ms'] or 0:.1f} / {first['claim_server_ms'] or 0:.2f} -> "
+                f"{last['claim_planning_ms'] or 0:.1f} / {last['claim_server_ms'] or 0:.2f}",
                 "",
                 "info",
             ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -68,20 +69,37 @@ _CLAIM_PARAMS = {
 }
 
 
-def claim_plan(ctx: Ctx, options: str = "ANALYZE, TIMING OFF, SUMMARY ON") -> list[str]:
-    """EXPLAIN the default claim (limit 1) as it runs now, rolled back: the plan's lines."""
-    with psycopg.connect(ctx.dburl) as conn:
-        rows = conn.execute(f"EXPLAIN ({options}) " + store.DEQUEUE_OPEN, _CLAIM_PARAMS).fetchall()
-        conn.rollback()
+def claim_plan(
+    ctx: Ctx,
+    options: str = "ANALYZE, TIMING OFF, SUMMARY ON",
+    conn: psycopg.Connection | None = None,
+) -> list[str]:
+    """EXPLAIN the default claim (limit 1) as it runs now, rolled back: the plan's lines.
+    On ``conn`` if given (a warm session, as a worker's), else on a fresh connection."""
+    if conn is None:
+        with psycopg.connect(ctx.dburl) as fresh:
+            return claim_plan(ctx, options, fresh)
+    rows = conn.execute(f"EXPLAIN ({options}) " + store.DEQUEUE_OPEN, _CLAIM_PARAMS).fetchall()
+    conn.rollback()
     return [line for (line,) in rows]
+
+
+def claim_times(ctx: Ctx, conn: psycopg.Connection | None = None) -> dict[str, float | None]:
+    """The default claim's server planning and execution times now (ms; limit 1), rolled
+    back. A worker's claim is planned every time unless prepared statements are switched
+    on, so the planning is part of what each claim costs; measure it on a warm ``conn``
+    (a fresh session's first plan also loads the catalog caches)."""
+    times: dict[str, float | None] = {"planning": None, "execution": None}
+    for line in claim_plan(ctx, conn=conn):
+        for key in times:
+            if line.startswith(f"{key.title()} Time:"):
+                times[key] = float(line.split()[2])
+    return times
 
 
 def claim_ms(ctx: Ctx) -> float | None:
     """The default claim's server execution time now (limit 1), rolled back."""
-    for line in claim_plan(ctx):
-        if line.startswith("Execution Time:"):
-            return float(line.split()[2])
-    return None
+    return claim_times(ctx)["execution"]
 
 
 def table_stats(ctx: Ctx) -> dict:
@@ -114,3 +132,22 @@ def index_sizes(ctx: Ctx) -> dict[str, float]:
              WHERE relname = '{TABLE}' ORDER BY 2 DESC"""
     )
     return {name: size / 2**20 for name, size in rows}
+
+
+#: A column of a table of samples: its heading, its width, and its cell from a sample.
+Column = tuple[str, int, Callable[[dict], str]]
+
+
+def render(samples: list[dict], columns: list[Column]) -> str:
+    """A table of samples, one line each, every cell right-aligned to its column's width."""
+    lines = ["  ".join(f"{head:>{width}}" for head, width, _ in columns)]
+    for sample in samples:
+        lines.append("  ".join(f"{cell(sample):>{width}}" for _, width, cell in columns))
+    return "\n".join(lines)
+
+
+def latency_cell(sample: dict) -> str:
+    """A sample's start-to-claim latency, p50 / p99 ms, for the tables of samples."""
+    if sample["latency_p50_ms"] is None:
+        return "-"
+    return f"{sample['latency_p50_ms']:.1f} / {sample['latency_p99_ms']:.1f}"

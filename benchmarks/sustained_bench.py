@@ -7,16 +7,18 @@ in at once: the peak, jobs/s from its first claim to its last completion (or the
 given). The table is emptied and a producer then starts no-op jobs at ``share`` of that
 peak (``start_many`` of 25 at a time) for ``seconds``. Every ``interval`` the run samples,
 from the database: the backlog (live jobs by status, from the live-kind index), the
-default claim's server time (EXPLAIN ANALYZE, rolled back), the job table's live and dead
-tuples, autovacuum runs and whether a vacuum is under way, and the table's and its
-indexes' sizes. After the fleet has stopped, one pass over the table counts the
-completions of every second and of every sample, and the start-to-claim latency of the
-jobs claimed in each sample, by the database clock.
+default claim's server planning and execution times (EXPLAIN ANALYZE, rolled back, on one
+warm session), the job table's live and dead tuples, autovacuum runs and whether a vacuum
+is under way, and the table's and its indexes' sizes. After the fleet has stopped, one
+pass over the table counts the completions of every second and of every sample, and the
+start-to-claim latency of the jobs claimed in each sample, by the database clock.
 """
 
 from __future__ import annotations
 
 import time
+
+import psycopg
 
 from benchmarks import procs, steady_load
 from benchmarks.durable_bench import (
@@ -121,20 +123,22 @@ def _steady(
     probes = {}
     began = time.monotonic()
     ticks = max(1, round(seconds / interval))
-    for tick in range(1, ticks + 1):
-        time.sleep(max(0.0, began + tick * interval - time.monotonic()))
-        at = time.time()
-        samples.append(_sample(ctx) | {"t": time.monotonic() - began, "at": at})
-        if tick == 1 or tick == ticks:
-            at_end = "end" if tick == ticks else "start"
-            probes[f"claim_plan_{at_end}"] = "\n".join(
-                steady_load.claim_plan(ctx, "ANALYZE, BUFFERS")
-            )
-            probes[f"index_sizes_{at_end}"] = steady_load.index_sizes(ctx)
+    with psycopg.connect(ctx.dburl) as probe:
+        steady_load.claim_times(ctx, probe)  # warm the session's catalog caches
+        for tick in range(1, ticks + 1):
+            time.sleep(max(0.0, began + tick * interval - time.monotonic()))
+            at = time.time()
+            samples.append(_sample(ctx, probe) | {"t": time.monotonic() - began, "at": at})
+            if tick == 1 or tick == ticks:
+                at_end = "end" if tick == ticks else "start"
+                probes[f"claim_plan_{at_end}"] = "\n".join(
+                    steady_load.claim_plan(ctx, "ANALYZE, BUFFERS", probe)
+                )
+                probes[f"index_sizes_{at_end}"] = steady_load.index_sizes(ctx)
     return samples, probes
 
 
-def _sample(ctx: Ctx) -> dict:
+def _sample(ctx: Ctx, probe: psycopg.Connection) -> dict:
     live = dict(
         ctx.sql(
             f"""SELECT status, count(*) FROM {TABLE}
@@ -142,10 +146,12 @@ def _sample(ctx: Ctx) -> dict:
             [KIND, list(LIVE_STATUSES)],
         )
     )
+    claim = steady_load.claim_times(ctx, probe)
     return steady_load.table_stats(ctx) | {
         "pending": int(live.get("pending", 0)),
         "running": int(live.get("running", 0)),
-        "claim_server_ms": steady_load.claim_ms(ctx),
+        "claim_server_ms": claim["execution"],
+        "claim_planning_ms": claim["planning"],
     }
 
 
@@ -182,6 +188,10 @@ def summarise(
     windows = [sum(counts[i : i + WINDOW]) / WINDOW for i in range(max(0, full - WINDOW + 1))]
     worst = min(windows) if windows else None
     dead = [s["dead_tuples"] for s in samples]
+    # A sample's vacuum phase is the one under way as it ended: its interval's completions
+    # set beside the others' say what a vacuum costs the fleet.
+    vacuuming = [s["completed_per_second"] for s in samples if s["vacuum_phase"]]
+    quiet = [s["completed_per_second"] for s in samples if not s["vacuum_phase"]]
     return {
         "offered_per_second": started / duration,
         "rate": rate,
@@ -196,7 +206,9 @@ def summarise(
         "worst_window_at": None if worst is None else windows.index(worst),
         "dead_tuples_max": max(dead) if dead else None,
         "autovacuums": (samples[-1]["autovacuums"] - samples[0]["autovacuums"]) if samples else 0,
-        "vacuum_samples": sum(1 for s in samples if s["vacuum_phase"]),
+        "vacuum_samples": len(vacuuming),
+        "per_second_vacuuming": sum(vacuuming) / len(vacuuming) if vacuuming else None,
+        "per_second_otherwise": sum(quiet) / len(quiet) if quiet else None,
         "samples": samples,
         "per_second": counts,
     }
@@ -236,20 +248,22 @@ def _per_sample(ctx: Ctx, samples: list[dict], *, began: float, per_second: dict
 
 def table(result: dict) -> str:
     """The samples, one line each."""
-    lines = [
-        f"{'t (s)':>6}  {'jobs/s':>7}  {'backlog':>8}  {'p50 / p99 ms':>15}  {'claim ms':>8}  "
-        f"{'live':>9}  {'dead':>9}  {'table / indexes MiB':>19}  {'autovac':>7}  vacuum now"
-    ]
-    for s in result.get("samples", []):
-        latency = (
-            "-"
-            if s["latency_p50_ms"] is None
-            else f"{s['latency_p50_ms']:.1f} / {s['latency_p99_ms']:.1f}"
-        )
-        lines.append(
-            f"{s['t']:6.0f}  {s['completed_per_second']:7,.0f}  {s['pending'] + s['running']:8,}  "
-            f"{latency:>15}  {s['claim_server_ms'] or 0:8.3f}  {s['live_tuples']:9,}  "
-            f"{s['dead_tuples']:9,}  {s['table_mib']:8.1f} / {s['indexes_mib']:8.1f}  "
-            f"{s['autovacuums']:7}  {s['vacuum_phase'] or '-'}"
-        )
-    return "\n".join(lines)
+    return steady_load.render(
+        result.get("samples", []),
+        [
+            ("t (s)", 6, lambda s: f"{s['t']:.0f}"),
+            ("jobs/s", 7, lambda s: f"{s['completed_per_second']:,.0f}"),
+            ("backlog", 8, lambda s: f"{s['pending'] + s['running']:,}"),
+            ("p50 / p99 ms", 15, steady_load.latency_cell),
+            ("claim plan / run ms", 19, _claim_cell),
+            ("live", 9, lambda s: f"{s['live_tuples']:,}"),
+            ("dead", 9, lambda s: f"{s['dead_tuples']:,}"),
+            ("table / indexes MiB", 19, lambda s: f"{s['table_mib']:.1f} / {s['indexes_mib']:.1f}"),
+            ("autovac", 7, lambda s: str(s["autovacuums"])),
+            ("vacuum now", 22, lambda s: s["vacuum_phase"] or "-"),
+        ],
+    )
+
+
+def _claim_cell(sample: dict) -> str:
+    return f"{sample['claim_planning_ms'] or 0:.1f} / {sample['claim_server_ms'] or 0:.2f}"
