@@ -1600,9 +1600,10 @@ class Results:
             ),
             (
                 f"{head} dead tuples (most); autovacuums (samples with one running: their jobs/s "
-                "/ the others')",
+                "/ the others'); checkpoints",
                 f"{r['dead_tuples_max']:,}; {r['autovacuums']} ({r['vacuum_samples']}: "
-                f"{r['per_second_vacuuming'] or 0:,.0f} / {r['per_second_otherwise'] or 0:,.0f})",
+                f"{r['per_second_vacuuming'] or 0:,.0f} / {r['per_second_otherwise'] or 0:,.0f}); "
+                f"{r['checkpoints'] if r['checkpoints'] is not None else '-'}",
                 "",
                 "info",
             ),

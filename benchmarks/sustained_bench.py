@@ -9,14 +9,18 @@ peak (``start_many`` of 25 at a time) for ``seconds``. Every ``interval`` the ru
 from the database: the backlog (live jobs by status, from the live-kind index), the
 default claim's server planning and execution times (EXPLAIN ANALYZE, rolled back, on one
 warm session), the job table's live and dead tuples, autovacuum runs and whether a vacuum
-is under way, and the table's and its indexes' sizes. After the fleet has stopped, one
-pass over the table counts the completions of every second and of every sample, and the
-start-to-claim latency of the jobs claimed in each sample, by the database clock.
+is under way, the table's and its indexes' sizes, and what else takes the machine (the
+load average, the server's and the fleet's CPU, checkpoints, WAL written). After the
+fleet has stopped, one pass over the table counts the completions of every second and of
+every sample, and the start-to-claim latency of the jobs claimed in each sample, by the
+database clock.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -26,6 +30,7 @@ from benchmarks.durable_bench import (
     REPO,
     TABLE,
     Ctx,
+    _fleet_cpu,
     _settled,
     _warm_up,
     fill_pending_sql,
@@ -67,7 +72,9 @@ def run(
         producer = steady_load.Producer(share * peak)
         began = time.time()
         producer.start()
-        samples, probes = _steady(ctx, producer, seconds=seconds, interval=interval)
+        samples, probes = _steady(
+            ctx, producer, _fleet_cpu(group), seconds=seconds, interval=interval
+        )
         ended = time.time()
         producer.stop()
     finally:
@@ -115,7 +122,12 @@ def _drain_peak(ctx: Ctx, backlog: int, timeout: float = 300.0) -> float | None:
 
 
 def _steady(
-    ctx: Ctx, producer: steady_load.Producer, *, seconds: float, interval: float
+    ctx: Ctx,
+    producer: steady_load.Producer,
+    fleet_cpu: Callable[[], float],
+    *,
+    seconds: float,
+    interval: float,
 ) -> tuple[list[dict], dict]:
     """Sample every ``interval`` while the producer runs for ``seconds``; the claim's plan
     (EXPLAIN ANALYZE, BUFFERS) and each index's size after the first sample and at the end."""
@@ -128,7 +140,8 @@ def _steady(
         for tick in range(1, ticks + 1):
             time.sleep(max(0.0, began + tick * interval - time.monotonic()))
             at = time.time()
-            samples.append(_sample(ctx, probe) | {"t": time.monotonic() - began, "at": at})
+            sample = _sample(ctx, probe) | {"fleet_cpu": fleet_cpu()}
+            samples.append(sample | {"t": time.monotonic() - began, "at": at})
             if tick == 1 or tick == ticks:
                 at_end = "end" if tick == ticks else "start"
                 probes[f"claim_plan_{at_end}"] = "\n".join(
@@ -147,12 +160,38 @@ def _sample(ctx: Ctx, probe: psycopg.Connection) -> dict:
         )
     )
     claim = steady_load.claim_times(ctx, probe)
-    return steady_load.table_stats(ctx) | {
-        "pending": int(live.get("pending", 0)),
-        "running": int(live.get("running", 0)),
-        "claim_server_ms": claim["execution"],
-        "claim_planning_ms": claim["planning"],
+    return (
+        steady_load.table_stats(ctx)
+        | _server_activity(ctx, probe)
+        | {
+            "pending": int(live.get("pending", 0)),
+            "running": int(live.get("running", 0)),
+            "claim_server_ms": claim["execution"],
+            "claim_planning_ms": claim["planning"],
+        }
+    )
+
+
+def _server_activity(ctx: Ctx, probe: psycopg.Connection) -> dict:
+    """What else takes the machine: its load average, the server's CPU so far, checkpoints
+    and WAL written so far (None where the server has no such view)."""
+    figures: dict = {
+        "load": os.getloadavg()[0],
+        "server_cpu": procs.server_cpu_seconds(ctx.server.postmaster_pid()),
+        "checkpoints": None,
+        "wal_mib": None,
     }
+    try:
+        figures["checkpoints"] = probe.execute(
+            "SELECT num_timed + num_requested FROM pg_stat_checkpointer"
+        ).fetchone()[0]
+        figures["wal_mib"] = (
+            float(probe.execute("SELECT wal_bytes FROM pg_stat_wal").fetchone()[0]) / 2**20
+        )
+    except psycopg.Error:  # before PostgreSQL 17 (pg_stat_checkpointer) or 14 (pg_stat_wal)
+        pass
+    probe.rollback()
+    return figures
 
 
 def summarise(
@@ -205,7 +244,8 @@ def summarise(
         "worst_window_share": None if worst is None else worst / (started / duration),
         "worst_window_at": None if worst is None else windows.index(worst),
         "dead_tuples_max": max(dead) if dead else None,
-        "autovacuums": (samples[-1]["autovacuums"] - samples[0]["autovacuums"]) if samples else 0,
+        "autovacuums": _delta(samples, "autovacuums"),
+        "checkpoints": _delta(samples, "checkpoints"),
         "vacuum_samples": len(vacuuming),
         "per_second_vacuuming": sum(vacuuming) / len(vacuuming) if vacuuming else None,
         "per_second_otherwise": sum(quiet) / len(quiet) if quiet else None,
@@ -239,7 +279,17 @@ def _per_sample(ctx: Ctx, samples: list[dict], *, began: float, per_second: dict
             {"bounds": bounds, "began": began},
         )
     }
+    previous: dict = {}
     for i, sample in enumerate(samples, start=1):
+        seconds = bounds[i] - bounds[i - 1]
+        for key, rate in [
+            ("server_cpu", "server_cores"),
+            ("fleet_cpu", "fleet_cores"),
+            ("wal_mib", "wal_mib_per_second"),
+        ]:
+            had, has = previous.get(key), sample.get(key)
+            sample[rate] = None if had is None or has is None else (has - had) / seconds
+        previous = sample
         p50, p99 = latency.get(i, (None, None))
         sample["completed_per_second"] = done.get(i, 0) / (bounds[i] - bounds[i - 1])
         sample["latency_p50_ms"] = None if p50 is None else float(p50) * 1000
@@ -260,6 +310,10 @@ def table(result: dict) -> str:
             ("dead", 9, lambda s: f"{s['dead_tuples']:,}"),
             ("table / indexes MiB", 19, lambda s: f"{s['table_mib']:.1f} / {s['indexes_mib']:.1f}"),
             ("autovac", 7, lambda s: str(s["autovacuums"])),
+            ("ckpt", 4, lambda s: "-" if s["checkpoints"] is None else str(s["checkpoints"])),
+            ("WAL MiB/s", 9, lambda s: _figure(s["wal_mib_per_second"], ".1f")),
+            ("server / fleet cores", 20, _cores_cell),
+            ("load", 5, lambda s: f"{s['load']:.1f}"),
             ("vacuum now", 22, lambda s: s["vacuum_phase"] or "-"),
         ],
     )
@@ -267,3 +321,18 @@ def table(result: dict) -> str:
 
 def _claim_cell(sample: dict) -> str:
     return f"{sample['claim_planning_ms'] or 0:.1f} / {sample['claim_server_ms'] or 0:.2f}"
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _cores_cell(sample: dict) -> str:
+    return f"{_figure(sample['server_cores'], '.2f')} / {_figure(sample['fleet_cores'], '.2f')}"
+
+
+def _delta(samples: list[dict], key: str) -> int | None:
+    """How much a counter grew from the first sample to the last."""
+    if not samples or samples[0][key] is None or samples[-1][key] is None:
+        return None
+    return samples[-1][key] - samples[0][key]
