@@ -188,6 +188,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="sustained scenario: the fleet's peak jobs/s (default: measured by a backlog drain)",
     )
     parser.add_argument(
+        "--sustained-naptime",
+        type=float,
+        help="sustained scenario: the embedded server's autovacuum_naptime, seconds, for the "
+        "run (default: the server's, 60)",
+    )
+    parser.add_argument(
         "--output", type=Path, help="results file (default benchmarks/results/<timestamp>.md)"
     )
     return parser.parse_args(argv)
@@ -217,6 +223,7 @@ class Plan:
         minutes = args.sustained_minutes or (1 / 3 if quick else 10.0)
         self.sustained_seconds = minutes * 60
         self.sustained_peak = args.sustained_peak
+        self.sustained_naptime = args.sustained_naptime
         self.sustained_backlog = 2_000 if quick else 20_000
         self.repeat = args.repeat or (1 if quick else 3)
         self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
@@ -1564,16 +1571,19 @@ class Results:
         named; ``--sustained-minutes``, ``--sustained-peak``)."""
         from benchmarks import sustained_bench
 
-        r = sustained_bench.run(
-            self.ctx,
-            seconds=self.plan.sustained_seconds,
-            peak=self.plan.sustained_peak,
-            backlog=self.plan.sustained_backlog,
-        )
+        with sustained_bench.naptime(self.ctx, self.plan.sustained_naptime):
+            r = sustained_bench.run(
+                self.ctx,
+                seconds=self.plan.sustained_seconds,
+                peak=self.plan.sustained_peak,
+                backlog=self.plan.sustained_backlog,
+            )
         if not self._sampled("sustained", "Sustained throughput", r, sustained_bench.table):
             return
         first, last = r["samples"][0], r["samples"][-1]
         fleet = f"{r['processes']} default workers (1 slot each)"
+        if self.plan.sustained_naptime is not None:
+            fleet += f", autovacuum_naptime {self.plan.sustained_naptime:g} s"
         peak = (
             f"peak {r['peak']:,.0f}/s ({r['backlog']:,}-job drain)"
             if r["peak_measured"]

@@ -18,9 +18,10 @@ database clock.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import psycopg
 
@@ -41,6 +42,26 @@ from durable_jobs.states import LIVE_STATUSES
 
 #: Seconds in the sliding window whose worst completions/s the report gives.
 WINDOW = 10
+
+
+@contextlib.contextmanager
+def naptime(ctx: Ctx, seconds: float | None) -> Iterator[None]:
+    """Run with the server's ``autovacuum_naptime`` at ``seconds`` (a reload, no restart),
+    then back to its default: only on the benchmark's own embedded server."""
+    if seconds is None:
+        yield
+        return
+    if not ctx.server.embedded:
+        raise ValueError("--sustained-naptime changes a server setting: embedded server only")
+    with ctx.server.connect() as conn:
+        conn.execute(f"ALTER SYSTEM SET autovacuum_naptime = '{float(seconds):g}s'")
+        conn.execute("SELECT pg_reload_conf()")
+    try:
+        yield
+    finally:
+        with ctx.server.connect() as conn:
+            conn.execute("ALTER SYSTEM RESET autovacuum_naptime")
+            conn.execute("SELECT pg_reload_conf()")
 
 
 def run(
