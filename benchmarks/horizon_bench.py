@@ -14,36 +14,12 @@ and the table's and its indexes' sizes.
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 
 import psycopg
 
-import durable_jobs as durable
-from benchmarks import procs
-from benchmarks.durable_bench import KIND, REPO, TABLE, Ctx, _warm_up, reset
-from durable_jobs import store
-
-
-def _claim_ms(ctx: Ctx) -> float | None:
-    """The default claim's server execution time now (limit 1), rolled back."""
-    with psycopg.connect(ctx.dburl) as conn:
-        rows = conn.execute(
-            "EXPLAIN (ANALYZE, TIMING OFF, SUMMARY ON) " + store.DEQUEUE_OPEN,
-            {
-                "queues": ["default"],
-                "owner": "horizon-probe",
-                "ttl_ms": 60_000,
-                "limit": 1,
-                "kinds": None,
-                "flow": "{}",
-            },
-        ).fetchall()
-        conn.rollback()
-    for (line,) in rows:
-        if line.startswith("Execution Time:"):
-            return float(line.split()[2])
-    return None
+from benchmarks import procs, steady_load
+from benchmarks.durable_bench import REPO, TABLE, Ctx, _warm_up, reset
 
 
 def _sample(ctx: Ctx, since: float, phase: str) -> dict:
@@ -56,19 +32,16 @@ def _sample(ctx: Ctx, since: float, phase: str) -> dict:
               FROM {TABLE}""",
         {"since": since},
     )[0]
-    dead, table_bytes, index_bytes = ctx.sql(
-        f"""SELECT n_dead_tup, pg_table_size('{TABLE}'), pg_indexes_size('{TABLE}')
-              FROM pg_stat_user_tables WHERE relname = '{TABLE}'"""
-    )[0]
+    stats = steady_load.table_stats(ctx)
     return {
         "phase": phase,
         "completed": int(done),
         "latency_p50_ms": None if p50 is None else float(p50) * 1000,
         "latency_p99_ms": None if p99 is None else float(p99) * 1000,
-        "claim_server_ms": _claim_ms(ctx),
-        "dead_tuples": int(dead),
-        "table_mib": table_bytes / 2**20,
-        "indexes_mib": index_bytes / 2**20,
+        "claim_server_ms": steady_load.claim_ms(ctx),
+        "dead_tuples": stats["dead_tuples"],
+        "table_mib": stats["table_mib"],
+        "indexes_mib": stats["indexes_mib"],
     }
 
 
@@ -85,30 +58,13 @@ def run(
     reset()
     cmd = ctx.worker_cmd(slots, burst=False)
     group = procs.Group([cmd], env=ctx.worker_env(), cwd=REPO, logs=[ctx.logs / "horizon.log"])
-    stop = threading.Event()
-    started = [0]
-
-    def produce() -> None:
-        from django.db import connection
-
-        began = time.monotonic()
-        try:
-            while not stop.is_set():
-                due = int((time.monotonic() - began) * rate)
-                while started[0] < due and not stop.is_set():
-                    durable.start_many([{"kind": KIND} for _ in range(25)])
-                    started[0] += 25
-                stop.wait(0.01)
-        finally:
-            connection.close()
-
+    producer = steady_load.Producer(rate)
     samples: list[dict] = []
     pin = None
     try:
         problem = _warm_up(ctx, group, notify=True)
         if problem:
             return {"error": problem}
-        producer = threading.Thread(target=produce, daemon=True)
         producer.start()
         began = time.monotonic()
         plan = [("before", before), ("pinned", pinned), ("after", after)]
@@ -125,10 +81,8 @@ def run(
                 since = time.time()
                 time.sleep(interval)
                 samples.append(_sample(ctx, since, phase) | {"t": time.monotonic() - began})
-        stop.set()
-        producer.join(30)
     finally:
-        stop.set()
+        producer.stop()
         if pin is not None:
             pin.close()
         group.stop()
@@ -147,19 +101,17 @@ def run(
 
 
 def table(result: dict) -> str:
-    lines = [
-        f"{'t (s)':>6}  {'phase':7}  {'jobs/s':>7}  {'p50 / p99 ms':>15}  {'claim ms':>8}  "
-        f"{'dead tuples':>11}  {'table / indexes MiB':>20}"
-    ]
-    for s in result.get("samples", []):
-        latency = (
-            "-"
-            if s["latency_p50_ms"] is None
-            else f"{s['latency_p50_ms']:.1f} / {s['latency_p99_ms']:.1f}"
-        )
-        lines.append(
-            f"{s['t']:6.0f}  {s['phase']:7}  {s['completed'] / result['interval']:7,.0f}  "
-            f"{latency:>15}  {s['claim_server_ms'] or 0:8.3f}  {s['dead_tuples']:11,}  "
-            f"{s['table_mib']:9.1f} / {s['indexes_mib']:8.1f}"
-        )
-    return "\n".join(lines)
+    """The samples, one line each."""
+    interval = result.get("interval", 1.0)
+    return steady_load.render(
+        result.get("samples", []),
+        [
+            ("t (s)", 6, lambda s: f"{s['t']:.0f}"),
+            ("phase", 7, lambda s: s["phase"]),
+            ("jobs/s", 7, lambda s: f"{s['completed'] / interval:,.0f}"),
+            ("p50 / p99 ms", 15, steady_load.latency_cell),
+            ("claim ms", 8, lambda s: f"{s['claim_server_ms'] or 0:.3f}"),
+            ("dead tuples", 11, lambda s: f"{s['dead_tuples']:,}"),
+            ("table / indexes MiB", 20, lambda s: f"{s['table_mib']:.1f} / {s['indexes_mib']:.1f}"),
+        ],
+    )

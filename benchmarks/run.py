@@ -37,6 +37,9 @@ Scenarios (``--only`` picks some):
                 undisturbed and with two of its backends terminated every second:
                 jobs/s ratio, the backlog's drain after the churn, warnings, re-drives
                 (``benchmarks/churn_bench.py``).
+``sustained``   (only with --only sustained) a default fleet's peak, then a producer at 80 % of it
+                for --sustained-minutes (default 10; --quick 20 s): first minute against last,
+                the worst 10 s, dead tuples, autovacuums, sizes (``benchmarks/sustained_bench.py``).
 ``trial``       (only with --only trial) each throughput mechanism switched off vs all on,
                 on 1 ms to 5 s slices at 1, 4 and 16 slots (``benchmarks/trial.py``).
 ``bookkeeping``  (only with --only bookkeeping; pg_stat_statements preloaded) statements per
@@ -82,10 +85,11 @@ SCENARIOS = (
     "churn",
     "steady",
 )
-#: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself; the
-#: bookkeeping scenario ~3 minutes, and it needs pg_stat_statements preloaded (a setting the
-#: other scenarios are not measured with).
-EXTRA_SCENARIOS = ("trial", "horizon", "bookkeeping")
+#: Run only when named in ``--only``: the trial takes ~15 minutes on 2 cores by itself, the
+#: horizon and the sustained run several minutes each; the bookkeeping scenario ~3 minutes,
+#: and it needs pg_stat_statements preloaded (a setting the other scenarios are not
+#: measured with).
+EXTRA_SCENARIOS = ("trial", "horizon", "sustained", "bookkeeping")
 
 #: Goals, each keyed by what it measures. PASS/MISS never fails the command.
 TARGETS = {
@@ -112,6 +116,7 @@ TARGETS = {
     # heartbeat statements per heartbeat interval of one worker (one Heartbeater) holding
     # many leases: a beat takes along the leases due within a quarter interval
     "heartbeat_statements_per_worker_interval": 4.0,
+    "sustained_ratio": 0.9,  # last minute's jobs/s / first minute's, at 80 % of the peak
 }
 
 
@@ -184,6 +189,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="horizon scenario: starts per second during the run (default 1,000)",
     )
     parser.add_argument(
+        "--sustained-minutes",
+        type=float,
+        help="sustained scenario: minutes of the steady run (default 10; --quick 20 s)",
+    )
+    parser.add_argument(
+        "--sustained-peak",
+        type=float,
+        help="sustained scenario: the fleet's peak jobs/s (default: measured by a backlog drain)",
+    )
+    parser.add_argument(
+        "--sustained-naptime",
+        type=float,
+        help="sustained scenario: the embedded server's autovacuum_naptime, seconds, for the "
+        "run (default: the server's, 60)",
+    )
+    parser.add_argument(
         "--output", type=Path, help="results file (default benchmarks/results/<timestamp>.md)"
     )
     return parser.parse_args(argv)
@@ -213,6 +234,11 @@ class Plan:
         # bookkeeping: slice lengths (s), jobs x slices each at 2 slots; leases over owners
         self.slice_lengths = [1, 2] if quick else [1, 5, 20]
         self.lease_count, self.lease_owners = (1_000, 5) if quick else (10_000, 20)
+        minutes = args.sustained_minutes or (1 / 3 if quick else 10.0)
+        self.sustained_seconds = minutes * 60
+        self.sustained_peak = args.sustained_peak
+        self.sustained_naptime = args.sustained_naptime
+        self.sustained_backlog = 2_000 if quick else 20_000
         self.repeat = args.repeat or (1 if quick else 3)
         self.scenarios = [s.strip() for s in args.only.split(",")] if args.only else list(SCENARIOS)
         unknown = set(self.scenarios) - set(SCENARIOS) - set(EXTRA_SCENARIOS)
@@ -383,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(("Profile: a no-op slice at 4 slots", profile_text))
     if results.trial_text:
         sections.append(("Trial: each mechanism off vs all on", report.block(results.trial_text)))
-    if results.horizon_text:
-        sections.append(("A pinned horizon, sample by sample", report.block(results.horizon_text)))
+    for title, text in results.sample_tables.items():
+        sections.append((f"{title}, sample by sample", report.block(text)))
     if results.bookkeeping_text:
         sections.append(
             ("Bookkeeping of long slices and many leases", report.block(results.bookkeeping_text))
@@ -497,8 +523,9 @@ class Results:
         self.plans: dict[str, dict[str, str]] = {}
         self.start_profile_text = ""
         self.trial_text = ""
-        self.horizon_text = ""
         self.bookkeeping_text = ""
+        #: The tables of samples of the long scenarios, by title, for the results file.
+        self.sample_tables: dict[str, str] = {}
 
     # --- helpers -------------------------------------------------------------------
     def _peer_cells(self, fn, fmt) -> dict[str, str]:
@@ -538,6 +565,18 @@ class Results:
             report.verdict(ratio <= wanted),
             pgqueuer="-",
         )
+
+    def _sampled(self, name: str, title: str, result: dict, table) -> bool:
+        """Keep a long scenario's figures and print and keep its table of samples; False
+        (and a note saying why) when it failed."""
+        self.raw[name] = result
+        if "error" in result:
+            self.notes.append(f"{name}: {result['error']}")
+            return False
+        text = table(result)
+        print(text, flush=True)
+        self.sample_tables[title] = text
+        return True
 
     def _peer(self, key: str):
         return self.peers[key]
@@ -1521,13 +1560,8 @@ class Results:
             pinned=pinned,
             after=60.0,
         )
-        self.raw["horizon"] = result
-        if "error" in result:
-            self.notes.append("horizon: " + result["error"])
+        if not self._sampled("horizon", "A pinned horizon", result, horizon_bench.table):
             return
-        text = horizon_bench.table(result)
-        print(text, flush=True)
-        self.horizon_text = text
         phases = result["phases"]
         base, pin, after = (phases.get(k, {}) for k in ("before", "pinned", "after"))
         for label, key, fmt in [
@@ -1629,6 +1663,71 @@ class Results:
 
     def _bookkeeping_row(self, label: str, cell: str, target: str, ok: bool) -> None:
         self.table_obj.add("bookkeeping: " + label, cell, "-", "-", target, report.verdict(ok))
+
+    def scenario_sustained(self) -> None:
+        """Issue #27 item 5: a default fleet's peak, then 80 % of it for ten minutes (only when
+        named; ``--sustained-minutes``, ``--sustained-peak``)."""
+        from benchmarks import sustained_bench
+
+        with sustained_bench.naptime(self.ctx, self.plan.sustained_naptime):
+            r = sustained_bench.run(
+                self.ctx,
+                seconds=self.plan.sustained_seconds,
+                peak=self.plan.sustained_peak,
+                backlog=self.plan.sustained_backlog,
+            )
+        if not self._sampled("sustained", "Sustained throughput", r, sustained_bench.table):
+            return
+        first, last = r["samples"][0], r["samples"][-1]
+        fleet = f"{r['processes']} default workers (1 slot each)"
+        if self.plan.sustained_naptime is not None:
+            fleet += f", autovacuum_naptime {self.plan.sustained_naptime:g} s"
+        peak = (
+            f"peak {r['peak']:,.0f}/s ({r['backlog']:,}-job drain)"
+            if r["peak_measured"]
+            else f"peak {r['peak']:,.0f}/s (given)"
+        )
+        length = f"{r['seconds']:g} s" if r["seconds"] < 120 else f"{r['seconds'] / 60:g} min"
+        head = f"sustained {length}, {fleet}, {peak}:"
+        edge = f"{r['edge_seconds']} s" if r["edge_seconds"] != 60 else "minute"
+        wanted = TARGETS["sustained_ratio"]
+        rows = [
+            (
+                f"{head} offered / completed jobs/s; first / last {edge} (ratio)",
+                f"{r['offered_per_second']:,.0f}; {r['first_per_second']:,.0f} / "
+                f"{r['last_per_second']:,.0f} ({r['ratio'] or 0:.2f})",
+                f">= {wanted:.2f}",
+                report.verdict(r["ratio"] is not None and r["ratio"] >= wanted),
+            ),
+            (
+                f"{head} worst {sustained_bench.WINDOW} s window, jobs/s (share of offered; at s)",
+                f"{r['worst_window_per_second'] or 0:,.0f} ({r['worst_window_share'] or 0:.0%}; "
+                f"{r['worst_window_at']})",
+                "",
+                "info",
+            ),
+            (
+                f"{head} dead tuples (most); autovacuums (samples with one running: their jobs/s "
+                "/ the others'); checkpoints",
+                f"{r['dead_tuples_max']:,}; {r['autovacuums']} ({r['vacuum_samples']}: "
+                f"{r['per_second_vacuuming'] or 0:,.0f} / {r['per_second_otherwise'] or 0:,.0f}); "
+                f"{r['checkpoints'] if r['checkpoints'] is not None else '-'}",
+                "",
+                "info",
+            ),
+            (
+                f"{head} table / indexes MiB at start -> end; claim server planning / "
+                "execution ms, start -> end",
+                f"{first['table_mib']:.1f} / {first['indexes_mib']:.1f} -> "
+                f"{last['table_mib']:.1f} / {last['indexes_mib']:.1f}; "
+                f"{first['claim_planning_ms'] or 0:.1f} / {first['claim_server_ms'] or 0:.2f} -> "
+                f"{last['claim_planning_ms'] or 0:.1f} / {last['claim_server_ms'] or 0:.2f}",
+                "",
+                "info",
+            ),
+        ]
+        for label, cell, target, status in rows:
+            self.table_obj.add(label, cell, "-", "-", target, status, pgqueuer="-")
 
     def scenario_size(self) -> None:
         from benchmarks import durable_bench
