@@ -308,6 +308,17 @@ def test_a_claim_storm_over_few_lock_keys_never_runs_two_jobs_of_one_key(recorde
 
     for n in range(2):
         processes.worker("--concurrency", "2", app_name=f"durable-storm-{n}")
+    # Workers that are still booting (seconds on a slow machine) claim nothing: a storm
+    # over before the first claim would race nothing. Warm them up first.
+    warm_up = [durable.start("demo.import", input={"rows": 1, "batch": 1}) for _ in range(4)]
+    wait_until(
+        lambda: (
+            Job.objects.filter(id__in=[j.id for j in warm_up], status="completed").count()
+            == len(warm_up)
+        ),
+        timeout=60,
+        message="the warm-up jobs",
+    )
     stop = threading.Event()
     refused = []
 
@@ -323,17 +334,26 @@ def test_a_claim_storm_over_few_lock_keys_never_runs_two_jobs_of_one_key(recorde
             connections.close_all()
 
     threads = [threading.Thread(target=starter) for _ in range(3)]
+    keyed = Job.objects.filter(lock_key__isnull=False)
     for thread in threads:
         thread.start()
-    time.sleep(6)
-    stop.set()
-    for thread in threads:
-        thread.join()
+    began = time.monotonic()
+    try:
+        # At least 6 s, and until keys were both refused and freed again by completions.
+        wait_until(
+            lambda: time.monotonic() - began >= 6 and keyed.count() >= 6 and refused,
+            timeout=60,
+            message="the storm to race",
+        )
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
     wait_until(
         lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(),
         message="the drain",
     )
-    assert Job.objects.count() >= 6 and refused, "the storm really raced"
+    assert keyed.count() >= 6 and refused, "the storm really raced"
     with __import__("django").db.connection.cursor() as cursor:
         cursor.execute("""
             WITH spans AS (
