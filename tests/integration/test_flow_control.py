@@ -362,3 +362,33 @@ def test_a_spawned_child_counts_against_its_kind_s_flow_key(kinds):
     children = Job.objects.filter(parent_id=root.id)
     assert {c.flow_key for c in children} == {"kind:flow.child"}
     assert len(_claim(10)) == 1  # one permit for the three children
+
+
+@pytest.mark.django_db
+def test_flow_keys_setting__binds_the_claim_under_an_operator_s_limit(kinds, settings):
+    """The limits in force, first to last: the operator's, the key's FLOW_KEYS entry, the
+    kind's FlowControl. The kind allows 3 at once; FLOW_KEYS says 1 for one account."""
+    kinds.add("flow.keyed", flow=durable.FlowControl(key="input:account", concurrency=3))
+    settings.DURABLE_JOBS = {
+        **settings.DURABLE_JOBS,
+        "FLOW_KEYS": {"flow.keyed:account=1": {"concurrency": 1}},
+    }
+    for account in (1, 2):
+        for _ in range(5):
+            durable.start("flow.keyed", input={"account": account})
+
+    taken = [job.flow_key for job in _claim(10)]
+
+    assert taken.count("flow.keyed:account=1") == 1  # the setting, not the kind's 3
+    assert taken.count("flow.keyed:account=2") == 3  # no entry: the kind's limit
+    assert _claim(10) == []
+
+    durable.set_flow_limit("flow.keyed:account=1", concurrency=2, by="ops")
+    assert [job.flow_key for job in _claim(10)] == ["flow.keyed:account=1"]
+    state = {s.key: s for s in durable.flow_keys()}["flow.keyed:account=1"]
+    assert (state.concurrency, state.running, state.waiting) == (2, 2, 3)
+
+    durable.set_flow_limit("flow.keyed:account=1", clear=["concurrency"])
+    state = {s.key: s for s in durable.flow_keys()}["flow.keyed:account=1"]
+    assert state.concurrency == 1  # the setting applies again
+    assert _claim(10) == []
