@@ -7,16 +7,21 @@ then runs the claim over the whole queue and compares.
 
 from __future__ import annotations
 
+import io
 import json
+import time
+from datetime import datetime, timedelta
 
 import pytest
+from django.core.management import call_command
 
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.limits import claims
 from durable_jobs.limits import reasons as r
+from durable_jobs.models import Job
 from tests.factories import JobFactory
-from tests.integration.support import FAIL_DEFAULTS, lease_of
+from tests.integration.support import FAIL_DEFAULTS, SLACK, db_now, lease_of
 
 TTL_MS = 30_000
 
@@ -24,6 +29,11 @@ TTL_MS = 30_000
 def _claim_all() -> set:
     flow = claims.claim_settings()
     return {j.id for j in store.dequeue(["default"], "w", TTL_MS, kinds=None, limit=100, flow=flow)}
+
+
+def _claim_one() -> list:
+    flow = claims.claim_settings()
+    return store.dequeue(["default"], "w0", TTL_MS, kinds=None, limit=1, flow=flow)
 
 
 def _not_due(kinds):
@@ -147,6 +157,33 @@ def test_explain__names_the_jobs_holding_a_full_key_and_when_a_rate_frees(ex_kin
     assert full.fields["limit"] == 1
     assert str(holder.id) in full.sentence
     assert full.as_dict()["fields"]["key"] == "kind:ex.one"
+
+    # A rate of 2 starts an hour: the window frees a start an hour after its oldest start
+    # (by the database clock), not after the newest.
+    ex_kinds.add(
+        "ex.twice", flow=durable.FlowControl(key="kind", rate=durable.Rate(limit=2, per=3600))
+    )
+    for _ in range(3):
+        durable.start("ex.twice")
+    before = db_now()
+    [oldest] = _claim_one()
+    after = db_now()
+    time.sleep(SLACK.total_seconds() * 2)
+    second = db_now()
+    assert len(_claim_one()) == 1
+    store.complete(lease_of(oldest))
+    [rated] = Job.objects.filter(kind="ex.twice", status="pending")
+
+    [limited] = [x for x in durable.explain(rated.id) if x.code == r.RATE_LIMITED]
+
+    hour = timedelta(hours=1)
+    assert (limited.fields["limit"], limited.fields["window_s"]) == (2, 3600.0)
+    assert before + hour - SLACK <= limited.fields["until"] <= after + hour + SLACK
+    assert limited.fields["until"] < second + hour - SLACK  # the oldest start frees, not the newest
+    out = io.StringIO()
+    call_command("durable_jobs", "explain", str(rated.id), "--json", stdout=out)
+    [shown] = [x for x in json.loads(out.getvalue())["reasons"] if x["code"] == r.RATE_LIMITED]
+    assert datetime.fromisoformat(shown["fields"]["until"]) == limited.fields["until"]
 
 
 @pytest.mark.django_db
