@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.core.management import call_command
+from django.db import connection
 
 import durable_jobs as durable
 from durable_jobs import store
@@ -193,3 +194,52 @@ def test_explain__a_job_no_live_worker_serves_says_so(ex_kinds):
     codes = [x.code for x in durable.explain(job.id)]
 
     assert r.NO_WORKER in codes
+
+
+@pytest.mark.django_db
+def test_explain__a_backing_off_job_says_which_failure_and_until_when(ex_kinds):
+    job = durable.start("ex.free")
+    for backoff_ms in (1, 3_600_000):  # a quick first retry, then an hour's backoff
+        time.sleep(0.01)
+        [claimed] = _claim_one()
+        store.fail_slice(
+            lease_of(claimed),
+            **{
+                **FAIL_DEFAULTS,
+                "code": "upstream_503",
+                "backoff_base_ms": backoff_ms,
+                "backoff_max_ms": 7_200_000,
+            },
+        )
+    row = Job.objects.get(id=job.id)
+
+    [reason] = [x for x in durable.explain(job.id) if x.code == r.BACKING_OFF]
+
+    assert reason.fields["failures"] == 2
+    assert reason.fields["error_code"] == "upstream_503"
+    assert reason.fields["until"] == row.next_run_at
+    assert reason.fields["until"] > db_now() + timedelta(minutes=20)
+    assert "failure 2" in reason.sentence and "upstream_503" in reason.sentence
+
+
+@pytest.mark.django_db
+def test_explain__a_parked_job_says_parked_with_its_code_and_since_when(ex_kinds):
+    job = durable.start("ex.free")
+    [claimed] = _claim_one()
+    with connection.cursor() as cursor:  # its worker died: the lease ran out
+        cursor.execute(
+            f"UPDATE {store.TABLE} SET lease_expires_at = now() - interval '1 hour' WHERE id = %s",
+            [claimed.id],
+        )
+    store.take_orphan(claimed.id, grace_ms=0, backoff_ms=0, max_redrives=0)  # poison
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.error_code) == ("failed", "poison")
+
+    reasons = durable.explain(job.id)
+
+    assert [x.code for x in reasons] == [r.PARKED]
+    [parked] = reasons
+    assert parked.fields["why"] == "poison"
+    assert parked.fields["since"] == row.parked_at
+    assert "poison" in parked.sentence and "re-drive" in parked.sentence
+    assert parked.as_dict()["fields"]["since"] == row.parked_at.isoformat()
