@@ -392,3 +392,34 @@ def test_flow_keys_setting__binds_the_claim_under_an_operator_s_limit(kinds, set
     state = {s.key: s for s in durable.flow_keys()}["flow.keyed:account=1"]
     assert state.concurrency == 1  # the setting applies again
     assert _claim(10) == []
+
+
+@pytest.mark.django_db
+def test_metrics__the_flow_gauges_show_each_key_s_running_limit_and_waiting(limited, kinds, client):
+    from django.contrib.auth.models import Permission, User
+
+    kinds.add(
+        "flow.rated_only",
+        flow=durable.FlowControl(key="kind", rate=durable.Rate(limit=1, per=3600)),
+    )
+    for _ in range(5):
+        durable.start(limited, input={"account": 4})
+    durable.start("flow.rated_only")
+    durable.start("flow.rated_only")
+    _claim(10)
+    durable.set_flow_limit("flow.limited:account=4", concurrency=3)  # lifted at runtime
+    _claim(10)
+    user = User.objects.create_user("scraper", password="pw")
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(user)
+
+    text = client.get("/metrics/durable-jobs").content.decode()
+
+    key = 'key="flow.limited:account=4"'
+    assert f"durable_jobs_flow_running{{{key}}} 3.0" in text
+    assert f"durable_jobs_flow_limit{{{key}}} 3.0" in text
+    assert f"durable_jobs_flow_waiting{{{key}}} 2.0" in text
+    rated = 'key="kind:flow.rated_only"'
+    assert f"durable_jobs_flow_running{{{rated}}} 1.0" in text
+    assert f"durable_jobs_flow_waiting{{{rated}}} 1.0" in text
+    assert f"durable_jobs_flow_limit{{{rated}}}" not in text  # no concurrency limit anywhere
