@@ -362,3 +362,165 @@ def test_a_spawned_child_counts_against_its_kind_s_flow_key(kinds):
     children = Job.objects.filter(parent_id=root.id)
     assert {c.flow_key for c in children} == {"kind:flow.child"}
     assert len(_claim(10)) == 1  # one permit for the three children
+
+
+@pytest.mark.django_db
+def test_flow_keys_setting__binds_the_claim_under_an_operator_s_limit(kinds, settings):
+    """The limits in force, first to last: the operator's, the key's FLOW_KEYS entry, the
+    kind's FlowControl. The kind allows 3 at once; FLOW_KEYS says 1 for one account."""
+    kinds.add("flow.keyed", flow=durable.FlowControl(key="input:account", concurrency=3))
+    settings.DURABLE_JOBS = {
+        **settings.DURABLE_JOBS,
+        "FLOW_KEYS": {"flow.keyed:account=1": {"concurrency": 1}},
+    }
+    for account in (1, 2):
+        for _ in range(5):
+            durable.start("flow.keyed", input={"account": account})
+
+    taken = [job.flow_key for job in _claim(10)]
+
+    assert taken.count("flow.keyed:account=1") == 1  # the setting, not the kind's 3
+    assert taken.count("flow.keyed:account=2") == 3  # no entry: the kind's limit
+    assert _claim(10) == []
+
+    durable.set_flow_limit("flow.keyed:account=1", concurrency=2, by="ops")
+    assert [job.flow_key for job in _claim(10)] == ["flow.keyed:account=1"]
+    state = {s.key: s for s in durable.flow_keys()}["flow.keyed:account=1"]
+    assert (state.concurrency, state.running, state.waiting) == (2, 2, 3)
+
+    durable.set_flow_limit("flow.keyed:account=1", clear=["concurrency"])
+    state = {s.key: s for s in durable.flow_keys()}["flow.keyed:account=1"]
+    assert state.concurrency == 1  # the setting applies again
+    assert _claim(10) == []
+
+
+@pytest.mark.django_db
+def test_metrics__the_flow_gauges_show_each_key_s_running_limit_and_waiting(limited, kinds, client):
+    from django.contrib.auth.models import Permission, User
+
+    kinds.add(
+        "flow.rated_only",
+        flow=durable.FlowControl(key="kind", rate=durable.Rate(limit=1, per=3600)),
+    )
+    for _ in range(5):
+        durable.start(limited, input={"account": 4})
+    durable.start("flow.rated_only")
+    durable.start("flow.rated_only")
+    _claim(10)
+    durable.set_flow_limit("flow.limited:account=4", concurrency=3)  # lifted at runtime
+    _claim(10)
+    user = User.objects.create_user("scraper", password="pw")
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(user)
+
+    text = client.get("/metrics/durable-jobs").content.decode()
+
+    key = 'key="flow.limited:account=4"'
+    assert f"durable_jobs_flow_running{{{key}}} 3.0" in text
+    assert f"durable_jobs_flow_limit{{{key}}} 3.0" in text
+    assert f"durable_jobs_flow_waiting{{{key}}} 2.0" in text
+    rated = 'key="kind:flow.rated_only"'
+    assert f"durable_jobs_flow_running{{{rated}}} 1.0" in text
+    assert f"durable_jobs_flow_waiting{{{rated}}} 1.0" in text
+    assert f"durable_jobs_flow_limit{{{rated}}}" not in text  # no concurrency limit anywhere
+
+
+def _flow_admin_user(name: str, *perms: str):
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(name, password="pw", is_staff=True)
+    for codename in ("view_flowkey", *perms):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    return user
+
+
+def _flow_key_page(key: str) -> str:
+    from django.contrib.admin.utils import quote
+    from django.urls import reverse
+
+    return reverse("admin:durable_jobs_flowkey_change", args=[quote(key)])
+
+
+@pytest.mark.django_db
+def test_admin__an_operator_changes_a_key_s_limit_in_force_at_the_next_claim(limited, client):
+    for _ in range(5):
+        durable.start(limited, input={"account": 8})
+    assert len(_claim(10)) == 2
+    client.force_login(_flow_admin_user("ops", "change_flow_limit"))
+
+    page = client.get(_flow_key_page("flow.limited:account=8"))
+    saved = client.post(
+        _flow_key_page("flow.limited:account=8"),
+        {"concurrency": "3", "rate": "", "rate_window_ms": "", "weight": "", "_save": "Save"},
+    )
+
+    assert page.status_code == 200
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    [state] = durable.flow_keys()
+    assert (state.key, state.concurrency, state.changed_by) == ("flow.limited:account=8", 3, "ops")
+    assert len(_claim(10)) == 1
+    listing = client.get("/admin/durable_jobs/flowkey/").content.decode()
+    assert "3 / 3" in listing  # running / limit
+
+    client.post(
+        _flow_key_page("flow.limited:account=8"),
+        {"concurrency": "", "rate": "", "rate_window_ms": "", "weight": "", "_save": "Save"},
+    )
+    [state] = durable.flow_keys()
+    assert (state.operator_concurrency, state.concurrency) == (None, 2)  # blank: the kind's again
+
+
+@pytest.mark.django_db
+def test_admin__a_user_without_the_permission_cannot_change_a_limit(limited, client):
+    durable.start(limited, input={"account": 8})
+    durable.set_flow_limit("flow.limited:account=8", concurrency=1, by="ops")
+    client.force_login(_flow_admin_user("viewer"))
+
+    refused = client.post(
+        _flow_key_page("flow.limited:account=8"),
+        {"concurrency": "50", "rate": "", "rate_window_ms": "", "weight": "", "_save": "Save"},
+    )
+    added = client.post(
+        "/admin/durable_jobs/flowkey/add/",
+        {"key": "tenant:new", "concurrency": "5", "_save": "Save"},
+    )
+
+    assert refused.status_code == 403
+    assert added.status_code == 403
+    assert [(s.key, s.concurrency, s.changed_by) for s in durable.flow_keys()] == [
+        ("flow.limited:account=8", 1, "ops")
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("concurrency", "-1", "must be positive"),
+        ("concurrency", "many", "Enter a whole number."),
+        ("weight", "0", "must be a positive number"),
+        ("rate", "0", "must be positive"),
+    ],
+)
+def test_admin__bad_input_gets_a_one_line_error_and_changes_nothing(
+    limited, client, field, value, message
+):
+    durable.start(limited, input={"account": 8})
+    durable.set_flow_limit("flow.limited:account=8", concurrency=1, by="ops")
+    client.force_login(_flow_admin_user("ops2", "change_flow_limit"))
+    form = {"concurrency": "1", "rate": "", "rate_window_ms": "", "weight": "", "_save": "Save"}
+
+    answer = client.post(_flow_key_page("flow.limited:account=8"), {**form, field: value})
+
+    assert answer.status_code == 200  # the form again, not a redirect
+    errors = answer.context["adminform"].form.errors
+    assert list(errors) == [field] and len(errors[field]) == 1
+    assert message in errors[field][0] and "\n" not in errors[field][0]
+    assert message in answer.content.decode()
+    [state] = durable.flow_keys()
+    assert (state.operator_concurrency, state.operator_rate, state.operator_weight) == (
+        1,
+        None,
+        None,
+    )
+    assert state.changed_by == "ops"

@@ -7,16 +7,22 @@ then runs the claim over the whole queue and compares.
 
 from __future__ import annotations
 
+import io
 import json
+import time
+from datetime import datetime, timedelta
 
 import pytest
+from django.core.management import call_command
+from django.db import connection
 
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.limits import claims
 from durable_jobs.limits import reasons as r
+from durable_jobs.models import Job
 from tests.factories import JobFactory
-from tests.integration.support import FAIL_DEFAULTS, lease_of
+from tests.integration.support import FAIL_DEFAULTS, SLACK, db_now, lease_of
 
 TTL_MS = 30_000
 
@@ -24,6 +30,11 @@ TTL_MS = 30_000
 def _claim_all() -> set:
     flow = claims.claim_settings()
     return {j.id for j in store.dequeue(["default"], "w", TTL_MS, kinds=None, limit=100, flow=flow)}
+
+
+def _claim_one() -> list:
+    flow = claims.claim_settings()
+    return store.dequeue(["default"], "w0", TTL_MS, kinds=None, limit=1, flow=flow)
 
 
 def _not_due(kinds):
@@ -148,6 +159,33 @@ def test_explain__names_the_jobs_holding_a_full_key_and_when_a_rate_frees(ex_kin
     assert str(holder.id) in full.sentence
     assert full.as_dict()["fields"]["key"] == "kind:ex.one"
 
+    # A rate of 2 starts an hour: the window frees a start an hour after its oldest start
+    # (by the database clock), not after the newest.
+    ex_kinds.add(
+        "ex.twice", flow=durable.FlowControl(key="kind", rate=durable.Rate(limit=2, per=3600))
+    )
+    for _ in range(3):
+        durable.start("ex.twice")
+    before = db_now()
+    [oldest] = _claim_one()
+    after = db_now()
+    time.sleep(SLACK.total_seconds() * 2)
+    second = db_now()
+    assert len(_claim_one()) == 1
+    store.complete(lease_of(oldest))
+    [rated] = Job.objects.filter(kind="ex.twice", status="pending")
+
+    [limited] = [x for x in durable.explain(rated.id) if x.code == r.RATE_LIMITED]
+
+    hour = timedelta(hours=1)
+    assert (limited.fields["limit"], limited.fields["window_s"]) == (2, 3600.0)
+    assert before + hour - SLACK <= limited.fields["until"] <= after + hour + SLACK
+    assert limited.fields["until"] < second + hour - SLACK  # the oldest start frees, not the newest
+    out = io.StringIO()
+    call_command("durable_jobs", "explain", str(rated.id), "--json", stdout=out)
+    [shown] = [x for x in json.loads(out.getvalue())["reasons"] if x["code"] == r.RATE_LIMITED]
+    assert datetime.fromisoformat(shown["fields"]["until"]) == limited.fields["until"]
+
 
 @pytest.mark.django_db
 def test_explain__a_job_no_live_worker_serves_says_so(ex_kinds):
@@ -156,3 +194,52 @@ def test_explain__a_job_no_live_worker_serves_says_so(ex_kinds):
     codes = [x.code for x in durable.explain(job.id)]
 
     assert r.NO_WORKER in codes
+
+
+@pytest.mark.django_db
+def test_explain__a_backing_off_job_says_which_failure_and_until_when(ex_kinds):
+    job = durable.start("ex.free")
+    for backoff_ms in (1, 3_600_000):  # a quick first retry, then an hour's backoff
+        time.sleep(0.01)
+        [claimed] = _claim_one()
+        store.fail_slice(
+            lease_of(claimed),
+            **{
+                **FAIL_DEFAULTS,
+                "code": "upstream_503",
+                "backoff_base_ms": backoff_ms,
+                "backoff_max_ms": 7_200_000,
+            },
+        )
+    row = Job.objects.get(id=job.id)
+
+    [reason] = [x for x in durable.explain(job.id) if x.code == r.BACKING_OFF]
+
+    assert reason.fields["failures"] == 2
+    assert reason.fields["error_code"] == "upstream_503"
+    assert reason.fields["until"] == row.next_run_at
+    assert reason.fields["until"] > db_now() + timedelta(minutes=20)
+    assert "failure 2" in reason.sentence and "upstream_503" in reason.sentence
+
+
+@pytest.mark.django_db
+def test_explain__a_parked_job_says_parked_with_its_code_and_since_when(ex_kinds):
+    job = durable.start("ex.free")
+    [claimed] = _claim_one()
+    with connection.cursor() as cursor:  # its worker died: the lease ran out
+        cursor.execute(
+            f"UPDATE {store.TABLE} SET lease_expires_at = now() - interval '1 hour' WHERE id = %s",
+            [claimed.id],
+        )
+    store.take_orphan(claimed.id, grace_ms=0, backoff_ms=0, max_redrives=0)  # poison
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.error_code) == ("failed", "poison")
+
+    reasons = durable.explain(job.id)
+
+    assert [x.code for x in reasons] == [r.PARKED]
+    [parked] = reasons
+    assert parked.fields["why"] == "poison"
+    assert parked.fields["since"] == row.parked_at
+    assert "poison" in parked.sentence and "re-drive" in parked.sentence
+    assert parked.as_dict()["fields"]["since"] == row.parked_at.isoformat()
