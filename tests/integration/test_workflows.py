@@ -273,7 +273,7 @@ def test_children__are_cancelled_with_their_parent_in_bounded_batches(kinds):
     job = durable.start(PARENT)
     testing.run_jobs(max_slices=1)
     assert reload(job).children_total == 1_000
-    durable.cancel_tree(job.id, scope=durable.Scope(tenant=job.tenant_id))
+    durable.cancel(job.id, scope=durable.Scope(tenant=job.tenant_id))
     assert Job.objects.filter(parent_id=job.id, cancel_requested_at__isnull=True).count() == 0
     from durable_jobs.runtime.reconciler import Reconciler
 
@@ -281,6 +281,27 @@ def test_children__are_cancelled_with_their_parent_in_bounded_batches(kinds):
         pass
     assert Job.objects.filter(parent_id=job.id, status="cancelled").count() == 1_000
     assert reload(job).status == "cancelled"
+
+
+def test_cancel__reaches_grandchildren_and_cancel_tree_is_its_alias(kinds):
+    from durable_jobs.runtime.reconciler import Reconciler
+    from tests.integration.support import parent_with_live_children
+
+    parent, children = parent_with_live_children(kinds, count=2)
+    grandchildren = Job.objects.filter(parent_id__in=[c.id for c in children])
+    assert grandchildren.count() == 2
+    durable.cancel(parent.id, by="ops")
+    tree = [parent.id, *(c.id for c in children), *grandchildren.values_list("id", flat=True)]
+    assert (
+        list(Job.objects.filter(id__in=tree).values_list("cancelled_by", flat=True)) == ["ops"] * 5
+    )
+    while Reconciler().run_pass().cancelled:
+        pass
+    assert set(Job.objects.filter(id__in=tree).values_list("status", flat=True)) == {"cancelled"}
+
+    other, _ = parent_with_live_children(kinds, count=1, scope="tenant-b")
+    assert durable.cancel_tree(other.id, scope="tenant-b").id == other.id
+    assert Job.objects.filter(tenant_id="tenant-b", cancel_requested_at__isnull=True).count() == 0
 
 
 def test_cancel__a_child_alone_does_not_cancel_its_parent(kinds):
