@@ -132,6 +132,40 @@ def test_wait_for_children__policy_fail_ends_the_parent_child_failed(kinds):
     assert (row.status, row.error_code) == ("failed", "child_failed")
 
 
+def test_wait_for_children__policy_cancel_fails_the_parent_and_cancels_live_siblings(kinds):
+    from durable_jobs.runtime.reconciler import Reconciler
+
+    def parent(job):
+        if not job.checkpoint:
+            with job.fenced():
+                job.spawn(CHILD, key="bad")
+                job.spawn_many([{"kind": "tests.flow.sleeper", "key": k} for k in ("s1", "s2")])
+                job.save_checkpoint({"spawned": True})
+            return job.wait_for_children(policy="cancel")
+        return durable.Done("resumed")  # never: the policy ends it first
+
+    def child(job):
+        raise durable.TerminalError("bad chunk", code="bad_chunk")
+
+    kinds.add(PARENT, parent)
+    kinds.add(CHILD, child)
+    kinds.add("tests.flow.sleeper", lambda job: job.sleep(timedelta(hours=1)))
+    started = durable.start(PARENT)
+    testing.run_jobs()
+    row = reload(started)
+    assert (row.status, row.error_code) == ("failed", "child_failed")
+    assert "wait policy 'cancel'" in row.error_message
+    siblings = [c for c in children_of(started) if c.spawn_key != "bad"]
+    assert [c.cancelled_by for c in siblings] == [f"job:{started.id}"] * 2
+    while Reconciler().run_pass().cancelled:
+        pass
+    assert [(c.spawn_key, c.status) for c in children_of(started)] == [
+        ("bad", "failed"),
+        ("s1", "cancelled"),
+        ("s2", "cancelled"),
+    ]
+
+
 def test_wait_for_children__a_finished_waits_policy_never_fails_a_later_slice(kinds):
     """A parent whose fan-in (policy fail) ended cleanly, then spawns a child that fails and
     yields without waiting: the old wait's policy is not its policy any more."""
