@@ -498,6 +498,23 @@ def test_after__a_job_runs_only_when_its_dependencies_completed(kinds):
     assert ran == ["a", "b", "report"]
 
 
+def test_after__the_dependent_reads_its_dependency_s_result_once_it_runs(kinds):
+    def report(job):
+        extract = durable.get(job.input["extract"])
+        return durable.Done({"extract_status": extract.status, "total": extract.result["rows"] * 2})
+
+    kinds.add("tests.flow.extract", lambda job: durable.Done({"rows": 7}))
+    kinds.add("tests.flow.report", report)
+    a = durable.start("tests.flow.extract", run_after=timedelta(hours=1))
+    dependent = durable.start("tests.flow.report", input={"extract": str(a.id)}, after=[a])
+    assert testing.run_jobs() == [], "neither may run yet"
+    testing.fast_forward(a)
+    testing.run_jobs()
+    row = reload(dependent)
+    assert (row.status, row.error_message) == ("completed", None)
+    assert row.result == {"extract_status": "completed", "total": 14}
+
+
 def test_after__a_failed_dependency_fails_the_job_with_its_own_code(kinds):
     def extract(job):
         raise durable.TerminalError("source gone", code="gone")
