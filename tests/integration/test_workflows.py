@@ -52,13 +52,13 @@ def summing_parent(policy="fail", count=3):
 def test_parent__waits_for_its_children_and_reads_their_results(kinds):
     kinds.add(PARENT, summing_parent())
     kinds.add(CHILD, lambda job: durable.Done({"n": job.input["n"] * 10}))
-    parent = durable.start(PARENT)
+    parent = durable.start(PARENT, scope=durable.Scope(tenant="acme", organization="north"))
 
     testing.run_jobs(max_slices=1)
     held = reload(parent)
     assert (held.status, held.lease_owner, held.next_run_at) == ("pending", None, None)
     assert [c.spawn_key for c in children_of(parent)] == ["c0", "c1", "c2"]
-    assert all(c.tenant_id == parent.tenant_id for c in children_of(parent))
+    assert {(c.tenant_id, c.organization_id) for c in children_of(parent)} == {("acme", "north")}
 
     testing.run_jobs()
     done = reload(parent)
