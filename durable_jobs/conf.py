@@ -102,7 +102,8 @@ class Settings:
     #: Reconciler pass cadence.
     RECONCILE_INTERVAL: float = 5.0
     #: Largest serialized input/checkpoint/meta/result accepted, in bytes (also a child's
-    #: input and an event's payload). A larger result fails the slice ``invalid_result``.
+    #: input and an event's payload). A larger result fails the job at once: error_code
+    #: ``terminal``, its message starting ``invalid_result:`` and naming this bound.
     MAX_PAYLOAD_BYTES: int = 1_000_000
     #: Deepest nesting accepted in a JSON payload.
     MAX_PAYLOAD_DEPTH: int = 64

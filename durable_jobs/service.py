@@ -555,12 +555,16 @@ def cancel(
     by: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
-    """Ask for a job to be cancelled and return it (invariant 8).
+    """Ask for a job and every live job it spawned to be cancelled; return the job (invariant 8).
 
     Cancellation is a request: a running slice sees it at its next heartbeat and ends
-    itself; a pending job is ended by the reconciler. A finished job raises ``WrongState``;
-    a row held by a worker's transaction longer than ``OPERATOR_LOCK_WAIT`` raises
-    ``JobBusy`` (nothing changed, the caller's transaction stays usable).
+    itself; a pending job is ended by the reconciler. The job's own request comes first,
+    then its live descendants' (children, their children, …) in bounded batches
+    (``cancel_descendants``). Cancelling a child never cancels its parent: a parent
+    waiting with policy ``fail`` or ``cancel`` ends ``child_failed`` on its own. A
+    finished job raises ``WrongState`` (its descendants are left alone); a row held by a
+    worker's transaction longer than ``OPERATOR_LOCK_WAIT`` raises ``JobBusy`` (nothing
+    changed, the caller's transaction stays usable).
     """
     scope = scope_of(scope)
     parsed = _job_id(job_id)
@@ -574,7 +578,42 @@ def cancel(
         raise WrongState(existing.id, existing.status, "cancel", "it has already finished")
     if job.queue_job_id and job.lease_owner is None and transports.is_brokered(job.queue_name):
         transports.remove_after_commit(job, using=using)
+    if job.children_total:
+        cancel_descendants(
+            job.id,
+            Scope(tenant=job.tenant_id, organization=job.organization_id),
+            by=by,
+            using=using,
+        )
     return job
+
+
+#: How many children one cancel statement asks to cancel.
+CANCEL_BATCH = 500
+
+
+def cancel_descendants(
+    parent_id: Any, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS
+) -> int:
+    """Ask every live descendant of ``parent_id`` to cancel, a bounded batch per statement.
+
+    Each batch is one statement (its own transaction when the caller has none), so a
+    thousand children never make one giant transaction or pile of row locks. The parent
+    itself is not touched. Returns how many were asked.
+    """
+    asked = 0
+    parents = [parent_id]
+    while parents:
+        parent = parents.pop()
+        while True:
+            batch = store.request_cancel_children(
+                parent, scope, by=by, limit=CANCEL_BATCH, using=using
+            )
+            asked += len(batch)
+            parents.extend(child for child, has_children in batch if has_children)
+            if len(batch) < CANCEL_BATCH:
+                break
+    return asked
 
 
 def redrive(

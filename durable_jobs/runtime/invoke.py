@@ -151,11 +151,13 @@ def invoke(context: Slice, *, using: str = DEFAULT_DB_ALIAS) -> Ran:
                 max_depth=conf.get().MAX_PAYLOAD_DEPTH,
             )
         except Exception as error:  # noqa: BLE001
+            # A terminal failure's error_code is the verdict (`terminal`, DESIGN §2), so
+            # the message leads with what was wrong, the bound named in it.
             return Ran(
                 end=SliceEnd.FAILED,
                 error_class=ErrorClass.TERMINAL.value,
                 code="invalid_result",
-                message=describe(error),
+                message=f"invalid_result: {describe(error)}",
             )
         return Ran(end=SliceEnd.DONE, result_json=result_json)
     if _is(returned, Outcome.YIELD) or isinstance(returned, Wait):

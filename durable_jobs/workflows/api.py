@@ -14,35 +14,19 @@ from django.db import DEFAULT_DB_ALIAS
 from durable_jobs import conf, reads, store, validation
 from durable_jobs.exceptions import JobNotFound
 from durable_jobs.models import Job
-from durable_jobs.service import _job_id, cancel, get, scope_of
+from durable_jobs.service import _job_id, cancel, cancel_descendants, get, scope_of
 from durable_jobs.states import Scope
-
-#: How many children one cancel statement asks to cancel.
-CANCEL_BATCH = 500
 
 
 def cancel_children(
     parent_id: Any, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS
 ) -> int:
-    """Ask every live descendant of ``parent_id`` to cancel, a bounded batch per statement.
+    """Ask every live descendant of ``parent_id`` to cancel, in bounded batches; how many.
 
-    Each batch is one statement (its own transaction when the caller has none), so a
-    thousand children never make one giant transaction or pile of row locks. Returns how
-    many were asked.
+    ``service.cancel_descendants``: the parent itself is not touched (the failure policy
+    ``cancel`` asks a waiting parent's siblings this way).
     """
-    asked = 0
-    parents = [parent_id]
-    while parents:
-        parent = parents.pop()
-        while True:
-            batch = store.request_cancel_children(
-                parent, scope, by=by, limit=CANCEL_BATCH, using=using
-            )
-            asked += len(batch)
-            parents.extend(child for child, has_children in batch if has_children)
-            if len(batch) < CANCEL_BATCH:
-                break
-    return asked
+    return cancel_descendants(parent_id, scope, by=by, using=using)
 
 
 def cancel_tree(
@@ -52,15 +36,12 @@ def cancel_tree(
     by: str | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Job:
-    """Cancel a job and every live job it spawned (children, their children, …).
+    """The same as ``cancel``: the job and every live job it spawned (children, theirs, …).
 
-    The parent's request first (``cancel``'s rules and errors), then its descendants in
-    bounded batches. Cancelling a child alone (``cancel``) never cancels its parent: a
-    parent waiting with policy ``fail`` or ``cancel`` ends ``child_failed`` on its own.
+    Kept as an alias from before ``cancel`` cancelled a job's descendants itself; its
+    rules, errors and answer are ``cancel``'s.
     """
-    job = cancel(job_id, scope=scope, by=by, using=using)
-    cancel_children(job.id, scope_of(scope), by=by, using=using)
-    return job
+    return cancel(job_id, scope=scope, by=by, using=using)
 
 
 def send_event(

@@ -124,6 +124,9 @@ EXPECTED = {
         {"spawned": 3, "summary": {"imported": 5, "failed_chunks": []}},
     ),
     "reminders.nudge": (None, {"slept": True}),
+    # docs/workflows.rst: a summary started after three extracts reads their results.
+    "reports.extract": ({"rows": 7}, None),
+    "reports.summary": ({"rows": 21}, None),
 }
 
 

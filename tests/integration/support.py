@@ -132,3 +132,31 @@ def wait_until(check, message: str, timeout: float = 10.0) -> None:
             return
         time.sleep(0.02)
     raise AssertionError(f"timed out waiting for {message}")
+
+
+def parent_with_live_children(
+    kinds: Any, count: int = 3, *, queue: str = "default", **start: Any
+) -> tuple[Job, list[Job]]:
+    """A parent held waiting for ``count`` children, each held waiting for the grandchild it
+    spawned, which is pending: a live tree two levels deep, its kinds served from ``queue``.
+    Returns (parent, children)."""
+    from durable_jobs import service, testing
+
+    def parent(job):
+        with job.fenced():
+            job.spawn_many([{"kind": "tests.tree.child", "key": f"c{i}"} for i in range(count)])
+        return job.wait_for_children()
+
+    def child(job):
+        with job.fenced():
+            job.spawn("tests.tree.grandchild", key="g")
+        return job.wait_for_children()
+
+    kinds.add("tests.tree.parent", parent, queue=queue)
+    kinds.add("tests.tree.child", child, queue=queue)
+    kinds.add("tests.tree.grandchild", queue=queue)
+    job = service.start("tests.tree.parent", **start)
+    testing.run_jobs(queues=[queue], max_slices=1 + count)
+    children = list(Job.objects.filter(parent_id=job.id).order_by("spawn_key"))
+    assert [(c.status, c.children_total) for c in children] == [("pending", 1)] * count
+    return reload(job), children

@@ -9,6 +9,7 @@ from django.apps import apps
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 
+from durable_jobs.models import Job
 from tests.factories import JobFactory, reload
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +46,22 @@ def test_cancel_action_needs_its_permission_and_goes_through_the_service(client,
     )
     assert reload(job).cancel_requested_at is None, "no cancel_job permission: no action"
     assert response.status_code in (200, 302)
+
+
+def test_cancel_action_on_a_parent_cancels_its_live_children_too(client, staff, kinds):
+    from tests.integration.support import parent_with_live_children
+
+    staff("cancel_job")
+    parent, children = parent_with_live_children(kinds, count=2)
+    grandchildren = list(Job.objects.filter(parent_id__in=[c.id for c in children]))
+    response = client.post(
+        CHANGELIST,
+        {"action": "cancel_jobs", "confirm": "yes", "_selected_action": [str(parent.id)]},
+        follow=True,
+    )
+    assert "Cancellation requested for 1 job(s)." in response.content.decode()
+    tree = [parent, *children, *grandchildren]
+    assert [reload(j).cancelled_by for j in tree] == ["admin:op"] * 5
 
 
 def test_actions_count_what_changed_and_what_was_refused(client, staff):

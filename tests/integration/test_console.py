@@ -241,6 +241,31 @@ def test_select_all_starts_a_bulk_job_that_acts_on_every_match_in_chunks(
     assert reload(untouched).cancel_requested_at is None and reload(finished).status == "completed"
 
 
+def test_the_bulk_cancel_asks_each_cancelled_job_s_live_descendants_too(client, operator, kinds):
+    from durable_jobs.models import Job
+    from tests.integration.support import parent_with_live_children
+
+    operator("cancel_job")
+    parent, children = parent_with_live_children(kinds, count=2, queue="tree")
+    grandchildren = list(Job.objects.filter(parent_id__in=[c.id for c in children]))
+    client.post(
+        f"{CHANGELIST}?kind=tests.tree.parent",
+        {
+            "action": "cancel_jobs",
+            "select_across": "1",
+            "_selected_action": [str(parent.id)],
+            "index": "0",
+            "confirm": "yes",
+        },
+    )
+    bulk = testing.assert_started("durable_jobs.bulk_action", count=1)[0]
+    testing.run_jobs(queues=["default"])
+    bulk = reload(bulk)
+    assert (bulk.status, bulk.result["changed"]) == ("completed", 1), bulk.error_message
+    tree = [parent, *children, *grandchildren]
+    assert [reload(j).cancelled_by for j in tree] == ["admin:op"] * 5
+
+
 def test_a_cancelled_bulk_job_stops_between_chunks(client, operator, monkeypatch):
     operator("cancel_job")
     monkeypatch.setattr("durable_jobs.console.bulk.CHUNK", 2)

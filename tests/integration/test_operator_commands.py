@@ -75,6 +75,21 @@ def test_cancel_and_redrive_act_through_the_service(kinds):
     assert reload(failed).status == "pending"
 
 
+def test_cancel_of_a_parent_cancels_its_live_children_too(kinds):
+    from durable_jobs.models import Job
+    from durable_jobs.runtime.reconciler import Reconciler
+    from tests.integration.support import parent_with_live_children
+
+    parent, children = parent_with_live_children(kinds, count=2)
+    grandchildren = list(Job.objects.filter(parent_id__in=[c.id for c in children]))
+    text = run("cancel", str(parent.id), "--by", "ops")
+    assert "cancellation requested" in text and "every live job it spawned" in text
+    while Reconciler().run_pass().cancelled:
+        pass
+    tree = [parent, *children, *grandchildren]
+    assert [(reload(j).status, reload(j).cancelled_by) for j in tree] == [("cancelled", "ops")] * 5
+
+
 def test_a_missing_or_foreign_job_is_an_error_naming_it(kinds):
     foreign = JobFactory(tenant_id="tenant-b")
     for action in ("show", "cancel", "redrive"):

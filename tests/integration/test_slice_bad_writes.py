@@ -150,3 +150,22 @@ def test_progress__the_named_error_is_a_value_error(kinds):
 
     _run_one(kinds, handler)
     assert errors == [("processed", True)]
+
+
+def test_done__a_result_over_max_payload_bytes_fails_the_job_at_once_naming_the_bound(kinds):
+    """What a parent, ``get()``, the admin and ``get_result`` read is bounded: an over-size
+    ``Done(result)`` stores nothing and fails the job with the verdict ``terminal`` and a
+    message leading with ``invalid_result`` that names the bound."""
+
+    def handler(job):
+        return durable.Done({"blob": "x" * 200})
+
+    with override_settings(DURABLE_JOBS={"MAX_PAYLOAD_BYTES": 100}):
+        outcomes, after = _run_one(kinds, handler)
+
+    assert outcomes == ["failed"], "one slice, no retries"
+    assert (after.status, after.error_code, after.result) == ("failed", "terminal", None)
+    assert after.error_message == (
+        "invalid_result: InvalidInput: result: is 211 bytes serialised; "
+        "the limit is 100 (MAX_PAYLOAD_BYTES)"
+    )

@@ -52,13 +52,13 @@ def summing_parent(policy="fail", count=3):
 def test_parent__waits_for_its_children_and_reads_their_results(kinds):
     kinds.add(PARENT, summing_parent())
     kinds.add(CHILD, lambda job: durable.Done({"n": job.input["n"] * 10}))
-    parent = durable.start(PARENT)
+    parent = durable.start(PARENT, scope=durable.Scope(tenant="acme", organization="north"))
 
     testing.run_jobs(max_slices=1)
     held = reload(parent)
     assert (held.status, held.lease_owner, held.next_run_at) == ("pending", None, None)
     assert [c.spawn_key for c in children_of(parent)] == ["c0", "c1", "c2"]
-    assert all(c.tenant_id == parent.tenant_id for c in children_of(parent))
+    assert {(c.tenant_id, c.organization_id) for c in children_of(parent)} == {("acme", "north")}
 
     testing.run_jobs()
     done = reload(parent)
@@ -130,6 +130,40 @@ def test_wait_for_children__policy_fail_ends_the_parent_child_failed(kinds):
     testing.run_jobs()
     row = reload(parent)
     assert (row.status, row.error_code) == ("failed", "child_failed")
+
+
+def test_wait_for_children__policy_cancel_fails_the_parent_and_cancels_live_siblings(kinds):
+    from durable_jobs.runtime.reconciler import Reconciler
+
+    def parent(job):
+        if not job.checkpoint:
+            with job.fenced():
+                job.spawn(CHILD, key="bad")
+                job.spawn_many([{"kind": "tests.flow.sleeper", "key": k} for k in ("s1", "s2")])
+                job.save_checkpoint({"spawned": True})
+            return job.wait_for_children(policy="cancel")
+        return durable.Done("resumed")  # never: the policy ends it first
+
+    def child(job):
+        raise durable.TerminalError("bad chunk", code="bad_chunk")
+
+    kinds.add(PARENT, parent)
+    kinds.add(CHILD, child)
+    kinds.add("tests.flow.sleeper", lambda job: job.sleep(timedelta(hours=1)))
+    started = durable.start(PARENT)
+    testing.run_jobs()
+    row = reload(started)
+    assert (row.status, row.error_code) == ("failed", "child_failed")
+    assert "wait policy 'cancel'" in row.error_message
+    siblings = [c for c in children_of(started) if c.spawn_key != "bad"]
+    assert [c.cancelled_by for c in siblings] == [f"job:{started.id}"] * 2
+    while Reconciler().run_pass().cancelled:
+        pass
+    assert [(c.spawn_key, c.status) for c in children_of(started)] == [
+        ("bad", "failed"),
+        ("s1", "cancelled"),
+        ("s2", "cancelled"),
+    ]
 
 
 def test_wait_for_children__a_finished_waits_policy_never_fails_a_later_slice(kinds):
@@ -273,7 +307,7 @@ def test_children__are_cancelled_with_their_parent_in_bounded_batches(kinds):
     job = durable.start(PARENT)
     testing.run_jobs(max_slices=1)
     assert reload(job).children_total == 1_000
-    durable.cancel_tree(job.id, scope=durable.Scope(tenant=job.tenant_id))
+    durable.cancel(job.id, scope=durable.Scope(tenant=job.tenant_id))
     assert Job.objects.filter(parent_id=job.id, cancel_requested_at__isnull=True).count() == 0
     from durable_jobs.runtime.reconciler import Reconciler
 
@@ -281,6 +315,27 @@ def test_children__are_cancelled_with_their_parent_in_bounded_batches(kinds):
         pass
     assert Job.objects.filter(parent_id=job.id, status="cancelled").count() == 1_000
     assert reload(job).status == "cancelled"
+
+
+def test_cancel__reaches_grandchildren_and_cancel_tree_is_its_alias(kinds):
+    from durable_jobs.runtime.reconciler import Reconciler
+    from tests.integration.support import parent_with_live_children
+
+    parent, children = parent_with_live_children(kinds, count=2)
+    grandchildren = Job.objects.filter(parent_id__in=[c.id for c in children])
+    assert grandchildren.count() == 2
+    durable.cancel(parent.id, by="ops")
+    tree = [parent.id, *(c.id for c in children), *grandchildren.values_list("id", flat=True)]
+    assert (
+        list(Job.objects.filter(id__in=tree).values_list("cancelled_by", flat=True)) == ["ops"] * 5
+    )
+    while Reconciler().run_pass().cancelled:
+        pass
+    assert set(Job.objects.filter(id__in=tree).values_list("status", flat=True)) == {"cancelled"}
+
+    other, _ = parent_with_live_children(kinds, count=1, scope="tenant-b")
+    assert durable.cancel_tree(other.id, scope="tenant-b").id == other.id
+    assert Job.objects.filter(tenant_id="tenant-b", cancel_requested_at__isnull=True).count() == 0
 
 
 def test_cancel__a_child_alone_does_not_cancel_its_parent(kinds):
@@ -441,6 +496,23 @@ def test_after__a_job_runs_only_when_its_dependencies_completed(kinds):
     testing.fast_forward(b)
     testing.run_jobs()
     assert ran == ["a", "b", "report"]
+
+
+def test_after__the_dependent_reads_its_dependency_s_result_once_it_runs(kinds):
+    def report(job):
+        extract = durable.get(job.input["extract"])
+        return durable.Done({"extract_status": extract.status, "total": extract.result["rows"] * 2})
+
+    kinds.add("tests.flow.extract", lambda job: durable.Done({"rows": 7}))
+    kinds.add("tests.flow.report", report)
+    a = durable.start("tests.flow.extract", run_after=timedelta(hours=1))
+    dependent = durable.start("tests.flow.report", input={"extract": str(a.id)}, after=[a])
+    assert testing.run_jobs() == [], "neither may run yet"
+    testing.fast_forward(a)
+    testing.run_jobs()
+    row = reload(dependent)
+    assert (row.status, row.error_message) == ("completed", None)
+    assert row.result == {"extract_status": "completed", "total": 14}
 
 
 def test_after__a_failed_dependency_fails_the_job_with_its_own_code(kinds):

@@ -171,7 +171,7 @@ class Command(BaseCommand):
 
         for action, helptext in (
             ("show", "print one job in full"),
-            ("cancel", "request cancellation"),
+            ("cancel", "request cancellation of a job and every live job it spawned"),
             ("redrive", "re-drive a failed job"),
             (
                 "explain",
@@ -431,8 +431,8 @@ class Command(BaseCommand):
         self._emit(
             options,
             as_dict(job),
-            f"cancellation requested for {job.id} ({job.status}); "
-            "a running slice stops at its next heartbeat",
+            f"cancellation requested for {job.id} ({job.status}) and every live job it "
+            "spawned; a running slice stops at its next heartbeat",
         )
 
     def do_redrive(self, **options: Any) -> None:
