@@ -3601,19 +3601,23 @@ COMPLETE_MANY = (
 # The child's row: the parent's scope and queue settings, a creator naming the parent.
 # ON CONFLICT DO NOTHING: the child this parent already spawned under this key (the same
 # id, the same (parent, key)) is the answer, and the insert adds nothing (invariant 29).
+# A parent asked to cancel may still spawn until its slice sees the request: its children
+# are born with the same request, so none escapes a cancel that reached the parent first.
 SPAWN_CHILDREN = f"""
 WITH parent AS (
-    SELECT id, tenant_id, organization_id, priority FROM {TABLE}
+    SELECT id, tenant_id, organization_id, priority, cancel_requested_at, cancelled_by
+      FROM {TABLE}
      WHERE id = %(id)s AND {LEASE_HELD}
        FOR UPDATE
 ), born AS (
     INSERT INTO {TABLE} (
         id, tenant_id, organization_id, kind, status, created_by, created_at, updated_at,
-        input, parent_id, spawn_key, queue_name, priority, next_run_at, pending_since, flow_key
+        input, parent_id, spawn_key, queue_name, priority, next_run_at, pending_since, flow_key,
+        cancel_requested_at, cancelled_by
     )
     SELECT r.id, p.tenant_id, p.organization_id, r.kind, 'pending', 'job:' || p.id::text,
            now(), now(), r.input, p.id, r.spawn_key, r.queue, coalesce(r.priority, p.priority),
-           clock_timestamp(), now(), r.flow_key
+           clock_timestamp(), now(), r.flow_key, p.cancel_requested_at, p.cancelled_by
       FROM parent AS p,
            jsonb_to_recordset(%(rows)s::jsonb)
            AS r(id uuid, kind text, spawn_key text, input jsonb, queue text, priority smallint,

@@ -355,6 +355,32 @@ def test_cancel__a_child_alone_does_not_cancel_its_parent(kinds):
     assert row.result["statuses"] == ["cancelled", "completed"]
 
 
+def test_cancel__a_child_spawned_after_its_parent_was_asked_to_cancel_is_cancelled_too(kinds):
+    """The request reaches a running parent before its slice sees it: what the slice
+    spawns meanwhile is born asked to cancel, so no child escapes the parent's cancel."""
+    ran = []
+
+    def parent(job):
+        durable.cancel(job.id, scope=durable.Scope(tenant=job.row.tenant_id), by="ops")
+        with job.fenced():
+            job.spawn(CHILD, key="late")
+        return durable.DONE
+
+    kinds.add(PARENT, parent)
+    kinds.add(CHILD, lambda job: ran.append(job.id) or durable.DONE)
+    job = durable.start(PARENT)
+    testing.run_jobs(max_slices=1)
+    [late] = children_of(job)
+    assert late.cancel_requested_at is not None and late.cancelled_by == "ops"
+
+    from durable_jobs.runtime.reconciler import Reconciler
+
+    Reconciler().run_pass()
+    testing.run_jobs()
+    assert reload(late).status == "cancelled"
+    assert ran == []
+
+
 # --- events -----------------------------------------------------------------------
 
 
