@@ -3,11 +3,13 @@ after commit, the fenced claim of each delivery, cancel, the lost publish re-dri
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from datetime import timedelta
 
 import pytest
+import redis
 from django.db import transaction
 
 import durable_jobs as durable
@@ -18,7 +20,7 @@ from durable_jobs.runtime.reconciler import Reconciler
 from durable_jobs.states import Delivery, Lease
 from durable_jobs.transports import publishing as transports
 from durable_jobs.transports import streams
-from tests.brokers.support import QUEUE
+from tests.brokers.support import QUEUE, URLS
 from tests.factories import reload
 from tests.integration.support import fail
 
@@ -141,6 +143,43 @@ def test_cancel__the_claim_refuses_what_the_broker_cannot_take_back(brokered):
     )  # Redis removed it at the cancel; RabbitMQ's was dropped
     Reconciler().run_pass()
     assert reload(job).status == "cancelled"
+
+
+@pytest.fixture
+def on_redis(brokered, settings):
+    """A client of the real Redis the queue lives on, and the queue's stream name there."""
+    client = redis.Redis.from_url(URLS["redis"])
+    yield client, f"{settings.DURABLE_JOBS['BROKER_PREFIX']}.{QUEUE}"
+    client.close()
+
+
+@pytest.mark.parametrize("brokered", ["redis"], indirect=True)
+def test_cancel__redis_takes_a_ready_message_back_from_its_stream(on_redis):
+    client, stream = on_redis
+    job = durable.start("demo.noop", queue=QUEUE)
+    other = durable.start("demo.noop", queue=QUEUE)
+    assert client.xlen(stream) == 2
+
+    durable.cancel(job.id)
+
+    [(_, fields)] = client.xrange(stream)  # what is left: the other job's message
+    assert json.loads(fields[b"m"])["job_id"] == str(other.id)
+    assert transports.health()[0].backlog == 1
+
+
+@pytest.mark.parametrize("brokered", ["redis"], indirect=True)
+def test_cancel__redis_takes_a_delayed_message_back_from_its_scheduled_set(on_redis):
+    client, stream = on_redis
+    job = durable.start("demo.noop", queue=QUEUE, run_after=timedelta(minutes=5))
+    later = durable.start("demo.noop", queue=QUEUE, run_after=timedelta(minutes=5))
+    assert client.zcard(f"{stream}.scheduled") == 2
+
+    durable.cancel(job.id)
+
+    [member] = client.zrange(f"{stream}.scheduled", 0, -1)
+    assert json.loads(member)["job_id"] == str(later.id)
+    assert transports.health()[0].delayed == 1
+    assert client.xlen(stream) == 0
 
 
 def test_a_kind_with_flow_control__is_refused_on_a_broker_queue_in_one_line(brokered, kinds):
