@@ -20,7 +20,7 @@ from durable_jobs.runtime.reconciler import Reconciler
 from durable_jobs.states import Delivery, Lease
 from durable_jobs.transports import publishing as transports
 from durable_jobs.transports import streams
-from tests.brokers.support import QUEUE, URLS
+from tests.brokers.support import QUEUE, URLS, black_hole
 from tests.factories import reload
 from tests.integration.support import fail
 
@@ -295,6 +295,40 @@ def test_lost_publish__is_re_driven_by_the_stale_pending_pass(brokered, settings
     worker = Intake([QUEUE])
     claimed = [take(worker)[0] for _ in jobs]
     assert {c[0].id for c in claimed} == {j.id for j in jobs}
+
+
+def test_a_publish_that_times_out__commits_the_start_and_is_re_driven(brokered, settings, caplog):
+    """A broker that accepts the connection and never answers: the publish gives up after
+    BROKER_TIMEOUT, the start stays committed, one WARNING line says so, and the
+    stale-pending pass publishes the job once the broker answers."""
+    working = settings.DURABLE_JOBS
+    with black_hole() as port:
+        hanging = {
+            "rabbitmq": f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+            "redis": f"redis://127.0.0.1:{port}/0",
+        }
+        settings.DURABLE_JOBS = {**working, "BROKER_URLS": hanging, "BROKER_TIMEOUT": 0.5}
+        with caplog.at_level(logging.DEBUG, logger="durable_jobs.transports"):
+            began = time.monotonic()
+            with transaction.atomic():
+                job = durable.start("demo.noop", queue=QUEUE)
+            took = time.monotonic() - began
+
+    assert 0.4 <= took < 1.5  # it waited for the broker, for about BROKER_TIMEOUT
+    row = reload(job)
+    assert (row.status, row.queue_job_id, row.redrives) == ("pending", None, 0)
+    [said] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    line = said.getMessage()
+    assert said.levelname == "WARNING" and "\n" not in line and said.exc_info is None
+    assert f"the {brokered} broker is unreachable" in line
+    assert "re-driven as stale pending once it is back" in line
+
+    settings.DURABLE_JOBS = {**working, "PENDING_TTL": 0.001}
+    assert Reconciler().run_pass().lost_deliveries == 1
+    assert reload(job).redrives == 1
+    assert backlog(settles_at=(1, 0)) == (1, 0)
+    [claimed] = take(Intake([QUEUE]))[0]
+    assert (claimed.id, claimed.redrives) == (job.id, 1)
 
 
 def test_stale_pass__leaves_a_job_whose_message_waits_behind_others(brokered, settings):
