@@ -117,6 +117,34 @@ def test_consume__a_straggler_of_an_earlier_pair_claims_nothing(brokered):
     assert backlog(settles_at=(0, 0)) == (0, 0)
 
 
+def test_consume__a_stale_delivery_is_dropped_with_one_debug_line(brokered, caplog):
+    """Issue item 3: acked and dropped, logged at debug; an operator sees no warning."""
+    job = durable.start("demo.noop", queue=QUEUE)
+    worker = Intake([QUEUE])
+    [first] = take(worker)[0]
+    assert store.yield_slice(lease(first)) == Delivery(seq=1, redrives=0)
+    transports.publish_job(  # only a late copy of the first pair is in the broker
+        job.id,
+        queue=QUEUE,
+        kind=job.kind,
+        tenant=job.tenant_id,
+        organization=None,
+        delivery=Delivery(seq=0, redrives=0),
+    )
+
+    with caplog.at_level(logging.DEBUG, logger="durable_jobs.worker"):
+        assert take(worker) == ([], intake.AGAIN)
+
+    said = [r for r in caplog.records if r.name == "durable_jobs.worker"]
+    assert [(r.levelname, r.getMessage().split(":")[0]) for r in said] == [
+        ("DEBUG", f"job {job.id}")
+    ]
+    assert "delivery (seq 0, redrives 0) claims nothing" in said[0].getMessage()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert backlog(settles_at=(0, 0)) == (0, 0)  # acked: gone from the broker
+    assert reload(job).continuation_seq == 1
+
+
 def test_consume__a_retry_is_published_with_its_backoff(brokered):
     job = durable.start("demo.noop", queue=QUEUE)
     worker = Intake([QUEUE])
