@@ -31,6 +31,9 @@ from typing import Any
 
 import pika  # type: ignore[import-untyped]
 import pika.exceptions  # type: ignore[import-untyped]
+from pika.adapters.utils.connection_workflow import (  # type: ignore[import-untyped]
+    AMQPConnectorException,
+)
 
 from durable_jobs.transports.base import (
     Broker,
@@ -41,7 +44,9 @@ from durable_jobs.transports.base import (
     close_quietly,
 )
 
-_FAILURES = (pika.exceptions.AMQPError, OSError, AssertionError)
+# AMQPConnectorException: a connection that timed out in its handshake (a broker that
+# accepts the connection and never answers) is raised as one, outside AMQPError.
+_FAILURES = (pika.exceptions.AMQPError, AMQPConnectorException, OSError, AssertionError)
 
 # pika logs every failed connection attempt at ERROR, with a traceback, from several of its
 # modules: during an outage that is a screenful per retry per slot. This transport reports

@@ -88,10 +88,11 @@ class RedisStreams(Broker):
 
     def _open(self) -> redis.Redis:
         if self._client is None:
-            # A blocking read waits up to a second: the socket timeout stays above it.
+            # Every reply within BROKER_TIMEOUT, a publish's confirmation included; a
+            # blocking read asks the server to answer well before that (``_receive``).
             self._client = redis.Redis.from_url(
                 self.url,
-                socket_timeout=self.timeout + 2.0,
+                socket_timeout=self.timeout,
                 socket_connect_timeout=self.timeout,
             )
         return self._client
@@ -149,7 +150,7 @@ class RedisStreams(Broker):
                 streams[stream] = ">"
             taken = self._reclaim(client, queues)
             if taken is None:
-                block = int(min(wait, 1.0) * 1000)
+                block = int(min(wait, 1.0, self.timeout / 2) * 1000)
                 reply = client.xreadgroup(
                     GROUP, self.consumer, streams, count=1, block=block if block > 0 else None
                 )

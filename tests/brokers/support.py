@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -223,3 +224,34 @@ def own_broker(transport: str) -> Iterator[OwnRabbitMQ | OwnRedis]:
     """A broker of this test's own, to cut and restart."""
     with own_rabbitmq() if transport == "rabbitmq" else own_redis() as server:
         yield server
+
+
+@contextlib.contextmanager
+def black_hole() -> Iterator[int]:
+    """A TCP port that accepts connections and never answers: a broker that hangs.
+
+    Yields the port; every connection it accepted is closed, and the listener with them,
+    when the block ends.
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.1)
+    accepted: list[socket.socket] = []
+    done = threading.Event()
+
+    def accept() -> None:
+        while not done.is_set():
+            with contextlib.suppress(OSError):
+                accepted.append(listener.accept()[0])  # held open, never read or answered
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        done.set()
+        thread.join(5)
+        for connection in accepted:
+            connection.close()
+        listener.close()

@@ -3,11 +3,13 @@ after commit, the fenced claim of each delivery, cancel, the lost publish re-dri
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from datetime import timedelta
 
 import pytest
+import redis
 from django.db import transaction
 
 import durable_jobs as durable
@@ -18,7 +20,7 @@ from durable_jobs.runtime.reconciler import Reconciler
 from durable_jobs.states import Delivery, Lease
 from durable_jobs.transports import publishing as transports
 from durable_jobs.transports import streams
-from tests.brokers.support import QUEUE
+from tests.brokers.support import QUEUE, URLS, black_hole
 from tests.factories import reload
 from tests.integration.support import fail
 
@@ -115,6 +117,34 @@ def test_consume__a_straggler_of_an_earlier_pair_claims_nothing(brokered):
     assert backlog(settles_at=(0, 0)) == (0, 0)
 
 
+def test_consume__a_stale_delivery_is_dropped_with_one_debug_line(brokered, caplog):
+    """Issue item 3: acked and dropped, logged at debug; an operator sees no warning."""
+    job = durable.start("demo.noop", queue=QUEUE)
+    worker = Intake([QUEUE])
+    [first] = take(worker)[0]
+    assert store.yield_slice(lease(first)) == Delivery(seq=1, redrives=0)
+    transports.publish_job(  # only a late copy of the first pair is in the broker
+        job.id,
+        queue=QUEUE,
+        kind=job.kind,
+        tenant=job.tenant_id,
+        organization=None,
+        delivery=Delivery(seq=0, redrives=0),
+    )
+
+    with caplog.at_level(logging.DEBUG, logger="durable_jobs.worker"):
+        assert take(worker) == ([], intake.AGAIN)
+
+    said = [r for r in caplog.records if r.name == "durable_jobs.worker"]
+    assert [(r.levelname, r.getMessage().split(":")[0]) for r in said] == [
+        ("DEBUG", f"job {job.id}")
+    ]
+    assert "delivery (seq 0, redrives 0) claims nothing" in said[0].getMessage()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert backlog(settles_at=(0, 0)) == (0, 0)  # acked: gone from the broker
+    assert reload(job).continuation_seq == 1
+
+
 def test_consume__a_retry_is_published_with_its_backoff(brokered):
     job = durable.start("demo.noop", queue=QUEUE)
     worker = Intake([QUEUE])
@@ -141,6 +171,43 @@ def test_cancel__the_claim_refuses_what_the_broker_cannot_take_back(brokered):
     )  # Redis removed it at the cancel; RabbitMQ's was dropped
     Reconciler().run_pass()
     assert reload(job).status == "cancelled"
+
+
+@pytest.fixture
+def on_redis(brokered, settings):
+    """A client of the real Redis the queue lives on, and the queue's stream name there."""
+    client = redis.Redis.from_url(URLS["redis"])
+    yield client, f"{settings.DURABLE_JOBS['BROKER_PREFIX']}.{QUEUE}"
+    client.close()
+
+
+@pytest.mark.parametrize("brokered", ["redis"], indirect=True)
+def test_cancel__redis_takes_a_ready_message_back_from_its_stream(on_redis):
+    client, stream = on_redis
+    job = durable.start("demo.noop", queue=QUEUE)
+    other = durable.start("demo.noop", queue=QUEUE)
+    assert client.xlen(stream) == 2
+
+    durable.cancel(job.id)
+
+    [(_, fields)] = client.xrange(stream)  # what is left: the other job's message
+    assert json.loads(fields[b"m"])["job_id"] == str(other.id)
+    assert transports.health()[0].backlog == 1
+
+
+@pytest.mark.parametrize("brokered", ["redis"], indirect=True)
+def test_cancel__redis_takes_a_delayed_message_back_from_its_scheduled_set(on_redis):
+    client, stream = on_redis
+    job = durable.start("demo.noop", queue=QUEUE, run_after=timedelta(minutes=5))
+    later = durable.start("demo.noop", queue=QUEUE, run_after=timedelta(minutes=5))
+    assert client.zcard(f"{stream}.scheduled") == 2
+
+    durable.cancel(job.id)
+
+    [member] = client.zrange(f"{stream}.scheduled", 0, -1)
+    assert json.loads(member)["job_id"] == str(later.id)
+    assert transports.health()[0].delayed == 1
+    assert client.xlen(stream) == 0
 
 
 def test_a_kind_with_flow_control__is_refused_on_a_broker_queue_in_one_line(brokered, kinds):
@@ -256,6 +323,40 @@ def test_lost_publish__is_re_driven_by_the_stale_pending_pass(brokered, settings
     worker = Intake([QUEUE])
     claimed = [take(worker)[0] for _ in jobs]
     assert {c[0].id for c in claimed} == {j.id for j in jobs}
+
+
+def test_a_publish_that_times_out__commits_the_start_and_is_re_driven(brokered, settings, caplog):
+    """A broker that accepts the connection and never answers: the publish gives up after
+    BROKER_TIMEOUT, the start stays committed, one WARNING line says so, and the
+    stale-pending pass publishes the job once the broker answers."""
+    working = settings.DURABLE_JOBS
+    with black_hole() as port:
+        hanging = {
+            "rabbitmq": f"amqp://guest:guest@127.0.0.1:{port}/%2F",
+            "redis": f"redis://127.0.0.1:{port}/0",
+        }
+        settings.DURABLE_JOBS = {**working, "BROKER_URLS": hanging, "BROKER_TIMEOUT": 0.5}
+        with caplog.at_level(logging.DEBUG, logger="durable_jobs.transports"):
+            began = time.monotonic()
+            with transaction.atomic():
+                job = durable.start("demo.noop", queue=QUEUE)
+            took = time.monotonic() - began
+
+    assert 0.4 <= took < 1.5  # it waited for the broker, for about BROKER_TIMEOUT
+    row = reload(job)
+    assert (row.status, row.queue_job_id, row.redrives) == ("pending", None, 0)
+    [said] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    line = said.getMessage()
+    assert said.levelname == "WARNING" and "\n" not in line and said.exc_info is None
+    assert f"the {brokered} broker is unreachable" in line
+    assert "re-driven as stale pending once it is back" in line
+
+    settings.DURABLE_JOBS = {**working, "PENDING_TTL": 0.001}
+    assert Reconciler().run_pass().lost_deliveries == 1
+    assert reload(job).redrives == 1
+    assert backlog(settles_at=(1, 0)) == (1, 0)
+    [claimed] = take(Intake([QUEUE]))[0]
+    assert (claimed.id, claimed.redrives) == (job.id, 1)
 
 
 def test_stale_pass__leaves_a_job_whose_message_waits_behind_others(brokered, settings):
