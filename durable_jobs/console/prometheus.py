@@ -104,6 +104,12 @@ class DatabaseCollector:
             "Age of the oldest pending job",
             value=data["oldest_pending_seconds"] or 0.0,
         )
+        oldest = data["oldest_transaction"]
+        yield GaugeMetricFamily(
+            "durable_jobs_oldest_transaction_seconds",
+            "Age of the database's oldest open transaction (it pins what vacuum may remove)",
+            value=float(oldest["age_seconds"]) if oldest else 0.0,
+        )
         yield GaugeMetricFamily(
             "durable_jobs_running_expired_leases",
             "Running jobs whose lease expired",

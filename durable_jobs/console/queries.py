@@ -138,9 +138,10 @@ SELECT error_code, count(*) FROM {TABLE}
 # held jobs (durable_jobs_held), and jobs finished in the last 1, 5 and 15 minutes:
 # unparked ones through durable_jobs_finished, parked ones through the parked index. Every
 # read is proportional to the live backlog, the parked jobs or the last 15 minutes'
-# finished jobs, never to the history.
+# finished jobs, never to the history. And the oldest open transaction (OLDEST_TRANSACTION).
 STATS_FIGURES = f"""
 SELECT clock_timestamp(),
+       ({{oldest_transaction}}),
        (SELECT min(pending_since) FROM {TABLE} WHERE status = 'pending' {{scope}}),
        (SELECT count(*) FROM {TABLE} WHERE status = 'running' AND lease_owner IS NOT NULL
            AND lease_expires_at < now() {{scope}}),
@@ -164,6 +165,24 @@ SELECT clock_timestamp(),
               ORDER BY finished_at DESC LIMIT %(sample)s)
         ) AS both_kinds ORDER BY finished_at DESC LIMIT %(sample)s) AS finished
 """
+
+#: The oldest transaction in this database that holds back what vacuum may remove (it has
+#: an XID or a snapshot), as a JSON object, or NULL. While it lasts, every job row version
+#: that died after it began stays, in the table and in the claim's index, and each claim
+#: steps over them (docs/operations.rst, "A pinned horizon"). Another role's sessions
+#: show only to a role with pg_read_all_stats (PostgreSQL hides their transaction times);
+#: prepared transactions and replication slots, which pin it too, are not read. This
+#: session's own transaction is left out.
+OLDEST_TRANSACTION = """SELECT json_build_object(
+           'pid', pid, 'application_name', application_name, 'state', state,
+           'age_seconds', round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1),
+           'holds_xid', backend_xid IS NOT NULL)
+      FROM pg_stat_activity
+     WHERE datname = current_database() AND pid <> pg_backend_pid()
+       AND xact_start IS NOT NULL
+       AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
+     ORDER BY xact_start
+     LIMIT 1"""
 
 #: The throughput windows read at most this many of the newest finished rows. Below about
 #: 11 jobs/s over the widest window (15 minutes) every count is exact; above it the rows
@@ -211,9 +230,10 @@ def stats_figures(
     """Return the database's clock, the backlog figures and finished counts per window (minutes).
 
     Keys: ``now``, ``oldest_pending`` (pending_since, or None), ``expired`` (running with an
-    expired lease), ``retrying``, ``held``, ``finished``: ``{minutes: {status: count}}``, and
+    expired lease), ``retrying``, ``held``, ``finished``: ``{minutes: {status: count}}``,
     ``finished_estimated``: the windows counted from the newest ``FINISHED_SAMPLE`` rows'
-    rate rather than row by row (none below about 11 jobs/s).
+    rate rather than row by row (none below about 11 jobs/s), and ``oldest_transaction``
+    (``OLDEST_TRANSACTION``: pid, application_name, state, age_seconds, holds_xid; or None).
     """
     clause, params = _scope_clause(tenant, scope)
     columns = ",\n       ".join(
@@ -222,11 +242,13 @@ def stats_figures(
         for minutes in windows
         for status in _FINISHED_STATUSES
     )
-    sql = STATS_FIGURES.format(scope=clause, windows=columns)
+    sql = STATS_FIGURES.format(scope=clause, windows=columns, oldest_transaction=OLDEST_TRANSACTION)
     widest = max(int(m) for m in windows)
     with execute(using, sql, {**params, "widest": widest, "sample": FINISHED_SAMPLE}) as cursor:
         row = cursor.fetchone()
-    now, sampled, oldest_sampled = row[0], int(row[5]), row[6]
+    now, oldest_transaction = row[0], row[1]
+    row = (row[0], *row[2:])
+    sampled, oldest_sampled = int(row[5]), row[6]
     counts = iter(row[7:])
     finished, estimated = {}, []
     for minutes in windows:
@@ -246,6 +268,11 @@ def stats_figures(
         "held": int(row[4]),
         "finished": finished,
         "finished_estimated": estimated,
+        "oldest_transaction": (
+            json.loads(oldest_transaction)
+            if isinstance(oldest_transaction, str)
+            else oldest_transaction
+        ),
     }
 
 

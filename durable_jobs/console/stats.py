@@ -128,6 +128,9 @@ def collect(
             }
             for key in store.list_flow_keys(flow=claims.claim_settings(), using=using)
         },
+        # The oldest open transaction in the database (queries.OLDEST_TRANSACTION): one
+        # that lasts minutes pins what vacuum may remove, and every claim slows down.
+        "oldest_transaction": figures["oldest_transaction"],
         "finished_last": throughput,
         # Windows past queries.FINISHED_SAMPLE rows are the newest rows' rate, not a count.
         "finished_last_estimated": [f"{minutes}m" for minutes in figures["finished_estimated"]],
@@ -138,6 +141,27 @@ def collect(
 
 
 FINISHED = ("completed", "failed", "cancelled")
+
+#: An open transaction older than this is named as pinning the horizon: at a thousand jobs
+#: a second, a minute leaves some 120,000 dead row versions for every claim to step over
+#: (docs/performance.rst, "A pinned horizon").
+PINNED_AFTER_SECONDS = 60.0
+
+
+def describe_oldest_transaction(found: dict[str, Any] | None) -> str:
+    """One line on the oldest open transaction, saying so when it pins the horizon."""
+    if not found:
+        return "oldest open transaction: none"
+    line = (
+        f"oldest open transaction: {float(found['age_seconds']):.1f}s "
+        f"(pid {found['pid']}, {found['application_name'] or '-'}, {found['state'] or '-'})"
+    )
+    if float(found["age_seconds"]) >= PINNED_AFTER_SECONDS:
+        line += (
+            " - it pins the horizon: no dead job row can be vacuumed and claims slow down"
+            " until it ends"
+        )
+    return line
 
 
 def _add_finished_estimates(

@@ -522,6 +522,7 @@ class Command(BaseCommand):
                 ", ".join(f"{reason} {n}" for reason, n in data["parked_by_reason"].items())
                 or "none"
             ),
+            stats.describe_oldest_transaction(data["oldest_transaction"]),
             "finished: "
             + "; ".join(
                 f"last {window}: {c['completed']} completed, {c['failed']} failed, "
