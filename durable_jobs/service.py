@@ -559,20 +559,26 @@ def cancel(
 
     Cancellation is a request: a running slice sees it at its next heartbeat and ends
     itself; a pending job is ended by the reconciler. The job's own request comes first,
-    then its live descendants' (children, their children, …) in bounded batches
-    (``cancel_descendants``). Cancelling a child never cancels its parent: a parent
-    waiting with policy ``fail`` or ``cancel`` ends ``child_failed`` on its own. A
-    finished job raises ``WrongState`` (its descendants are left alone); a row held by a
-    worker's transaction longer than ``OPERATOR_LOCK_WAIT`` raises ``JobBusy`` (nothing
-    changed, the caller's transaction stays usable).
+    then its live descendants' (children, their children, …) a page of ``CANCEL_BATCH``
+    per statement (``cancel_descendants``). Cancelling a child never cancels its parent: a
+    parent waiting with policy ``fail`` or ``cancel`` ends ``child_failed`` on its own.
+
+    A finished job raises ``WrongState`` (its descendants are left alone). A row held by a
+    worker's transaction longer than ``OPERATOR_LOCK_WAIT`` raises ``JobBusy``, leaving
+    the caller's transaction usable: behind the job's own row nothing changed; behind a
+    descendant's the job and the descendants before it were asked, and calling ``cancel``
+    again finishes the walk. Inside the caller's ``atomic()`` the job's row stays locked
+    while its descendants are asked, so a child ending at that moment waits for the
+    caller's commit; one that locked its own row first meets this call in a deadlock that
+    PostgreSQL breaks after ``deadlock_timeout`` (the worker retries its write, or this
+    call raises). In autocommit each statement is its own transaction and neither happens.
     """
     scope = scope_of(scope)
     parsed = _job_id(job_id)
     if by is not None:
         by = validation.key("by", by, max_length=200)
-    job = store.request_cancel(
-        parsed, scope, by=by, lock_timeout_ms=conf.ms(conf.get().OPERATOR_LOCK_WAIT), using=using
-    )
+    lock_timeout_ms = conf.ms(conf.get().OPERATOR_LOCK_WAIT)
+    job = store.request_cancel(parsed, scope, by=by, lock_timeout_ms=lock_timeout_ms, using=using)
     if job is None:
         existing = get(parsed, scope=scope, using=using)
         raise WrongState(existing.id, existing.status, "cancel", "it has already finished")
@@ -583,6 +589,7 @@ def cancel(
             job.id,
             Scope(tenant=job.tenant_id, organization=job.organization_id),
             by=by,
+            lock_timeout_ms=lock_timeout_ms,
             using=using,
         )
     return job
@@ -593,26 +600,40 @@ CANCEL_BATCH = 500
 
 
 def cancel_descendants(
-    parent_id: Any, scope: Scope, *, by: str | None, using: str = DEFAULT_DB_ALIAS
+    parent_id: Any,
+    scope: Scope,
+    *,
+    by: str | None,
+    lock_timeout_ms: int | None = None,
+    using: str = DEFAULT_DB_ALIAS,
 ) -> int:
-    """Ask every live descendant of ``parent_id`` to cancel, a bounded batch per statement.
+    """Ask every live descendant of ``parent_id`` to cancel, a bounded page per statement.
 
-    Each batch is one statement (its own transaction when the caller has none), so a
+    Each page is one statement (its own transaction when the caller has none), so a
     thousand children never make one giant transaction or pile of row locks. The parent
-    itself is not touched. Returns how many were asked.
+    itself is not touched. The walk descends into every live child with children, asked
+    now or before, so running it again after it stopped part-way reaches what it missed.
+    Returns how many were asked now. ``lock_timeout_ms``: see ``store.request_cancel_children``.
     """
     asked = 0
     parents = [parent_id]
     while parents:
-        parent = parents.pop()
+        parent, after = parents.pop(), None
         while True:
-            batch = store.request_cancel_children(
-                parent, scope, by=by, limit=CANCEL_BATCH, using=using
+            page = store.request_cancel_children(
+                parent,
+                scope,
+                by=by,
+                limit=CANCEL_BATCH,
+                after=after,
+                lock_timeout_ms=lock_timeout_ms,
+                using=using,
             )
-            asked += len(batch)
-            parents.extend(child for child, has_children in batch if has_children)
-            if len(batch) < CANCEL_BATCH:
+            asked += sum(1 for _, _, now in page if now)
+            parents.extend(child for child, has_children, _ in page if has_children)
+            if len(page) < CANCEL_BATCH:
                 break
+            after = page[-1][0]
     return asked
 
 

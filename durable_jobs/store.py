@@ -3803,33 +3803,63 @@ def uncount_child(parent_id: object, *, using: str = DEFAULT_DB_ALIAS) -> bool:
     return fetch_value(using, UNCOUNT_CHILD, {"parent": parent_id}) is not None
 
 
-# Cancel across a tree, one bounded batch per statement: the caller runs it until it
-# answers nothing, so a thousand children never make one giant transaction (a request,
-# never a status write: invariant 8). Returns each child and whether it has children.
+# Cancel across a tree, one bounded page of children per statement: the caller pages by
+# id until a page comes back short, so a thousand children never make one giant
+# transaction (a request, never a status write: invariant 8).
 REQUEST_CANCEL_CHILDREN = f"""
 WITH batch AS (
-    SELECT id FROM {TABLE}
+    SELECT id, children_total > 0 AS has_children, cancel_requested_at IS NULL AS unasked
+      FROM {TABLE}
      WHERE parent_id = %(parent)s AND {SCOPE} AND status IN {LIVE}
-       AND cancel_requested_at IS NULL
+       AND (%(after)s::uuid IS NULL OR id > %(after)s::uuid)
      ORDER BY id
      LIMIT %(limit)s
        FOR UPDATE
+), asked AS (
+    UPDATE {TABLE} AS j
+       SET cancel_requested_at = now(), cancelled_by = %(by)s, updated_at = now()
+      FROM batch
+     WHERE j.id = batch.id AND batch.unasked AND j.status IN {LIVE}
+       AND j.cancel_requested_at IS NULL
+    RETURNING j.id
 )
-UPDATE {TABLE} AS j
-   SET cancel_requested_at = now(), cancelled_by = %(by)s, updated_at = now()
-  FROM batch
- WHERE j.id = batch.id AND j.status IN {LIVE} AND j.cancel_requested_at IS NULL
-RETURNING j.id, j.children_total > 0
+SELECT batch.id, batch.has_children, batch.id IN (SELECT id FROM asked)
+  FROM batch ORDER BY batch.id
 """
 
 
 def request_cancel_children(
-    parent_id: object, scope: Scope, *, by: str | None, limit: int, using: str = DEFAULT_DB_ALIAS
-) -> list[tuple[Any, bool]]:
-    """Request cancellation of up to ``limit`` live children; ``(id, has children)`` each."""
-    params = {"parent": parent_id, **scope_params(scope), "by": by, "limit": limit}
-    with execute(using, REQUEST_CANCEL_CHILDREN, params) as cursor:
-        return [(row[0], bool(row[1])) for row in cursor.fetchall()]
+    parent_id: object,
+    scope: Scope,
+    *,
+    by: str | None,
+    limit: int,
+    after: object = None,
+    lock_timeout_ms: int | None = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[tuple[Any, bool, bool]]:
+    """Ask up to ``limit`` live children (ids past ``after``, in id order) to cancel.
+
+    Returns ``(id, has children, asked now)`` for every live child of the page, asked
+    before or now, so a walk stopped part-way (a timeout, a cut connection) and started
+    again still reaches the subtrees below children it had already asked. The page's rows
+    are locked in id order: two walks over one tree cannot deadlock each other. With
+    ``lock_timeout_ms``, raises ``JobBusy`` (naming the parent) rather than wait longer
+    behind a transaction holding a child.
+    """
+    params = {
+        "parent": parent_id,
+        **scope_params(scope),
+        "by": by,
+        "limit": limit,
+        "after": None if after is None else str(after),
+    }
+
+    def page() -> list[tuple[Any, bool, bool]]:
+        with execute(using, REQUEST_CANCEL_CHILDREN, params) as cursor:
+            return [(row[0], bool(row[1]), bool(row[2])) for row in cursor.fetchall()]
+
+    return _waiting_at_most(lock_timeout_ms, parent_id, "cancel", page, using=using)
 
 
 # Dependencies: ``start(after=[...])``. In the start's transaction, right after its insert

@@ -70,6 +70,8 @@ def bulk_action(job):
     if spec.get("resume_of"):
         matching = matching.exclude(id=spec["resume_of"])
     while True:
+        if action == "cancel":
+            _ask_descendants(state, by)
         page = matching
         if state["after"] is not None:
             at, last_id = datetime.fromisoformat(state["after"][0]), state["after"][1]
@@ -140,6 +142,18 @@ def _matching(filters: dict, ids: list | None, user: Any) -> QuerySet[Job]:
     return console.scoped(queryset, user)
 
 
+def _ask_descendants(state: dict, by: str) -> None:
+    """Ask the live descendants of the last chunk's cancelled jobs to cancel, as
+    ``service.cancel`` does: outside the chunk's fenced transaction, a page per statement,
+    so a tree never adds its rows to the chunk's locks. A walk repeated after a crash asks
+    only what is still unasked."""
+    for parent_id, tenant, organization in state.get("descend", []):
+        service.cancel_descendants(
+            parent_id, Scope(tenant=tenant, organization=organization), by=by
+        )
+    state["descend"] = []
+
+
 def _count(state: dict, reason: str | None) -> None:
     if reason is None:
         state["changed"] += 1
@@ -148,17 +162,18 @@ def _count(state: dict, reason: str | None) -> None:
 
 
 def _cancel_chunk(chunk: list, by: str, state: dict) -> None:
-    """One statement for the chunk; the rows it did not change are counted by why. The live
-    descendants of each job it asked are asked too, as ``service.cancel`` does."""
+    """One statement for the chunk; the rows it did not change are counted by why. The
+    jobs it asked that have children are kept in ``state["descend"]``, saved with the
+    chunk's checkpoint, for ``_ask_descendants`` once the chunk has committed."""
 
     changed = store.request_cancel_many([(i, t, o) for i, t, o, _, _ in chunk], by=by)
     parents = Job.objects.filter(id__in=changed, children_total__gt=0)
-    for parent_id, tenant, organization in parents.values_list(
-        "id", "tenant_id", "organization_id"
-    ):
-        service.cancel_descendants(
-            parent_id, Scope(tenant=tenant, organization=organization), by=by
+    state["descend"] = [
+        [str(parent_id), tenant, organization]
+        for parent_id, tenant, organization in parents.values_list(
+            "id", "tenant_id", "organization_id"
         )
+    ]
     rest = [row[0] for row in chunk if row[0] not in changed]
     statuses = dict(Job.objects.filter(id__in=rest).values_list("id", "status")) if rest else {}
     for _ in changed:

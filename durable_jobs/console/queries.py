@@ -169,17 +169,18 @@ SELECT clock_timestamp(),
 #: The oldest transaction in this database that holds back what vacuum may remove (it has
 #: an XID or a snapshot), as a JSON object, or NULL. While it lasts, every job row version
 #: that died after it began stays, in the table and in the claim's index, and each claim
-#: steps over them (docs/operations.rst, "A pinned horizon"). Another role's sessions
-#: show only to a role with pg_read_all_stats (PostgreSQL hides their transaction times);
-#: prepared transactions and replication slots, which pin it too, are not read. This
-#: session's own transaction is left out.
+#: steps over them (docs/performance.rst, "A pinned horizon"). Client sessions only: a
+#: vacuum's own transaction holds nothing back, and must not be named as the culprit.
+#: Another role's sessions show only to a role with pg_read_all_stats (PostgreSQL hides
+#: their transaction times); prepared transactions and replication slots, which pin it
+#: too, are not read. This session's own transaction is left out.
 OLDEST_TRANSACTION = """SELECT json_build_object(
            'pid', pid, 'application_name', application_name, 'state', state,
            'age_seconds', round(extract(epoch FROM clock_timestamp() - xact_start)::numeric, 1),
            'holds_xid', backend_xid IS NOT NULL)
       FROM pg_stat_activity
      WHERE datname = current_database() AND pid <> pg_backend_pid()
-       AND xact_start IS NOT NULL
+       AND backend_type = 'client backend' AND xact_start IS NOT NULL
        AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
      ORDER BY xact_start
      LIMIT 1"""

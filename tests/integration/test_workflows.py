@@ -317,6 +317,55 @@ def test_children__are_cancelled_with_their_parent_in_bounded_batches(kinds):
     assert reload(job).status == "cancelled"
 
 
+def test_cancel__a_walk_stopped_part_way_is_finished_by_cancelling_again(kinds, monkeypatch):
+    """A walk that asked the children and stopped before their own children (a lock
+    timeout, a cut connection): cancelling again reaches the grandchildren, a page of one
+    child per statement."""
+    from durable_jobs import service
+    from tests.integration.support import parent_with_live_children
+
+    monkeypatch.setattr(service, "CANCEL_BATCH", 1)
+    parent, children = parent_with_live_children(kinds, count=3)
+    grandchildren = Job.objects.filter(parent_id__in=[c.id for c in children])
+    scope = durable.Scope(tenant=parent.tenant_id)
+    asked = store.request_cancel_children(parent.id, scope, by="ops", limit=10)
+    assert sorted(child for child, _, now in asked if now) == sorted(c.id for c in children)
+    assert grandchildren.filter(cancel_requested_at__isnull=True).count() == 3
+
+    durable.cancel(parent.id, by="ops")
+
+    assert grandchildren.filter(cancel_requested_at__isnull=True).count() == 0
+    assert set(grandchildren.values_list("cancelled_by", flat=True)) == {"ops"}
+
+
+def test_cancel__a_descendant_held_past_the_lock_wait_is_busy_and_a_retry_finishes(
+    kinds, other_connection, settings
+):
+    """A worker's transaction holding a child: the operator gets JobBusy instead of hanging
+    behind it; the parent was asked, and cancelling again once it is free asks the rest."""
+    from durable_jobs.exceptions import JobBusy
+    from tests.integration.support import parent_with_live_children
+
+    settings.DURABLE_JOBS = {**settings.DURABLE_JOBS, "OPERATOR_LOCK_WAIT": 0.2}
+    parent, children = parent_with_live_children(kinds, count=2)
+    other_connection.execute("BEGIN")
+    other_connection.execute(
+        "SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [children[0].id]
+    )
+    try:
+        with pytest.raises(JobBusy):
+            durable.cancel(parent.id, by="ops")
+    finally:
+        other_connection.execute("ROLLBACK")
+    assert reload(parent).cancel_requested_at is not None
+    assert reload(children[0]).cancel_requested_at is None
+
+    durable.cancel(parent.id, by="ops")
+
+    tree = Job.objects.filter(parent_id__in=[parent.id, *(c.id for c in children)])
+    assert tree.count() == 4 and not tree.filter(cancel_requested_at__isnull=True).exists()
+
+
 def test_cancel__reaches_grandchildren_and_cancel_tree_is_its_alias(kinds):
     from durable_jobs.runtime.reconciler import Reconciler
     from tests.integration.support import parent_with_live_children
