@@ -339,7 +339,13 @@ class JobAdmin(JobColumns, admin.ModelAdmin):
             if "unrecoverable" in (job.error_class, job.error_code):
                 wanted.append("force_redrive_jobs")
         found = [(name, offered.get(name)) for name in wanted]
-        return [(name, str(entry[2])) for name, entry in found if entry is not None]
+        # Django 6.1's actions are objects with a description; 5.2's are (func, name,
+        # description) tuples, whose indexing 6.1 deprecates.
+        return [
+            (name, str(getattr(entry, "description", None) or entry[2]))
+            for name, entry in found
+            if entry is not None
+        ]
 
     def _from_job(self, request: HttpRequest) -> str | None:
         """The job whose page asked for this action (its only selected job), if any."""
