@@ -47,6 +47,19 @@ def take(worker: Intake, *, wait: float = 2.0) -> tuple[list, str]:
     return worker.claim("w", TTL_MS, limit=1, wait=wait)
 
 
+def publish_first_pair_again(job) -> None:
+    """A late copy of the job's first delivery, (seq 0, redrives 0), as a broker that
+    redelivers or a slow publisher would leave it."""
+    transports.publish_job(
+        job.id,
+        queue=QUEUE,
+        kind=job.kind,
+        tenant=job.tenant_id,
+        organization=None,
+        delivery=Delivery(seq=0, redrives=0),
+    )
+
+
 def lease(job) -> Lease:
     return Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=TTL_MS)
 
@@ -101,14 +114,7 @@ def test_consume__a_straggler_of_an_earlier_pair_claims_nothing(brokered):
     [first] = take(worker)[0]
     assert store.yield_slice(lease(first)) == Delivery(seq=1, redrives=0)
     worker.after_slice(first)  # publishes (seq 1, redrives 0)
-    transports.publish_job(  # the straggler: (seq 0, redrives 0)
-        job.id,
-        queue=QUEUE,
-        kind=job.kind,
-        tenant=job.tenant_id,
-        organization=None,
-        delivery=Delivery(seq=0, redrives=0),
-    )
+    publish_first_pair_again(job)  # the straggler: (seq 0, redrives 0)
 
     claims = [take(worker)[0], take(worker)[0]]
 
@@ -123,14 +129,7 @@ def test_consume__a_stale_delivery_is_dropped_with_one_debug_line(brokered, capl
     worker = Intake([QUEUE])
     [first] = take(worker)[0]
     assert store.yield_slice(lease(first)) == Delivery(seq=1, redrives=0)
-    transports.publish_job(  # only a late copy of the first pair is in the broker
-        job.id,
-        queue=QUEUE,
-        kind=job.kind,
-        tenant=job.tenant_id,
-        organization=None,
-        delivery=Delivery(seq=0, redrives=0),
-    )
+    publish_first_pair_again(job)  # only a late copy of the first pair is in the broker
 
     with caplog.at_level(logging.DEBUG, logger="durable_jobs.worker"):
         assert take(worker) == ([], intake.AGAIN)

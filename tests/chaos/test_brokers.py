@@ -6,17 +6,19 @@ no stale epoch writes."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
 import durable_jobs as durable
 from durable_jobs.models import Job
 from durable_jobs.transports import publishing
-from tests.acceptance.harness import wait_until
 from tests.brokers.support import TRANSPORTS, URLS, delete_names, unique_prefix
 from tests.chaos.conftest import assert_invariants
-from tests.chaos.test_scenarios import RESCUE, finish_with_rescuer, start_imports
+from tests.chaos.test_scenarios import (
+    finish_with_rescuer,
+    start_imports,
+    stop_past_the_lease_and_resume,
+)
 
 pytestmark = [pytest.mark.acceptance, pytest.mark.django_db(transaction=True)]
 
@@ -66,32 +68,7 @@ def test_sigstop_past_the_lease_on_a_broker_lands_no_zombie_write(recorded, proc
     back and publishes them under (seq, redrives + 1), the rescuer consumes and runs them;
     the stopped worker resumes and every fenced write it tries is refused."""
     jobs = start_imports(2, rows=8, delay=0.6)
-    zombie = processes.worker("--concurrency", "2", app_name="durable-zombie", env=on_a_broker)
-    wait_until(
-        lambda: Job.objects.filter(processed_count__gte=1).count() == 2, message="both under way"
-    )
-    zombie.signal(signal.SIGSTOP)
-    time.sleep(4.5)  # past the 3 s lease and the 0.5 s grace
-    processes.worker(
-        "--concurrency",
-        "2",
-        "--reconcile",
-        app_name="durable-rescuer",
-        env=RESCUE | on_a_broker,
-    )
-    wait_until(
-        lambda: Job.objects.filter(redrives__gte=1).count() == 2, message="the orphans to be taken"
-    )
-    zombie.signal(signal.SIGCONT)
-    wait_until(
-        lambda: zombie.output().count("outcome=lease_lost") == 2,
-        timeout=30,
-        message="the zombie to try, and be refused, for both jobs",
-    )
+    stop_past_the_lease_and_resume(processes, jobs, env=on_a_broker)
     ids = [job.id for job in jobs]
-    wait_until(
-        lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
-        message="the finish",
-    )
     assert all(job.status == "completed" for job in Job.objects.filter(id__in=ids))
     assert_invariants(recorded, processes)

@@ -113,15 +113,20 @@ def test_a_reconciler_killed_between_select_and_update(recorded, processes):
     assert_invariants(recorded, processes)
 
 
-def test_sigstop_past_the_lease_then_sigcont_lands_no_zombie_write(recorded, processes):
-    start_imports(2, rows=8, delay=0.6)
-    zombie = processes.worker("--concurrency", "2", app_name="durable-zombie")
+def stop_past_the_lease_and_resume(processes, jobs, *, env: dict | None = None) -> None:
+    """Two jobs under way in a worker that is then SIGSTOPped past its lease; a rescuer takes
+    both back and runs them; the stopped worker resumes, tries a fenced write for each and is
+    refused; every job finishes."""
+    extra = env or {}
+    zombie = processes.worker("--concurrency", "2", app_name="durable-zombie", env=extra)
     wait_until(
         lambda: Job.objects.filter(processed_count__gte=1).count() == 2, message="both under way"
     )
     zombie.signal(signal.SIGSTOP)
     time.sleep(4.5)  # past the 3 s lease and the 0.5 s grace
-    processes.worker("--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE)
+    processes.worker(
+        "--concurrency", "2", "--reconcile", app_name="durable-rescuer", env=RESCUE | extra
+    )
     wait_until(
         lambda: Job.objects.filter(redrives__gte=1).count() == 2, message="the orphans to be taken"
     )
@@ -131,10 +136,15 @@ def test_sigstop_past_the_lease_then_sigcont_lands_no_zombie_write(recorded, pro
         timeout=30,
         message="the zombie to try, and be refused, for both jobs",
     )
+    ids = [job.id for job in jobs]
     wait_until(
-        lambda: not Job.objects.filter(status__in=["pending", "running"]).exists(),
+        lambda: not Job.objects.filter(id__in=ids, status__in=["pending", "running"]).exists(),
         message="the finish",
     )
+
+
+def test_sigstop_past_the_lease_then_sigcont_lands_no_zombie_write(recorded, processes):
+    stop_past_the_lease_and_resume(processes, start_imports(2, rows=8, delay=0.6))
     assert_invariants(recorded, processes)
 
 
