@@ -135,7 +135,7 @@ def _is_control(text: str) -> bool:
     }
 
 
-def _statements(ctx: Ctx) -> list[dict]:
+def statements(ctx: Ctx) -> list[dict]:
     """pg_stat_statements of the benchmark database since the last reset, each named and
     given a role; this module's own probes and the extension's reads left out."""
     known = _store_statements()
@@ -212,7 +212,7 @@ def _slice_run(ctx: Ctx, group: procs.Group, length: int, *, jobs: int, per_job:
             return {"error": f"{done} of {jobs} {kind} jobs completed: {procs.tail(group.logs[0])}"}
         time.sleep(0.2)
     window = time.monotonic() - began
-    stmts = _statements(ctx)
+    stmts = statements(ctx)
     return {
         "kind": kind,
         "window_seconds": window,
@@ -331,7 +331,7 @@ def _lease_run(
         time.sleep(seconds)
         cpu1 = procs.server_cpu_by_process(ctx.server.postmaster_pid())
         elapsed = time.monotonic() - began
-        stmts = _statements(ctx)
+        stmts = statements(ctx)
     finally:
         for beater in beaters:
             beater.stop()

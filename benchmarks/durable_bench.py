@@ -492,14 +492,7 @@ def dequeue_backlog(ctx: Ctx, backlog: int, *, reps: int, explain_reps: int) -> 
         t0 = time.perf_counter()
         store.dequeue(queues, owner, ttl_ms, kinds=None, limit=1)
         times.append(time.perf_counter() - t0)
-    params = {
-        "queues": queues,
-        "owner": owner,
-        "ttl_ms": ttl_ms,
-        "limit": 1,
-        "kinds": None,
-        "flow": "{}",
-    }
+    params = store.claim_params(queues, owner, ttl_ms, kinds=None)
     exec_ms = [_explain_time(store.DEQUEUE, params) for _ in range(explain_reps)]
     _flush_wait_again()
     return {
@@ -535,14 +528,7 @@ def dequeue_and_reconcile(ctx: Ctx, *, reps: int, passes: int, explain_reps: int
         got = store.dequeue(queues, owner, ttl_ms, kinds=None, limit=1)
         times.append(time.perf_counter() - t0)
         assert got, "ran out of pending jobs"
-    dequeue_params = {
-        "queues": queues,
-        "owner": owner,
-        "ttl_ms": ttl_ms,
-        "limit": 1,
-        "kinds": None,
-        "flow": "{}",
-    }
+    dequeue_params = store.claim_params(queues, owner, ttl_ms, kinds=None)
     exec_ms = [_explain_time(store.DEQUEUE, dequeue_params) for _ in range(explain_reps)]
     plans = {"DEQUEUE": _explain_text(store.DEQUEUE, dequeue_params)}
 
@@ -806,14 +792,7 @@ def priorities(ctx: Ctx, backlog: int, *, claims: int, reps: int) -> dict:
     ttl_ms = conf.ms(settings.LEASE_TTL)
     owner = f"bench:{uuid.uuid4().hex[:6]}"
     queues = [settings.DEFAULT_QUEUE]
-    params = {
-        "queues": queues,
-        "owner": owner,
-        "ttl_ms": ttl_ms,
-        "limit": 1,
-        "kinds": None,
-        "flow": "{}",
-    }
+    params = store.claim_params(queues, owner, ttl_ms, kinds=None)
     first_exec = _pct([_explain_time(store.DEQUEUE, params) for _ in range(reps)], 50)
     order = []
     times = []

@@ -87,14 +87,13 @@ def _reset() -> None:
 
 def _params(limit: int = 1) -> dict:
     settings = conf.get()
-    return {
-        "queues": [settings.DEFAULT_QUEUE],
-        "owner": f"bench:{uuid.uuid4().hex[:6]}",
-        "ttl_ms": conf.ms(settings.LEASE_TTL),
-        "limit": limit,
-        "kinds": None,
-        "flow": "{}",
-    }
+    return store.claim_params(
+        [settings.DEFAULT_QUEUE],
+        f"bench:{uuid.uuid4().hex[:6]}",
+        conf.ms(settings.LEASE_TTL),
+        kinds=None,
+        limit=limit,
+    )
 
 
 def shapes(ctx: bench.Ctx, n: int, *, slots: tuple[int, ...], reps: int, timeout: float) -> dict:

@@ -7,8 +7,11 @@ undisturbed, pinned (another session ran ``BEGIN; SELECT txid_current();`` and s
 that transaction), and after the pin ends. Every sample interval it records, from the
 database: jobs completed in the interval, the start-to-claim latency of the jobs claimed
 in it (p50 / p99), the server's execution time of the default claim statement
-(``DEQUEUE_OPEN``, limit 1, EXPLAIN ANALYZE rolled back), the job table's dead tuples,
-and the table's and its indexes' sizes.
+(``DEQUEUE_OPEN``, limit 1, EXPLAIN ANALYZE rolled back) as a worker runs it between
+sweeps (its scan starting at a floor, ``runtime.claim_floors``) and as a sweep (from the
+queue's start), the job table's dead tuples, the table's and its indexes' sizes, and the
+three statements that took the server the most time in the interval (pg_stat_statements
+is preloaded for this scenario).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import time
 
 import psycopg
 
-from benchmarks import procs, steady_load
+from benchmarks import bookkeeping_bench, procs, steady_load
 from benchmarks.durable_bench import REPO, TABLE, Ctx, _warm_up, reset
 
 
@@ -33,16 +36,34 @@ def _sample(ctx: Ctx, since: float, phase: str) -> dict:
         {"since": since},
     )[0]
     stats = steady_load.table_stats(ctx)
+    busiest = _busiest(ctx)
     return {
+        "busiest": busiest,
         "phase": phase,
         "completed": int(done),
         "latency_p50_ms": None if p50 is None else float(p50) * 1000,
         "latency_p99_ms": None if p99 is None else float(p99) * 1000,
-        "claim_server_ms": steady_load.claim_ms(ctx),
+        "claim_server_ms": steady_load.claim_ms(ctx, floored=True),
+        "sweep_server_ms": steady_load.claim_ms(ctx),
         "dead_tuples": stats["dead_tuples"],
         "table_mib": stats["table_mib"],
         "indexes_mib": stats["indexes_mib"],
     }
+
+
+def _busiest(ctx: Ctx) -> list[tuple[str, int, float]]:
+    """The three statements that took the server the most execution time since the last
+    sample (name, calls, ms), read from pg_stat_statements and reset; [] without it."""
+    if not ctx.server.pg_stat_statements:
+        return []
+    by_name: dict[str, list[float]] = {}
+    for stmt in bookkeeping_bench.statements(ctx):
+        calls_and_ms = by_name.setdefault(stmt["name"], [0, 0.0])
+        calls_and_ms[0] += stmt["calls"]
+        calls_and_ms[1] += stmt["exec_ms"]
+    ctx.sql("SELECT pg_stat_statements_reset()")
+    ranked = sorted(by_name.items(), key=lambda item: -item[1][1])[:3]
+    return [(name, int(calls), ms) for name, (calls, ms) in ranked]
 
 
 def run(
@@ -65,6 +86,7 @@ def run(
         problem = _warm_up(ctx, group, notify=True)
         if problem:
             return {"error": problem}
+        _busiest(ctx)  # the warm-up's statements are not the run's
         producer.start()
         began = time.monotonic()
         plan = [("before", before), ("pinned", pinned), ("after", after)]
@@ -93,6 +115,7 @@ def run(
             by_phase[phase] = {
                 "jobs_per_second": statistics.median(r["completed"] for r in rows) / interval,
                 "claim_server_ms_max": max(r["claim_server_ms"] or 0 for r in rows),
+                "sweep_server_ms_max": max(r["sweep_server_ms"] or 0 for r in rows),
                 "latency_p99_ms_max": max(r["latency_p99_ms"] or 0 for r in rows),
                 "dead_tuples_max": max(r["dead_tuples"] for r in rows),
                 "indexes_mib_max": max(r["indexes_mib"] for r in rows),
@@ -111,7 +134,15 @@ def table(result: dict) -> str:
             ("jobs/s", 7, lambda s: f"{s['completed'] / interval:,.0f}"),
             ("p50 / p99 ms", 15, steady_load.latency_cell),
             ("claim ms", 8, lambda s: f"{s['claim_server_ms'] or 0:.3f}"),
+            ("sweep ms", 8, lambda s: f"{s.get('sweep_server_ms') or 0:.3f}"),
             ("dead tuples", 11, lambda s: f"{s['dead_tuples']:,}"),
             ("table / indexes MiB", 20, lambda s: f"{s['table_mib']:.1f} / {s['indexes_mib']:.1f}"),
+            ("busiest statements: calls, server ms", 40, _busiest_cell),
         ],
+    )
+
+
+def _busiest_cell(sample: dict) -> str:
+    return "; ".join(
+        f"{name} {calls:,}, {ms:,.0f}" for name, calls, ms in sample.get("busiest") or []
     )

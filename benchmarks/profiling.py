@@ -395,14 +395,7 @@ def _what_ifs(ctx, *, backlog: int, prof: dict) -> str:
     durable_bench.reset()
     durable_bench.fill_pending_sql(ctx, backlog)
     queues = ["default"]
-    params = {
-        "queues": queues,
-        "owner": "whatif",
-        "ttl_ms": 60000,
-        "limit": 1,
-        "kinds": None,
-        "flow": "{}",
-    }
+    params = store.claim_params(queues, "whatif", 60000, kinds=None)
     as_written = store.DEQUEUE_OPEN  # the default claim (DEQUEUE is the keyed one, flow control)
     single = as_written.replace(
         "queue_name = ANY(%(queues)s)", "queue_name = (%(queues)s::text[])[1]"

@@ -283,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print("  starting PostgreSQL ...", flush=True)
-    server = server_mod.start(pg_stat_statements=plan.profile or "bookkeeping" in plan.scenarios)
+    server = server_mod.start(
+        pg_stat_statements=plan.profile or bool({"bookkeeping", "horizon"} & set(plan.scenarios))
+    )
     raw: dict = {"plan": plan.describe(), "machine": machine}
     notes: list[str] = list(server.notes)
     try:
@@ -1567,6 +1569,7 @@ class Results:
         for label, key, fmt in [
             ("jobs/s (median of the samples)", "jobs_per_second", "{:,.0f}"),
             ("claim server ms (worst sample)", "claim_server_ms_max", "{:.3f}"),
+            ("sweep server ms (worst sample)", "sweep_server_ms_max", "{:.3f}"),
             ("latency p99 ms (worst sample)", "latency_p99_ms_max", "{:.1f}"),
             ("dead tuples (most)", "dead_tuples_max", "{:,}"),
             ("indexes MiB (most)", "indexes_mib_max", "{:.1f}"),

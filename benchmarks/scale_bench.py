@@ -306,14 +306,9 @@ def phase_size(args) -> dict:
         ttl_ms = conf.ms(settings.LEASE_TTL)
         with connection.cursor() as cur:
             cur.execute(bench.FILL_PENDING, {"kind": bench.KIND, "n": 8 * 60})
-        params8 = {
-            "queues": [settings.DEFAULT_QUEUE],
-            "owner": f"bench:{uuid.uuid4().hex[:6]}",
-            "ttl_ms": ttl_ms,
-            "limit": 8,
-            "kinds": None,
-            "flow": "{}",
-        }
+        params8 = store.claim_params(
+            [settings.DEFAULT_QUEUE], f"bench:{uuid.uuid4().hex[:6]}", ttl_ms, kinds=None, limit=8
+        )
         entry["dequeue8_exec_ms"] = _pct(
             [bench._explain_time(store.DEQUEUE, params8) for _ in range(20)], 50
         )

@@ -5,6 +5,7 @@ size figures from the statistics views.
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import psycopg
 import durable_jobs as durable
 from benchmarks.durable_bench import KIND, TABLE, Ctx
 from durable_jobs import store
+from durable_jobs.runtime.claim_floors import FLOOR_MARGIN
 
 #: Jobs per ``start_many`` call (each its own transaction) while the producer keeps up.
 BATCH = 25
@@ -59,47 +61,56 @@ class Producer:
 
 
 #: The default claim's parameters for the probes below: one job of the default queue.
-_CLAIM_PARAMS = {
-    "queues": ["default"],
-    "owner": "steady-load-probe",
-    "ttl_ms": 60_000,
-    "limit": 1,
-    "kinds": None,
-    "flow": "{}",
-}
+_CLAIM_PARAMS = store.claim_params(["default"], "steady-load-probe", 60_000, kinds=None)
+
+
+def floored_claim_params() -> dict:
+    """``_CLAIM_PARAMS`` with a floor where a worker's would be while its queue keeps up:
+    the default level's scan starts two ``FLOOR_MARGIN`` ago (``runtime.claim_floors``)."""
+    at = datetime.datetime.now(datetime.UTC) - 2 * FLOOR_MARGIN
+    return store.claim_params(
+        ["default"], "steady-load-probe", 60_000, kinds=None, floors=[("default", 0, at)]
+    )
 
 
 def claim_plan(
     ctx: Ctx,
     options: str = "ANALYZE, TIMING OFF, SUMMARY ON",
     conn: psycopg.Connection | None = None,
+    *,
+    floored: bool = False,
 ) -> list[str]:
     """EXPLAIN the default claim (limit 1) as it runs now, rolled back: the plan's lines.
-    On ``conn`` if given (a warm session, as a worker's), else on a fresh connection."""
+    On ``conn`` if given (a warm session, as a worker's), else on a fresh connection.
+    ``floored``: as a worker's claim between its sweeps (``floored_claim_params``); else
+    as a sweep, reading the queue from its start."""
     if conn is None:
         with psycopg.connect(ctx.dburl) as fresh:
-            return claim_plan(ctx, options, fresh)
-    rows = conn.execute(f"EXPLAIN ({options}) " + store.DEQUEUE_OPEN, _CLAIM_PARAMS).fetchall()
+            return claim_plan(ctx, options, fresh, floored=floored)
+    params = floored_claim_params() if floored else _CLAIM_PARAMS
+    rows = conn.execute(f"EXPLAIN ({options}) " + store.DEQUEUE_OPEN, params).fetchall()
     conn.rollback()
     return [line for (line,) in rows]
 
 
-def claim_times(ctx: Ctx, conn: psycopg.Connection | None = None) -> dict[str, float | None]:
+def claim_times(
+    ctx: Ctx, conn: psycopg.Connection | None = None, *, floored: bool = False
+) -> dict[str, float | None]:
     """The default claim's server planning and execution times now (ms; limit 1), rolled
     back. A worker's claim is planned every time unless prepared statements are switched
     on, so the planning is part of what each claim costs; measure it on a warm ``conn``
     (a fresh session's first plan also loads the catalog caches)."""
     times: dict[str, float | None] = {"planning": None, "execution": None}
-    for line in claim_plan(ctx, conn=conn):
+    for line in claim_plan(ctx, conn=conn, floored=floored):
         for key in times:
             if line.startswith(f"{key.title()} Time:"):
                 times[key] = float(line.split()[2])
     return times
 
 
-def claim_ms(ctx: Ctx) -> float | None:
+def claim_ms(ctx: Ctx, *, floored: bool = False) -> float | None:
     """The default claim's server execution time now (limit 1), rolled back."""
-    return claim_times(ctx)["execution"]
+    return claim_times(ctx, floored=floored)["execution"]
 
 
 def table_stats(ctx: Ctx) -> dict:

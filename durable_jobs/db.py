@@ -218,6 +218,16 @@ def fetch_jobs(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
     return [job_from_row(row, using) for row in rows]
 
 
+def fetch_jobs_with(using: str, sql: str, params: dict[str, Any]) -> list[tuple[Job, Any]]:
+    """``fetch_jobs`` for a statement whose rows carry one column after the job's; each
+    job with that value."""
+    with connections[using].cursor() as cursor:
+        read_timestamps_in_c(cursor, using)
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [(job_from_row(row[:-1], using), row[-1]) for row in rows]
+
+
 def fetch_value(using: str, sql: str, params: dict[str, Any] | Sequence[Any]) -> Any:
     """Run a statement and return its first row's first value (None for no row)."""
     with execute(using, sql, params) as cursor:

@@ -57,6 +57,7 @@ from durable_jobs.db import (
     execute,
     fetch_job,
     fetch_jobs,
+    fetch_jobs_with,
     fetch_value,
     start_cursor,
     with_lock_timeout,
@@ -1116,26 +1117,42 @@ _CLAIM_QUEUES = f"""queues AS MATERIALIZED (
 )"""
 
 #: The unkeyed candidates: one index scan per queue and priority level on
-#: durable_jobs_open_deliverable, in (priority, run time) order, locked SKIP LOCKED.
+#: durable_jobs_open_deliverable, in (priority, run time) order, locked SKIP LOCKED. Each
+#: level's scan starts at its floor, if the claimer gave one (``floor_*``, parallel arrays
+#: of queue, priority and run time; ``durable_jobs.runtime.claim_floors``): a pinned
+#: horizon leaves the index entry of every row claimed since the pin in the scan's way,
+#: and a claim that walked them all cost 100 ms and more within minutes (issue #27).
+_GIVEN_FLOORS = """unnest(%(floor_queues)s::text[], %(floor_priorities)s::int[],
+                          %(floor_at)s::timestamptz[]) AS given(queue, priority, at)"""
 _UNKEYED_CANDIDATES = f"""
     SELECT due.id, due.priority, due.next_run_at FROM queues AS q
+    CROSS JOIN LATERAL (
+        -- The queue's lowest floor: where the search for its levels starts reading.
+        SELECT coalesce(min(given.at), '-infinity') AS at FROM {_GIVEN_FLOORS}
+         WHERE given.queue = q.name
+    ) AS queue_floor
     CROSS JOIN LATERAL (
         WITH RECURSIVE levels(priority) AS (
             (SELECT priority FROM {TABLE}
               WHERE queue_name = q.name AND {_open_deliverable()}
+                AND next_run_at >= queue_floor.at
               ORDER BY priority DESC LIMIT 1)
             UNION ALL
             SELECT (SELECT lower.priority FROM {TABLE} AS lower
                      WHERE lower.queue_name = q.name AND lower.priority < levels.priority
-                       AND {_open_deliverable("lower")}
+                       AND {_open_deliverable("lower")} AND lower.next_run_at >= queue_floor.at
                      ORDER BY lower.priority DESC LIMIT 1)
               FROM levels WHERE levels.priority IS NOT NULL
         )
         SELECT level.id, level.priority, level.next_run_at FROM levels
         CROSS JOIN LATERAL (
+            SELECT coalesce(max(given.at), '-infinity') AS at FROM {_GIVEN_FLOORS}
+             WHERE given.queue = q.name AND given.priority = levels.priority
+        ) AS floor
+        CROSS JOIN LATERAL (
             SELECT id, priority, next_run_at FROM {TABLE}
              WHERE queue_name = q.name AND priority = levels.priority AND {_open_deliverable()}
-               AND {_claimable()}
+               AND {_claimable()} AND next_run_at >= floor.at
              ORDER BY next_run_at
              LIMIT %(limit)s
              FOR UPDATE SKIP LOCKED
@@ -1169,7 +1186,7 @@ UPDATE {TABLE} AS j
 {_CLAIM_SET}
   FROM candidates c
  WHERE j.id = c.id
-RETURNING {_J_COLUMNS}
+RETURNING {_J_COLUMNS}, c.next_run_at
 """
 
 DEQUEUE = f"""
@@ -1278,8 +1295,36 @@ UPDATE {TABLE} AS j
           FROM grants AS grant_rows,
                jsonb_array_elements(grant_rows.holders) AS permit
          WHERE permit ->> 'xid' = pg_current_xact_id()::text))
-RETURNING {_J_COLUMNS}
+RETURNING {_J_COLUMNS}, c.next_run_at
 """
+
+
+#: A claim's floors: (queue, priority, run time) of each level whose scan starts there.
+Floors = Sequence[tuple[str, int, datetime.datetime]]
+
+
+def claim_params(
+    queues: Sequence[str],
+    owner: str,
+    ttl_ms: int,
+    *,
+    kinds: Sequence[str] | None,
+    limit: int = 1,
+    flow: str | None = None,
+    floors: Floors = (),
+) -> dict[str, Any]:
+    """The parameters of DEQUEUE_OPEN and DEQUEUE (see ``dequeue``)."""
+    return {
+        "queues": list(queues),
+        "owner": owner,
+        "ttl_ms": ttl_ms,
+        "limit": limit,
+        "kinds": None if kinds is None else list(kinds),
+        "flow": flow or "{}",
+        "floor_queues": [queue for queue, _, _ in floors],
+        "floor_priorities": [priority for _, priority, _ in floors],
+        "floor_at": [at for _, _, at in floors],
+    }
 
 
 def dequeue(
@@ -1311,18 +1356,29 @@ def dequeue(
     is DEQUEUE_OPEN, which takes only jobs without a flow key (and costs what the claim
     cost before flow control): a keyed job is never claimed but through its key.
     """
-    return fetch_jobs(
-        using,
-        DEQUEUE_OPEN if flow is None else DEQUEUE,
-        {
-            "queues": list(queues),
-            "owner": owner,
-            "ttl_ms": ttl_ms,
-            "limit": limit,
-            "kinds": None if kinds is None else list(kinds),
-            "flow": flow or "{}",
-        },
-    )
+    claimed = dequeue_from(queues, owner, ttl_ms, kinds=kinds, limit=limit, flow=flow, using=using)
+    return [job for job, _ in claimed]
+
+
+def dequeue_from(
+    queues: Sequence[str],
+    owner: str,
+    ttl_ms: int,
+    *,
+    kinds: Sequence[str] | None,
+    limit: int = 1,
+    flow: str | None = None,
+    floors: Floors = (),
+    using: str = DEFAULT_DB_ALIAS,
+) -> list[tuple[Job, datetime.datetime]]:
+    """``dequeue``, each unkeyed level's scan starting at its floor in ``floors``; each
+    claimed job with the run time it was due at (what the caller's next floors come from).
+
+    A floor skips every deliverable row of its level due before it: the caller must
+    claim without floors now and then (``durable_jobs.runtime.claim_floors``).
+    """
+    params = claim_params(queues, owner, ttl_ms, kinds=kinds, limit=limit, flow=flow, floors=floors)
+    return fetch_jobs_with(using, DEQUEUE_OPEN if flow is None else DEQUEUE, params)
 
 
 HEARTBEAT = f"""

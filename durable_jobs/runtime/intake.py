@@ -38,6 +38,7 @@ from django.db import DEFAULT_DB_ALIAS
 
 from durable_jobs import conf, reads, registry, store
 from durable_jobs.limits import claims
+from durable_jobs.runtime.claim_floors import ClaimFloors
 from durable_jobs.states import SliceOutcome
 from durable_jobs.transports import publishing as transports
 
@@ -80,6 +81,7 @@ class Intake:
         self.outages = transports.PUBLISH_OUTAGES  # one WARNING per outage per process
         self._retry_at: dict[str, float] = {}
         self._draining: set[str] = set()  # back from an outage: the table still holds work
+        self.floors = ClaimFloors()  # where the table's claims start reading each level
 
     def claim(self, owner: str, ttl_ms: int, *, limit: int, wait: float) -> tuple[list[Job], str]:
         """Claim due work; return the claims and what the slot does next when there are none:
@@ -120,9 +122,22 @@ class Intake:
         before it comes back short (``durable_jobs.limits.claims``)."""
 
         def dequeue(n: int, flow: str | None) -> list[Job]:
-            return store.dequeue(
-                queues, owner, ttl_ms, kinds=kinds, limit=n, flow=flow, using=self.using
+            floors = self.floors.for_claim()
+            began = time.monotonic()
+            took = None
+            try:
+                claimed = store.dequeue_from(
+                    queues, owner, ttl_ms, kinds=kinds, limit=n, flow=flow,
+                    floors=floors or (), using=self.using,
+                )  # fmt: skip
+                took = time.monotonic() - began
+            finally:
+                if floors is None:
+                    self.floors.swept(took)
+            self.floors.claimed(
+                (job.queue_name, job.priority, due) for job, due in claimed if job.flow_key is None
             )
+            return [job for job, _ in claimed]
 
         flow = claims.for_claim(queues, using=self.using)
         claimed = dequeue(limit, flow)

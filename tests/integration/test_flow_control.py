@@ -28,8 +28,9 @@ def _claim(limit: int = 10, owner: str = "w1") -> list[Job]:
 
 
 def _claim_on(conn, limit: int = 10, owner: str = "w2") -> list:
-    params = {"queues": ["default"], "owner": owner, "ttl_ms": TTL_MS, "limit": limit,
-              "kinds": None, "flow": claims.claim_settings()}  # fmt: skip
+    params = store.claim_params(
+        ["default"], owner, TTL_MS, kinds=None, limit=limit, flow=claims.claim_settings()
+    )
     return [row[0] for row in conn.execute(store.DEQUEUE, params).fetchall()]
 
 

@@ -124,14 +124,7 @@ def test_a_paused_queue_still_accepts_starts(kinds):
 
 def _dequeue_on(conn: psycopg.Connection, queue: str, *, limit: int = 10) -> list:
     """Run the dequeue statement on another connection, in whatever transaction it has open."""
-    params = {
-        "queues": [queue],
-        "owner": "other",
-        "ttl_ms": TTL_MS,
-        "limit": limit,
-        "kinds": None,
-        "flow": "{}",
-    }
+    params = store.claim_params([queue], "other", TTL_MS, kinds=None, limit=limit)
     return [row[0] for row in conn.execute(store.DEQUEUE, params).fetchall()]
 
 

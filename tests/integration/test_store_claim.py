@@ -227,14 +227,7 @@ def test_dequeue__does_not_read_the_rows_scheduled_later_at_a_higher_priority():
         )
         cursor.execute(f"ANALYZE {store.TABLE}")
     due = JobFactory(priority=0, next_run_at=-1)
-    params = {
-        "queues": ["default"],
-        "owner": "host-1",
-        "ttl_ms": 30_000,
-        "limit": 1,
-        "kinds": None,
-        "flow": "{}",
-    }
+    params = store.claim_params(["default"], "host-1", 30_000, kinds=None)
 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.DEQUEUE, params)
@@ -243,7 +236,7 @@ def test_dequeue__does_not_read_the_rows_scheduled_later_at_a_higher_priority():
     buffers = plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
 
     assert buffers < 200, f"the claim read {buffers} pages for one due row"
-    assert [j.id for j in store.dequeue(**params)] == [due.id]
+    assert [j.id for j in store.dequeue(["default"], "host-1", 30_000, kinds=None)] == [due.id]
 
 
 @pytest.mark.django_db
@@ -353,14 +346,7 @@ def test_dequeue__two_workers_at_once_claim_disjoint_rows(other_connection):
     with other_connection.transaction():
         theirs = other_connection.execute(
             store.DEQUEUE,
-            {
-                "queues": ["default"],
-                "owner": "host-2",
-                "ttl_ms": 30_000,
-                "limit": 2,
-                "kinds": None,
-                "flow": "{}",
-            },
+            store.claim_params(["default"], "host-2", 30_000, kinds=None, limit=2),
         ).fetchall()
         ours = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=10)
 

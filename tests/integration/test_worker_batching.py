@@ -166,14 +166,14 @@ def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(
         return ran
 
     limits: list[int] = []
-    dequeue = store.dequeue
+    dequeue = store.dequeue_from  # the worker's claim
 
     def counted(*args, limit, **kwargs):
         limits.append(limit)
         return dequeue(*args, limit=limit, **kwargs)
 
     monkeypatch.setattr(ChildRunner, "run", run_heard_late)
-    monkeypatch.setattr(store, "dequeue", counted)
+    monkeypatch.setattr(store, "dequeue_from", counted)
     jobs = [durable.start(kind, input=job_input) for _ in range(2)]
     worker = Worker(concurrency=1, execution="process", burst=True, reconcile=False)
     assert worker.run() == 0

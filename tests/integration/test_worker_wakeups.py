@@ -33,14 +33,14 @@ def idle_worker(settings, monkeypatch):
         "NOTIFY_CHANNEL": "durable_jobs",
     }
     calls: list[int] = []
-    real_dequeue = store.dequeue
+    real_dequeue = store.dequeue_from  # the worker's claim
 
     def counted(*args, **kwargs):
         claimed = real_dequeue(*args, **kwargs)
         calls.append(len(claimed))
         return claimed
 
-    monkeypatch.setattr(store, "dequeue", counted)
+    monkeypatch.setattr(store, "dequeue_from", counted)
     worker = Worker(concurrency=4, execution="thread", reconcile=False)
     exit_code: list[int] = []
     thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
