@@ -1555,6 +1555,8 @@ class Results:
         from benchmarks import horizon_bench
 
         pinned = self.plan.pin_seconds
+        if self.ctx.server.pg_stat_statements:
+            self.ctx.sql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
         result = horizon_bench.run(
             self.ctx,
             rate=self.plan.horizon_rate,

@@ -115,8 +115,25 @@ def _ms(param: str) -> str:
 #: organizations (invariant 10).
 SCOPE = "tenant_id = %(tenant)s AND organization_id IS NOT DISTINCT FROM %(organization)s"
 
-#: The lease-holder fence (invariant 4).
-LEASE_HELD = "status = 'running' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
+
+def _running(alias: str = "") -> str:
+    """``status = 'running'`` for a statement that finds its rows by primary key.
+
+    ``(status = 'running') IS TRUE`` means the same for a NOT NULL column, but no index can
+    serve it and it implies no partial index's predicate, so the planner's one way to the
+    row is its id. Under a pinned horizon the indexes on status (durable_jobs_status_recent,
+    durable_jobs_live_kind, durable_jobs_leased) keep an entry for every row version that
+    was ever running, while the statistics count only the few rows running now; a planner
+    that trusted them looked the row up by status and walked every one of those entries:
+    the batched completion went from 2 ms to 100 ms a statement and throughput from 1,000
+    to 100 jobs/s (issue #27, the horizon benchmark). HEARTBEAT_LEASES met it first.
+    """
+    column = f"{alias}." if alias else ""
+    return f"({column}status = 'running') IS TRUE"
+
+
+#: The lease-holder fence (invariant 4), on a row found by its id.
+LEASE_HELD = f"{_running()} AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"
 
 #: A job held by a workflow wait with nothing scheduled (children, dependencies, an event
 #: without a timeout): not late, just waiting; woken by a statement, never by a re-drive.
@@ -933,10 +950,23 @@ def claim(
 # as an index bound; clock_timestamp() itself is volatile and would only filter. At most
 # 2 * MAX_PRIORITY + 1 levels exist.
 def _deliverable(alias: str = "") -> str:
-    """What the two deliverable indexes share (``_open_deliverable``, ``_flow_deliverable``):
-    a row a claim may take once its time has come."""
+    """A row a claim may take once its time has come: what the two deliverable indexes'
+    predicates share (``_open_deliverable``, ``_flow_deliverable``), and a live status.
+
+    The status is tested as ``(status IN LIVE) IS TRUE``, which no index can serve and
+    which implies no partial index's predicate (``_running`` says why that matters under
+    a pinned horizon): the deliverable indexes leave the status out of their predicates
+    (every statement that ends a job clears ``next_run_at``), so the claim can reach them
+    without naming durable_jobs_live_kind's or durable_jobs_status_recent's. With a plain
+    ``status IN LIVE`` and statistics that counted few live rows, the planner searched for
+    a queue's priority levels on durable_jobs_live_kind, stepping over every row version
+    that was ever live: 50-250 ms a claim after two minutes of a pin (migration 0016).
+    """
     column = f"{alias}." if alias else ""
-    return f"{column}status IN {LIVE} AND {column}lease_owner IS NULL AND {column}next_run_at IS NOT NULL"
+    return (
+        f"({column}status IN {LIVE}) IS TRUE"
+        f" AND {column}lease_owner IS NULL AND {column}next_run_at IS NOT NULL"
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -1441,19 +1471,17 @@ def heartbeat(
 # happened: extended (the cancel flag), busy (locked, still ours in the committed
 # snapshot: try next tick), or lost (another claim owns the row now).
 #
-# Every row is found by its primary key: ``(status = 'running') IS TRUE`` means what
-# ``status = 'running'`` means here, but it implies no partial index's predicate, so
-# the planner cannot pick durable_jobs_leased (keyed on lease_epoch, which most running
-# rows share) for the lookup. With statistics taken while few rows ran it did: the
-# statement read every running row once per lease, and a worker's 500 leases among
-# 10,000 running rows took 0.9 s of server time per beat instead of 37 ms (the
-# benchmark's bookkeeping scenario).
+# Every row is found by its primary key (``_running``): the planner cannot pick
+# durable_jobs_leased (keyed on lease_epoch, which most running rows share) for the
+# lookup. With statistics taken while few rows ran it did: the statement read every
+# running row once per lease, and a worker's 500 leases among 10,000 running rows took
+# 0.9 s of server time per beat instead of 37 ms (the benchmark's bookkeeping scenario).
 HEARTBEAT_LEASES = f"""
 WITH leases AS (
     SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS l(id uuid, owner text, epoch bigint, ttl_ms bigint)
 ), free AS MATERIALIZED (
     SELECT j.id FROM {TABLE} AS j JOIN leases AS l ON j.id = l.id
-     WHERE (j.status = 'running') IS TRUE AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
+     WHERE {_running("j")} AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
      FOR UPDATE OF j SKIP LOCKED
 ), beaten AS (
     UPDATE {TABLE} AS j
@@ -1461,13 +1489,13 @@ WITH leases AS (
            heartbeat_at = clock_timestamp()
       FROM leases AS l, free AS f
      WHERE j.id = l.id AND j.id = f.id
-       AND (j.status = 'running') IS TRUE AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
+       AND {_running("j")} AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
     RETURNING j.id, j.cancel_requested_at IS NOT NULL AS cancel
 )
 SELECT l.id, b.cancel,
        b.id IS NULL AND EXISTS (
            SELECT 1 FROM {TABLE} AS j
-            WHERE j.id = l.id AND (j.status = 'running') IS TRUE AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
+            WHERE j.id = l.id AND {_running("j")} AND j.lease_owner = l.owner AND j.lease_epoch = l.epoch
        ) AS busy
   FROM leases AS l LEFT JOIN beaten AS b ON b.id = l.id
 """
@@ -1712,7 +1740,7 @@ def release_lease(lease: Lease, *, delay_ms: int, using: str = DEFAULT_DB_ALIAS)
 # cleared lease_owner, while on the path that records a verdict found by a later claim
 # the owner is that claim's. The epoch is what both share, and it is what identifies the
 # generation of the lease: any takeover bumps it.
-_TERMINAL_FENCE = "id = %(id)s AND status = 'running' AND lease_epoch = %(epoch)s"
+_TERMINAL_FENCE = f"id = %(id)s AND {_running()} AND lease_epoch = %(epoch)s"
 
 # The terminal statements stamp domain_mirrored_at themselves: the kind's mirror runs in
 # the same transaction right after, so the stamp commits exactly when the mirror did
@@ -1757,6 +1785,9 @@ def _end(using: str, leaf: str, telling: str, params: dict[str, Any]) -> Job | N
 
 # The batched twin of COMPLETE, for a worker slot that ran several quick slices: each
 # row is still fenced on its own epoch, so one taken-over job never blocks the others.
+# The ids come a second time as an array: the planner takes a JSON row set for 100 rows
+# whatever its length, and costed 100 primary-key lookups above a scan of the whole table
+# (a table of 5,000 rows was read in full to complete two); an array's length it knows.
 COMPLETE_MANY = f"""
 UPDATE {TABLE} AS j
    SET status = 'completed', finished_at = now(), domain_mirrored_at = now(), lease_owner = NULL,
@@ -1764,7 +1795,7 @@ UPDATE {TABLE} AS j
        error_class = NULL, error_code = NULL, error_message = NULL,
        result = d.result, updated_at = now()
   FROM jsonb_to_recordset(%(rows)s::jsonb) AS d(id uuid, epoch bigint, result jsonb)
- WHERE j.id = d.id AND j.status = 'running' AND j.lease_epoch = d.epoch
+ WHERE j.id = ANY(%(ids)s::uuid[]) AND j.id = d.id AND {_running("j")} AND j.lease_epoch = d.epoch
 RETURNING j.id
 """
 
@@ -1777,24 +1808,25 @@ def complete_many(
     ``items`` pairs each lease with its result as serialised JSON text (or None). The leaf
     form goes first (see ``_end``); whatever it left goes through the telling form.
     """
-    with execute(using, COMPLETE_MANY_LEAF, {"rows": _completions(items)}) as cursor:
+    with execute(using, COMPLETE_MANY_LEAF, _completions(items)) as cursor:
         ended = {row[0] for row in cursor}
     if len(ended) < len(items):
         done = {str(job_id) for job_id in ended}
         rest = [item for item in items if str(item[0].job_id) not in done]
-        with execute(using, COMPLETE_MANY, {"rows": _completions(rest)}) as cursor:
+        with execute(using, COMPLETE_MANY, _completions(rest)) as cursor:
             ended.update(row[0] for row in cursor)
     return ended
 
 
-def _completions(items: Sequence[tuple[Lease, str | None]]) -> str:
-    """COMPLETE_MANY's ``rows``: a JSON array of ``{id, epoch, result}``."""
+def _completions(items: Sequence[tuple[Lease, str | None]]) -> dict[str, Any]:
+    """COMPLETE_MANY's parameters: ``rows``, a JSON array of ``{id, epoch, result}``, and
+    ``ids``, the same ids as an array."""
     rows = ",".join(
         '{"id":"%s","epoch":%d,"result":%s}'  # noqa: UP031 - the hot path: %-formatting measured fastest
         % (lease.job_id, lease.epoch, result if result is not None else "null")
         for lease, result in items
     )
-    return f"[{rows}]"
+    return {"rows": f"[{rows}]", "ids": [str(lease.job_id) for lease, _ in items]}
 
 
 FAIL_TERMINAL = f"""
@@ -1858,7 +1890,7 @@ UPDATE {TABLE}
        next_run_at = CASE WHEN mirror_attempts + 1 >= %(max_attempts)s THEN NULL
                           ELSE clock_timestamp() + {_ms("delay_ms")} END,
        updated_at = now()
- WHERE id = %(id)s AND status = 'running' AND lease_epoch = %(epoch)s
+ WHERE id = %(id)s AND {_running()} AND lease_epoch = %(epoch)s
 RETURNING {COLUMNS}
 """
 
@@ -2145,7 +2177,7 @@ WITH taken AS (
 UPDATE {TABLE} AS j
    SET {_REDRIVE_OR_PARK_POISON}
   FROM (SELECT id, lease_owner FROM {TABLE} WHERE id = %(id)s FOR UPDATE) AS was
- WHERE j.id = was.id AND j.status = 'running' AND j.lease_owner IS NOT NULL
+ WHERE j.id = was.id AND {_running("j")} AND j.lease_owner IS NOT NULL
    AND j.lease_expires_at < clock_timestamp() - {_ms("grace_ms")}
    AND j.cancel_requested_at IS NULL
    AND (j.error_code IS NULL OR j.error_code NOT IN {_VERDICTS})
@@ -2853,7 +2885,7 @@ def satisfy_wait(lease: Lease, *, checks: int, using: str = DEFAULT_DB_ALIAS) ->
 # ---------------------------------------------------------------------------------------
 
 _TASK_ATTEMPT_HELD = f"""EXISTS (SELECT 1 FROM {TABLE} AS j
-               WHERE j.id = %(id)s AND j.status = 'running' AND j.lease_owner = %(owner)s
+               WHERE j.id = %(id)s AND {_running("j")} AND j.lease_owner = %(owner)s
                  AND j.lease_epoch = %(epoch)s)"""
 
 # ON CONFLICT: one claim is one attempt; a handler process replaced mid-slice (its

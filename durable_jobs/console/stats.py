@@ -158,7 +158,7 @@ def describe_oldest_transaction(found: dict[str, Any] | None) -> str:
     )
     if float(found["age_seconds"]) >= PINNED_AFTER_SECONDS:
         line += (
-            " - it pins the horizon: no dead job row can be vacuumed and claims slow down"
+            " - it pins the horizon: no dead job row can be vacuumed and the job table grows"
             " until it ends"
         )
     return line
