@@ -1,4 +1,5 @@
-"""Small helpers shared by the integration tests (leases, deliveries, row snapshots).
+"""Small helpers shared by the integration tests (leases, deliveries, row snapshots, the
+pages a statement reads, a pinned horizon).
 
 Rows are built with ``tests.factories``; these helpers only name the lease or delivery a
 row carries, so a test can write ``lease_of(job, epoch=job.lease_epoch - 1)`` and read
@@ -7,14 +8,17 @@ like the fence it pins.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import threading
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from durable_jobs import db, store
 from durable_jobs.models import Job
@@ -160,3 +164,41 @@ def parent_with_live_children(
     children = list(Job.objects.filter(parent_id=job.id).order_by("spawn_key"))
     assert [(c.status, c.children_total) for c in children] == [("pending", 1)] * count
     return reload(job), children
+
+
+def pages_read(sql: str, params: dict[str, Any]) -> int:
+    """Pages ``sql`` reads now: EXPLAIN (ANALYZE, BUFFERS) in a transaction rolled back.
+    Tests count a statement's cost in pages, never in time."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
+        plan = cursor.fetchone()[0]
+        transaction.set_rollback(True)
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"]
+
+
+def insert_jobs_due_an_hour_ago(count: int) -> None:
+    """``count`` pending jobs in the default queue, due an hour ago, a millisecond apart."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {store.TABLE} (id, tenant_id, kind, status, created_at, updated_at,"
+            " queue_name, priority, next_run_at, pending_since)"
+            " SELECT gen_random_uuid(), 'default', 'test.old', 'pending', now(), now(),"
+            "        'default', 0, now() - interval '1 hour' + n * interval '1 ms', now()"
+            "   FROM generate_series(1, %s) AS n",
+            [count],
+        )
+
+
+@contextlib.contextmanager
+def pinned_horizon() -> Iterator[None]:
+    """Another session holds a transaction with an XID open: while it lasts, vacuum
+    removes no row version that died after it began."""
+    pin = connect_to_test_database(application_name="pins-the-horizon")
+    pin.execute("SELECT txid_current()")
+    try:
+        yield
+    finally:
+        pin.rollback()
+        pin.close()

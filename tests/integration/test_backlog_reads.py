@@ -5,10 +5,11 @@ and never the finished history, and count a keyed row as surely as an unkeyed on
 from __future__ import annotations
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from durable_jobs.console import queries
 from tests.factories import JobFactory
+from tests.integration.support import pages_read
 
 pytestmark = pytest.mark.django_db
 
@@ -23,14 +24,6 @@ def fill_history(rows: int) -> None:
             [rows],
         )
         cursor.execute(f"ANALYZE {queries.TABLE}")
-
-
-def buffers_read(sql: str, params: dict) -> int:
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
-        plan = cursor.fetchone()[0][0]["Plan"]
-        transaction.set_rollback(True)
-    return plan["Shared Hit Blocks"] + plan["Shared Read Blocks"]
 
 
 def waiting_jobs() -> None:
@@ -60,4 +53,4 @@ def test_backlog_reads_follow_the_backlog_not_the_history():
     fill_history(20_000)
     waiting_jobs()
     assert queries.queue_backlogs() == {"default": (3, 2), "mail": (3, 2)}
-    assert buffers_read(queries.QUEUE_BACKLOGS, {}) < 50
+    assert pages_read(queries.QUEUE_BACKLOGS, {}) < 50

@@ -10,12 +10,11 @@ second, takes what appeared below a floor. Cost is counted in pages read, never 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 import durable_jobs as durable
@@ -24,7 +23,12 @@ from durable_jobs.models import Job
 from durable_jobs.runtime.claim_floors import FLOOR_MARGIN
 from durable_jobs.runtime.worker import Worker
 from tests.factories import JobFactory
-from tests.integration.support import connect_to_test_database, wait_until
+from tests.integration.support import (
+    insert_jobs_due_an_hour_ago,
+    pages_read,
+    pinned_horizon,
+    wait_until,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,13 +38,7 @@ CLAIMED_UNDER_THE_PIN = 5000
 def _pages_read(floors) -> int:
     """Pages the default claim reads now (limit 1, rolled back), given ``floors``."""
     params = store.claim_params(["default"], "probe", 30_000, kinds=None, floors=floors)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + store.DEQUEUE_OPEN, params)
-        plan = cursor.fetchone()[0]
-        transaction.set_rollback(True)
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"]
+    return pages_read(store.DEQUEUE_OPEN, params)
 
 
 def _floors_from(claimed) -> list:
@@ -50,27 +48,14 @@ def _floors_from(claimed) -> list:
 @pytest.fixture
 def pinned_and_claimed():
     """5,000 jobs due an hour ago, all claimed while another session pins the horizon."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {store.TABLE} (id, tenant_id, kind, status, created_at, updated_at,"
-            " queue_name, priority, next_run_at, pending_since)"
-            " SELECT gen_random_uuid(), 'default', 'test.old', 'pending', now(), now(),"
-            "        'default', 0, now() - interval '1 hour' + n * interval '1 ms', now()"
-            "   FROM generate_series(1, %s) AS n",
-            [CLAIMED_UNDER_THE_PIN],
-        )
-    pin = connect_to_test_database(application_name="pins-the-horizon")
-    pin.execute("SELECT txid_current()")  # an XID, left open: nothing after it is vacuumed
-    try:
+    insert_jobs_due_an_hour_ago(CLAIMED_UNDER_THE_PIN)
+    with pinned_horizon():
         claimed = 0
         while claimed < CLAIMED_UNDER_THE_PIN:
             got = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=500)
             assert got, "every old job is claimable"
             claimed += len(got)
         yield
-    finally:
-        pin.rollback()
-        pin.close()
 
 
 def test_a_claim_from_its_floor_reads_past_none_of_what_the_pinned_horizon_kept(

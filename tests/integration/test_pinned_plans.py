@@ -15,11 +15,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from durable_jobs import store
 from tests.factories import JobFactory
-from tests.integration.support import connect_to_test_database, lease_of
+from tests.integration.support import (
+    insert_jobs_due_an_hour_ago,
+    lease_of,
+    pages_read,
+    pinned_horizon,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,18 +35,8 @@ RUN_UNDER_THE_PIN = 5000
 def pinned_and_run():
     """5,000 jobs claimed and completed while another session pins the horizon, then
     statistics taken: they count no pending and no running row."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {store.TABLE} (id, tenant_id, kind, status, created_at, updated_at,"
-            " queue_name, priority, next_run_at, pending_since)"
-            " SELECT gen_random_uuid(), 'default', 'test.old', 'pending', now(), now(),"
-            "        'default', 0, now() - interval '1 hour' + n * interval '1 ms', now()"
-            "   FROM generate_series(1, %s) AS n",
-            [RUN_UNDER_THE_PIN],
-        )
-    pin = connect_to_test_database(application_name="pins-the-horizon")
-    pin.execute("SELECT txid_current()")  # an XID, left open: nothing after it is vacuumed
-    try:
+    insert_jobs_due_an_hour_ago(RUN_UNDER_THE_PIN)
+    with pinned_horizon():
         done = 0
         while done < RUN_UNDER_THE_PIN:
             claimed = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=500)
@@ -52,20 +47,6 @@ def pinned_and_run():
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {store.TABLE}")
         yield
-    finally:
-        pin.rollback()
-        pin.close()
-
-
-def _pages_read(sql: str, params: dict) -> int:
-    """Pages ``sql`` reads now (EXPLAIN ANALYZE in a transaction rolled back)."""
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql, params)
-        plan = cursor.fetchone()[0]
-        transaction.set_rollback(True)
-    if isinstance(plan, str):
-        plan = json.loads(plan)
-    return plan[0]["Plan"]["Shared Hit Blocks"] + plan[0]["Plan"]["Shared Read Blocks"]
 
 
 def test_a_batched_completion_finds_its_rows_by_id(pinned_and_run):
@@ -79,7 +60,7 @@ def test_a_batched_completion_finds_its_rows_by_id(pinned_and_run):
         "ids": [str(j.id) for j in claimed],
     }
 
-    pages = _pages_read(store.COMPLETE_MANY_LEAF, params)
+    pages = pages_read(store.COMPLETE_MANY_LEAF, params)
     ended = store.complete_many(items)
 
     # By id: two primary-key descents, the rows' pages and the index inserts of the new
@@ -94,7 +75,7 @@ def test_a_lease_holder_write_finds_its_row_by_id(pinned_and_run):
     [job] = store.dequeue(["default"], "host-2", 30_000, kinds=None, limit=1)
     params = {"id": job.id, "owner": job.lease_owner, "epoch": job.lease_epoch}
 
-    pages = _pages_read(store.ASSERT_LEASE, params)
+    pages = pages_read(store.ASSERT_LEASE, params)
 
     assert pages < 20, f"checking one lease read {pages} pages"  # by status: 371
     assert store.assert_lease(lease_of(job))
@@ -107,7 +88,7 @@ def test_a_claim_searches_its_levels_on_the_deliverable_index(pinned_and_run):
     waiting = JobFactory(next_run_at=-0.5)
     params = store.claim_params(["default"], "host-2", 30_000, kinds=None, floors=floors)
 
-    pages = _pages_read(store.DEQUEUE_OPEN, params)
+    pages = pages_read(store.DEQUEUE_OPEN, params)
     again = store.dequeue_from(["default"], "host-2", 30_000, kinds=None, floors=floors)
 
     # The levels' search on durable_jobs_live_kind, past every dead live entry: 594.
