@@ -16,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 VARIANTS = {
     "fence predicate removed (lease holder writes check only the status)": (
         "durable_jobs/store.py",
-        "LEASE_HELD = \"status = 'running'"
-        ' AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"',
-        "LEASE_HELD = \"status = 'running'"
+        'LEASE_HELD = f"{_running()} AND lease_owner = %(owner)s AND lease_epoch = %(epoch)s"',
+        'LEASE_HELD = f"{_running()}'
         ' AND %(owner)s::text IS NOT NULL AND %(epoch)s::bigint IS NOT NULL"',
         ["tests/integration/test_store_fences.py", "tests/integration/test_executor.py"],
     ),
