@@ -5,7 +5,6 @@ size figures from the statistics views.
 
 from __future__ import annotations
 
-import datetime
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +14,6 @@ import psycopg
 import durable_jobs as durable
 from benchmarks.durable_bench import KIND, TABLE, Ctx
 from durable_jobs import store
-from durable_jobs.runtime.claim_floors import FLOOR_MARGIN
 
 #: Jobs per ``start_many`` call (each its own transaction) while the producer keeps up.
 BATCH = 25
@@ -64,10 +62,11 @@ class Producer:
 _CLAIM_PARAMS = store.claim_params(["default"], "steady-load-probe", 60_000, kinds=None)
 
 
-def floored_claim_params() -> dict:
+def floored_claim_params(conn: psycopg.Connection) -> dict:
     """``_CLAIM_PARAMS`` with a floor where a worker's would be while its queue keeps up:
-    the default level's scan starts two ``FLOOR_MARGIN`` ago (``runtime.claim_floors``)."""
-    at = datetime.datetime.now(datetime.UTC) - 2 * FLOOR_MARGIN
+    the database's clock two seconds ago, so the default level's scan starts
+    ``store.FLOOR_MARGIN_MS`` before that (``runtime.claim_floors``)."""
+    (at,) = conn.execute("SELECT clock_timestamp() - interval '2 seconds'").fetchone()
     return store.claim_params(
         ["default"], "steady-load-probe", 60_000, kinds=None, floors=[("default", 0, at)]
     )
@@ -87,7 +86,7 @@ def claim_plan(
     if conn is None:
         with psycopg.connect(ctx.dburl) as fresh:
             return claim_plan(ctx, options, fresh, floored=floored)
-    params = floored_claim_params() if floored else _CLAIM_PARAMS
+    params = floored_claim_params(conn) if floored else _CLAIM_PARAMS
     rows = conn.execute(f"EXPLAIN ({options}) " + store.DEQUEUE_OPEN, params).fetchall()
     conn.rollback()
     return [line for (line,) in rows]

@@ -1152,13 +1152,18 @@ _CLAIM_QUEUES = f"""queues AS MATERIALIZED (
 #: of queue, priority and run time; ``durable_jobs.runtime.claim_floors``): a pinned
 #: horizon leaves the index entry of every row claimed since the pin in the scan's way,
 #: and a claim that walked them all cost 100 ms and more within minutes (issue #27).
+#: A floor is the oldest run time the claimer's last claim took at that level, as the
+#: database returned it; the scan starts FLOOR_MARGIN_MS before it, so that a start
+#: committed within that long of its insert is found by any claim, not only by a sweep.
+FLOOR_MARGIN_MS = 2000
 _GIVEN_FLOORS = """unnest(%(floor_queues)s::text[], %(floor_priorities)s::int[],
                           %(floor_at)s::timestamptz[]) AS given(queue, priority, at)"""
 _UNKEYED_CANDIDATES = f"""
     SELECT due.id, due.priority, due.next_run_at FROM queues AS q
     CROSS JOIN LATERAL (
         -- The queue's lowest floor: where the search for its levels starts reading.
-        SELECT coalesce(min(given.at), '-infinity') AS at FROM {_GIVEN_FLOORS}
+        SELECT coalesce(min(given.at) - {FLOOR_MARGIN_MS} * interval '1 millisecond', '-infinity')
+               AS at FROM {_GIVEN_FLOORS}
          WHERE given.queue = q.name
     ) AS queue_floor
     CROSS JOIN LATERAL (
@@ -1176,7 +1181,8 @@ _UNKEYED_CANDIDATES = f"""
         )
         SELECT level.id, level.priority, level.next_run_at FROM levels
         CROSS JOIN LATERAL (
-            SELECT coalesce(max(given.at), '-infinity') AS at FROM {_GIVEN_FLOORS}
+            SELECT coalesce(max(given.at) - {FLOOR_MARGIN_MS} * interval '1 millisecond', '-infinity')
+                   AS at FROM {_GIVEN_FLOORS}
              WHERE given.queue = q.name AND given.priority = levels.priority
         ) AS floor
         CROSS JOIN LATERAL (
@@ -1329,7 +1335,8 @@ RETURNING {_J_COLUMNS}, c.next_run_at
 """
 
 
-#: A claim's floors: (queue, priority, run time) of each level whose scan starts there.
+#: A claim's floors: (queue, priority, run time) of each level whose scan starts
+#: FLOOR_MARGIN_MS before that run time.
 Floors = Sequence[tuple[str, int, datetime.datetime]]
 
 

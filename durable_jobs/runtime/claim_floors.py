@@ -11,10 +11,11 @@ and reads each one's row version to learn it is gone. Measured at 1,000 jobs/s
 150 s, and then the two cores saturated.
 
 A claim's first row at a level is the oldest claimable row its snapshot saw there, so
-the next claim at that level may start a little before it (``FLOOR_MARGIN``) and skip
-what the claims before it left behind. A row can become deliverable below a floor:
+the next claim at that level may start a little before it (``store.FLOOR_MARGIN_MS``,
+subtracted in the statement: the floors are the database's own run times) and skip what
+the claims before it left behind. A row can become deliverable below a floor:
 
-* a start whose transaction committed more than ``FLOOR_MARGIN`` after the row was
+* a start whose transaction committed more than ``FLOOR_MARGIN_MS`` after the row was
   inserted (its run time is the insert's clock), or a start with a run time in the past;
 * a job made due again at the run time it had (a dependency wait that ended at once);
 * a row a concurrent claim had locked, and then rolled back (a cut connection).
@@ -33,11 +34,6 @@ import time
 from collections.abc import Iterable
 
 from durable_jobs.store import Floors
-
-#: How far before a level's oldest claimed row its next claim starts: a start committed
-#: within this long of its insert is found by any claim, not only by a sweep. Under a
-#: pinned horizon a claim walks past the entries of the rows claimed in this span.
-FLOOR_MARGIN = datetime.timedelta(seconds=2)
 
 #: The most seconds between two sweeps (claims without floors).
 SWEEP_EVERY = 1.0
@@ -66,8 +62,8 @@ class ClaimFloors:
             return [(queue, priority, at) for (queue, priority), at in self._floors.items()]
 
     def claimed(self, due: Iterable[tuple[str, int, datetime.datetime]]) -> None:
-        """Move each level's floor to just before the oldest run time a claim took there
-        (``due``: queue, priority and run time of each unkeyed row it claimed)."""
+        """Move each level's floor to the oldest run time a claim took there (``due``:
+        queue, priority and run time, as the claim returned it, of each unkeyed row)."""
         oldest: dict[tuple[str, int], datetime.datetime] = {}
         for queue, priority, at in due:
             level = (queue, priority)
@@ -76,7 +72,7 @@ class ClaimFloors:
         if oldest:
             with self._lock:
                 for level, at in oldest.items():
-                    self._floors[level] = at - FLOOR_MARGIN
+                    self._floors[level] = at
 
     def swept(self, seconds: float | None) -> None:
         """A sweep ended: it took ``seconds``, or None when it failed (the next claim

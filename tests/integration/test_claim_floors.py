@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connections, transaction
@@ -20,7 +21,6 @@ from django.utils import timezone
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.models import Job
-from durable_jobs.runtime.claim_floors import FLOOR_MARGIN
 from durable_jobs.runtime.worker import Worker
 from tests.factories import JobFactory
 from tests.integration.support import (
@@ -33,6 +33,7 @@ from tests.integration.support import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 CLAIMED_UNDER_THE_PIN = 5000
+MARGIN_SECONDS = store.FLOOR_MARGIN_MS / 1000
 
 
 def _pages_read(floors) -> int:
@@ -42,7 +43,7 @@ def _pages_read(floors) -> int:
 
 
 def _floors_from(claimed) -> list:
-    return [(job.queue_name, job.priority, due - FLOOR_MARGIN) for job, due in claimed]
+    return [(job.queue_name, job.priority, due) for job, due in claimed]
 
 
 @pytest.fixture
@@ -129,7 +130,7 @@ def test_a_running_worker_runs_a_start_committed_long_after_it_was_inserted(work
             with transaction.atomic():
                 committed.append(str(durable.start("demo.noop").id))
                 inserted.set()
-                time.sleep(FLOOR_MARGIN.total_seconds() + 1.5)
+                time.sleep(MARGIN_SECONDS + 1.5)
         finally:
             connections.close_all()
 
@@ -138,13 +139,15 @@ def test_a_running_worker_runs_a_start_committed_long_after_it_was_inserted(work
     assert inserted.wait(10)
     # Meanwhile the worker claims newer jobs: its floor moves past the open start's run time.
     newer = []
-    for _ in range(int(FLOOR_MARGIN.total_seconds() * 4) + 6):
+    for _ in range(int(MARGIN_SECONDS * 4) + 6):
         newer.append(durable.start("demo.noop"))
         time.sleep(0.25)
     opener.join()
     wait_until(lambda: all(_completed(job) for job in newer), "the newer jobs to run")
     # Due before any floor the worker holds: only a sweep sees it.
-    in_the_past = durable.start("demo.noop", run_after=timezone.now() - 3 * FLOOR_MARGIN)
+    in_the_past = durable.start(
+        "demo.noop", run_after=timezone.now() - timedelta(seconds=3 * MARGIN_SECONDS)
+    )
 
     wait_until(lambda: Job.objects.get(id=committed[0]).status == "completed", "the late commit")
     wait_until(lambda: _completed(in_the_past), "the job due in the past")

@@ -9,7 +9,7 @@ import datetime
 import pytest
 
 from durable_jobs.runtime import claim_floors
-from durable_jobs.runtime.claim_floors import FLOOR_MARGIN, SWEEP_EVERY, SWEEP_SHARE, ClaimFloors
+from durable_jobs.runtime.claim_floors import SWEEP_EVERY, SWEEP_SHARE, ClaimFloors
 
 T0 = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
 
@@ -28,7 +28,7 @@ def test_the_first_claim_sweeps_and_the_others_read_from_floors_meanwhile(clock)
     assert floors.for_claim() == []  # one sweep at a time; no floor known yet either
 
 
-def test_each_level_starts_a_margin_before_the_oldest_run_time_its_last_claim_took(clock):
+def test_each_levels_floor_is_the_oldest_run_time_its_last_claim_took(clock):
     floors = ClaimFloors()
     floors.for_claim()
     floors.claimed(
@@ -43,9 +43,9 @@ def test_each_level_starts_a_margin_before_the_oldest_run_time_its_last_claim_to
     floors.claimed([("default", 5, T0 + datetime.timedelta(seconds=20))])
 
     assert sorted(floors.for_claim()) == [
-        ("default", 0, T0 - FLOOR_MARGIN),
-        ("default", 5, T0 + datetime.timedelta(seconds=20) - FLOOR_MARGIN),
-        ("mail", 0, T0 + datetime.timedelta(seconds=1) - FLOOR_MARGIN),
+        ("default", 0, T0),
+        ("default", 5, T0 + datetime.timedelta(seconds=20)),
+        ("mail", 0, T0 + datetime.timedelta(seconds=1)),
     ]
 
 
