@@ -209,23 +209,23 @@ def fetch_job(using: str, sql: str, params: dict[str, Any]) -> Job | None:
     return job_from_row(row, using) if row is not None else None
 
 
-def fetch_jobs(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
+def _fetch_job_rows(using: str, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     """Run a statement returning job rows (timestamps read by the C loader where it may)."""
     with connections[using].cursor() as cursor:
         read_timestamps_in_c(cursor, using)
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return [job_from_row(row, using) for row in rows]
+        return cursor.fetchall()
+
+
+def fetch_jobs(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
+    """Run a statement returning job rows."""
+    return [job_from_row(row, using) for row in _fetch_job_rows(using, sql, params)]
 
 
 def fetch_jobs_with(using: str, sql: str, params: dict[str, Any]) -> list[tuple[Job, Any]]:
     """``fetch_jobs`` for a statement whose rows carry one column after the job's; each
     job with that value."""
-    with connections[using].cursor() as cursor:
-        read_timestamps_in_c(cursor, using)
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return [(job_from_row(row[:-1], using), row[-1]) for row in rows]
+    return [(job_from_row(row[:-1], using), row[-1]) for row in _fetch_job_rows(using, sql, params)]
 
 
 def fetch_value(using: str, sql: str, params: dict[str, Any] | Sequence[Any]) -> Any:
