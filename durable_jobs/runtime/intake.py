@@ -114,6 +114,14 @@ class Intake:
                 answer = AGAIN if AGAIN in (then, answer) else REST
         return [], answer
 
+    def claim_ahead(self, owner: str, ttl_ms: int, *, limit: int) -> list[Job]:
+        """Claim due work from the job table while the slot's last claim still runs (see
+        ``Worker._claim_ahead``); nothing when the slot also reads a broker, whose
+        deliveries are taken one free slot at a time."""
+        if self.brokers:
+            return []
+        return self._from_table(self.database_queues, owner, ttl_ms, registry.kinds(), limit)
+
     def _from_table(
         self, queues: list[str], owner: str, ttl_ms: int, kinds: Sequence[str], limit: int
     ) -> list[Job]:

@@ -163,17 +163,11 @@ class Supervision:
         runner = slot.runner
         if runner is not None and take_back and not slot.abandoned:
             runner.take_back()  # on the slot's own thread, the only one that talks to its child
-        # Emptied in place: a slice still running holds the completions list and appends
-        # to it when it finishes, so the list object must stay the slot's.
-        completions, finished = list(slot.completions), list(slot.finished)
         kept = [entry for entry in slot.waiting if runner is not None and runner.holds(entry.id)]
         waiting = [entry for entry in slot.waiting if entry not in kept]
-        slot.completions.clear()
         slot.waiting[:] = kept
-        slot.finished.clear()
+        self._complete_finished(slot)
         try:
-            if completions:
-                complete_deferred(completions, using=self.using)
             for entry in waiting:
                 if not entry.lease_lost:
                     # A cut connection is retried once on a new one: a claim not handed
@@ -198,7 +192,32 @@ class Supervision:
             )
             db.keep_connection_healthy(self.using)
         finally:
-            for entry in (*waiting, *finished):
+            for entry in waiting:
+                self._heartbeater.untrack(entry)
+
+    def _complete_finished(self, slot: SlotState) -> None:
+        """Complete the slot's finished slices (one statement) and stop beating their leases.
+
+        The claims still waiting their turn keep theirs: this runs at the end of a batch
+        (``_hand_back``) and while a batch's last slice runs (``Worker._claim_ahead``).
+        """
+        # Emptied in place: a slice still running holds the completions list and appends
+        # to it when it finishes, so the list object must stay the slot's.
+        completions, finished = list(slot.completions), list(slot.finished)
+        slot.completions.clear()
+        slot.finished.clear()
+        try:
+            if completions:
+                complete_deferred(completions, using=self.using)
+        except (DatabaseError, InterfaceError) as error:
+            log.warning(
+                "slot %s: could not complete its finished slices (%s); their leases will expire",
+                slot.owner,
+                type(error).__name__,
+            )
+            db.keep_connection_healthy(self.using)
+        finally:
+            for entry in finished:
                 self._heartbeater.untrack(entry)
 
     def _hand_back_everything(self) -> None:

@@ -513,10 +513,18 @@ class Worker(Supervision, WakeUps):
         taken back before a hand-back, so a claim is run by the child or handed back,
         never both. Once the batch has run for ``PREFETCH_WINDOW`` the claims still waiting
         are handed back the same way, for any slot to take.
+
+        While such a batch's last slice runs, the slot claims the next one and queues it
+        behind (``_claim_ahead``): the batch goes on with it, its window counted afresh.
         """
         began = time.monotonic()
-        interval = conf.get().HEARTBEAT_INTERVAL
+        settings = conf.get()
+        interval = settings.HEARTBEAT_INTERVAL
         batched = len(claimed) > 1
+        # The claims to run, in order; it grows at its end when the slot claims ahead (a
+        # list's iterator goes on to the items appended to it).
+        batch = list(claimed)
+        claim_was_full = len(claimed) == slot.batch
         slot.waiting = (
             [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
         )
@@ -525,16 +533,17 @@ class Worker(Supervision, WakeUps):
             self._heartbeater.track(held)
         if runner is not None:
             slot.runner = runner
-        if (
+        sent_ahead = (
             runner is not None
             and batched
             and all(_goes_straight_to_its_handler(job, ttl_ms) for job in claimed)
-        ):
+        )
+        if sent_ahead and runner is not None:
             runner.send_ahead([(job, entries[job.id].lease) for job in claimed])
         pace = Pace.QUICK
         ran, busy = 0, 0.0
         try:
-            for job in claimed:
+            for job in batch:
                 if slot.abandoned:
                     return Pace.SLOW
                 entry = entries.get(job.id)
@@ -556,6 +565,30 @@ class Worker(Supervision, WakeUps):
                     self._heartbeater.untrack(entry)
                     if entry.lease_lost and not (runner is not None and runner.holds(job.id)):
                         continue  # taken over while it waited: not ours to run
+                if (
+                    sent_ahead
+                    and claim_was_full
+                    and job is batch[-1]
+                    and pace is Pace.QUICK
+                    and not self.stopping.is_set()
+                    and runner is not None
+                    and runner.holds(job.id)
+                ):
+                    mean = busy / ran if ran else slot.slice_mean
+                    limit = next_batch(
+                        slot.batch,
+                        slot.batch,
+                        Pace.QUICK,
+                        prefetch_ceiling(settings.MAX_PREFETCH, self.execution),
+                        fits_in_window(mean),
+                    )
+                    more = self._claim_ahead(slot, ttl_ms, runner, entries, limit=limit)
+                    if more:
+                        batch.extend(more)
+                        began = time.monotonic()  # the window of the claims just queued
+                        slot.batch = limit
+                        claim_was_full = len(more) == limit
+                        sent_ahead = all(runner.holds(more_job.id) for more_job in more)
                 lost = (
                     entry is not None and entry.lease_lost
                 )  # queued in the child: it is told at once
@@ -603,6 +636,49 @@ class Worker(Supervision, WakeUps):
             pace = Pace.LONG
         slot.slice_mean = busy / ran if ran else slot.slice_mean
         return pace
+
+    def _claim_ahead(
+        self,
+        slot: SlotState,
+        ttl_ms: int,
+        runner: ChildRunner,
+        entries: dict[Any, HeldLease],
+        *,
+        limit: int,
+    ) -> list[Job]:
+        """While the batch's last slice runs in the handler process: complete the slices it
+        has finished, claim up to ``limit`` more and queue them behind the running one.
+
+        The handler process then goes straight on to the next claim instead of waiting
+        for a completion and a claim statement between batches: 20 ms slices lost about
+        5 % of a slot's time there (issue #27 item 6). The new claims are held like any
+        batch-mate: beaten, handed back if the running slice proves slow or the worker
+        stops, taken back from the child before that. A claim that fails here is left to
+        the slot's next claim; nothing was queued.
+        """
+        if slot.completions:
+            faults.point("before_batched_completion")
+        self._complete_finished(slot)
+        try:
+            more = self._intake.claim_ahead(slot.owner, ttl_ms, limit=limit)
+        except (DatabaseError, InterfaceError) as error:
+            log.info("slot %s: claim ahead failed (%s)", slot.owner, one_line(error))
+            connections[self.using].close()
+            return []
+        if not more:
+            return []
+        self._claim_found(True)
+        if len(more) == limit:
+            self._wake_one(chained=True)
+        interval = conf.get().HEARTBEAT_INTERVAL
+        held = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in more]
+        for entry in held:
+            entries[entry.id] = entry
+            slot.waiting.append(entry)
+            self._heartbeater.track(entry)
+        if all(_goes_straight_to_its_handler(job, ttl_ms) for job in more):
+            runner.send_ahead([(job, entries[job.id].lease) for job in more])
+        return more
 
     @staticmethod
     def _on_start(slot: SlotState, lost: bool, control: SliceControl) -> None:
