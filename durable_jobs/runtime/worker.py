@@ -398,6 +398,7 @@ class Worker(Supervision, WakeUps):
         )
         failures = 0
         failing_since = 0.0
+        after_work = False  # this claim follows the slot's own claims, not a sleep
         try:
             while not self.stopping.is_set() and not slot.abandoned:
                 try:
@@ -435,8 +436,14 @@ class Worker(Supervision, WakeUps):
                     self._outage.failed(f"slot {slot.owner}", error, delay)
                     self.stopping.wait(delay)
                     continue
-                if claimed or then != intake.AGAIN:  # AGAIN without claims: a refused message
-                    self._claim_found(bool(claimed))  # sets the listener's wake-up cooldown
+                if claimed:
+                    self._claim_found(True)  # the listener's wake-up cooldown back to its base
+                elif then != intake.AGAIN and not after_work:
+                    # Woken (or polling) and found nothing: another slot or worker won the
+                    # race, which is what backs the cooldown off. A slot's look for more
+                    # after its own work is not a lost race (AGAIN: a refused message).
+                    self._claim_found(False)
+                after_work = bool(claimed)
                 if claimed:
                     faults.point("claim_returned")
                     self._set_idle(slot.number, False)
