@@ -78,6 +78,23 @@ def _wait_for_port(port: int, seconds: float) -> None:
     raise TimeoutError(f"nothing listens on {port} after {seconds}s")
 
 
+def _wait_for_amqp(url: str, seconds: float) -> None:
+    """Until the node answers an AMQP handshake. Its port opens before it is ready for
+    one: a test whose first connection (under a 1 s ``BROKER_TIMEOUT``) came right after
+    the port opened met "Timeout during AMQP handshake" on a loaded machine."""
+    deadline = time.monotonic() + seconds
+    parameters = pika.URLParameters(url)
+    parameters.socket_timeout = parameters.stack_timeout = 5
+    while True:
+        try:
+            pika.BlockingConnection(parameters).close()
+            return
+        except pika.exceptions.AMQPError as error:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} gave no AMQP handshake after {seconds}s") from error
+            time.sleep(0.2)
+
+
 class OwnRedis:
     """A redis-server of the test's own (port, directory), started and stopped by pid."""
 
@@ -181,6 +198,7 @@ class OwnRabbitMQ:
             start_new_session=True,
         )
         _wait_for_port(self.port, 60)
+        _wait_for_amqp(self.url, 60)
 
     def kill(self) -> None:
         """SIGKILL the node (a crash, not a shutdown) and everything this test started for it."""
