@@ -185,12 +185,7 @@ class Supervision:
                         ),
                     )
         except (DatabaseError, InterfaceError) as error:
-            log.warning(
-                "slot %s: could not hand its claims back (%s); their leases will expire",
-                slot.owner,
-                type(error).__name__,
-            )
-            db.keep_connection_healthy(self.using)
+            self._left_to_expire(slot, "hand its claims back", error)
         finally:
             for entry in waiting:
                 self._heartbeater.untrack(entry)
@@ -210,15 +205,21 @@ class Supervision:
             if completions:
                 complete_deferred(completions, using=self.using)
         except (DatabaseError, InterfaceError) as error:
-            log.warning(
-                "slot %s: could not complete its finished slices (%s); their leases will expire",
-                slot.owner,
-                type(error).__name__,
-            )
-            db.keep_connection_healthy(self.using)
+            self._left_to_expire(slot, "complete its finished slices", error)
         finally:
             for entry in finished:
                 self._heartbeater.untrack(entry)
+
+    def _left_to_expire(self, slot: SlotState, what: str, error: Exception) -> None:
+        """A slot's write about its claims failed: they wait out their leases, and the
+        reconciler re-drives them."""
+        log.warning(
+            "slot %s: could not %s (%s); their leases will expire",
+            slot.owner,
+            what,
+            type(error).__name__,
+        )
+        db.keep_connection_healthy(self.using)
 
     def _hand_back_everything(self) -> None:
         """At exit: hand back every lease still held, so nothing waits out an expiry.
