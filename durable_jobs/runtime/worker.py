@@ -532,21 +532,11 @@ class Worker(Supervision, WakeUps):
         # list's iterator goes on to the items appended to it).
         batch = list(claimed)
         claim_was_full = len(claimed) == slot.batch
-        slot.waiting = (
-            [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in claimed] if batched else []
-        )
-        entries = {entry.id: entry for entry in slot.waiting}
-        for held in slot.waiting:
-            self._heartbeater.track(held)
+        slot.waiting = []
+        entries: dict[Any, HeldLease] = {}
         if runner is not None:
             slot.runner = runner
-        sent_ahead = (
-            runner is not None
-            and batched
-            and all(_goes_straight_to_its_handler(job, ttl_ms) for job in claimed)
-        )
-        if sent_ahead and runner is not None:
-            runner.send_ahead([(job, entries[job.id].lease) for job in claimed])
+        sent_ahead = batched and self._hold(slot, claimed, entries, ttl_ms, interval, runner)
         pace = Pace.QUICK
         ran, busy = 0, 0.0
         try:
@@ -589,7 +579,7 @@ class Worker(Supervision, WakeUps):
                         prefetch_ceiling(settings.MAX_PREFETCH, self.execution),
                         fits_in_window(mean),
                     )
-                    more = self._claim_ahead(slot, ttl_ms, runner, entries, limit=limit)
+                    more = self._claim_ahead(slot, ttl_ms, interval, runner, entries, limit=limit)
                     if more:
                         batch.extend(more)
                         began = time.monotonic()  # the window of the claims just queued
@@ -648,6 +638,7 @@ class Worker(Supervision, WakeUps):
         self,
         slot: SlotState,
         ttl_ms: int,
+        interval: float,
         runner: ChildRunner,
         entries: dict[Any, HeldLease],
         *,
@@ -677,15 +668,33 @@ class Worker(Supervision, WakeUps):
         self._claim_found(True)
         if len(more) == limit:
             self._wake_one(chained=True)
-        interval = conf.get().HEARTBEAT_INTERVAL
-        held = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in more]
-        for entry in held:
+        self._hold(slot, more, entries, ttl_ms, interval, runner)
+        return more
+
+    def _hold(
+        self,
+        slot: SlotState,
+        jobs: list[Job],
+        entries: dict[Any, HeldLease],
+        ttl_ms: int,
+        interval: float,
+        runner: ChildRunner | None,
+    ) -> bool:
+        """Keep the leases of claims that wait their turn in a batch; queue them in the
+        handler process when every one goes straight to its handler. Return whether they
+        were queued there (``ChildRunner.send_ahead``).
+
+        Held claims are beaten by the heartbeater and listed in ``slot.waiting``, so a
+        hand-back (a slow slice, a stop) can find them and give them back uncharged.
+        """
+        for job in jobs:
+            entry = HeldLease(job, _lease_of(job, ttl_ms), interval)
             entries[entry.id] = entry
             slot.waiting.append(entry)
             self._heartbeater.track(entry)
-        if all(_goes_straight_to_its_handler(job, ttl_ms) for job in more):
-            runner.send_ahead([(job, entries[job.id].lease) for job in more])
-        return more
+        if runner is None or not all(_goes_straight_to_its_handler(job, ttl_ms) for job in jobs):
+            return False
+        return runner.send_ahead([(job, entries[job.id].lease) for job in jobs])
 
     @staticmethod
     def _on_start(slot: SlotState, lost: bool, control: SliceControl) -> None:
