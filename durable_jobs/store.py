@@ -53,6 +53,7 @@ from durable_jobs.db import (
     JOB_COLUMNS,
     JOB_FIELDS,
     SET_LOCAL_LOCK_TIMEOUT,
+    build_job,
     dump_json,
     execute,
     fetch_job,
@@ -243,7 +244,7 @@ def _new_job(row: Sequence[Any], params: dict[str, Any], using: str) -> Job:
     for position, back, is_json in _NEW_FROM_ROW:
         value = row[back]
         values[position] = json.loads(value) if is_json and isinstance(value, str) else value
-    return Job.from_db(using, _FIELD_NAMES, values)
+    return build_job(values, using)
 
 
 class InsertResult:

@@ -143,68 +143,70 @@ def _apply(control: SliceControl, op: str) -> None:
         control.mark_lease_lost()
 
 
-def encode_row(job: Job) -> dict[str, Any]:
-    """The claimed row as JSON-ready values, so the child need not read it again."""
-    columns = _row_typers()[0]
-    values: dict[str, Any] = {}
-    # The instance's own attributes rather than one getattr per column: the row crosses
-    # the pipe once per slice (issue #14). Absent means NULL (most columns of a claim are).
-    for name, value in job.__dict__.items():
-        if value is None or name not in columns:
-            continue
-        if isinstance(value, datetime.datetime):
-            value = value.isoformat()
-        elif isinstance(value, uuid.UUID):
-            value = str(value)
-        values[name] = value
+def encode_row(job: Job) -> list[Any]:
+    """The claimed row as JSON-ready values in column order, so the child need not read it
+    again: a list, not a dict of names, and only the timestamps and ids converted (the row
+    crosses the pipe once per slice; issues #14 and #27)."""
+    names, timestamps, ids = _row_layout()
+    fields = job.__dict__
+    values = [fields.get(name) for name in names]  # a deferred column goes as NULL
+    for position in timestamps:
+        value = values[position]
+        if value is not None:
+            values[position] = value.isoformat()
+    for position in ids:
+        value = values[position]
+        if value is not None:
+            values[position] = str(value)
     return values
 
 
-def decode_row(values: dict[str, Any], using: str) -> Job:
-    """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back)."""
-    from durable_jobs.models import Job
-
-    columns, names = _row_typers()
-    typed: list[Any] = [None] * len(names)
-    for name, value in values.items():
-        index, typer = columns[name]
-        typed[index] = value if typer is None else typer(value)
-    return Job.from_db(using, names, typed)
-
-
-_TYPERS: tuple[dict[str, tuple[int, Any]], list[str]] | None = None
-
-
-def _row_typers() -> tuple[dict[str, tuple[int, Any]], list[str]]:
-    """Per column, its position and how its JSON value becomes the Python value again
-    (None: as it is); and the columns in order.
+def decode_row(values: list[Any], using: str) -> Job:
+    """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back).
 
     ``datetime.fromisoformat`` reads back exactly what ``isoformat()`` wrote (offset
-    included), and at a fraction of ``DateTimeField.to_python``'s cost: the row crosses
-    the pipe once per slice (issue #14).
+    included), at a fraction of ``DateTimeField.to_python``'s cost.
     """
-    global _TYPERS
-    if _TYPERS is None:
+    from durable_jobs.db import build_job
+
+    _, timestamps, ids = _row_layout()
+    for position in timestamps:
+        value = values[position]
+        if value is not None:
+            values[position] = datetime.datetime.fromisoformat(value)
+    for position in ids:
+        value = values[position]
+        if value is not None:
+            values[position] = uuid.UUID(value)
+    return build_job(values, using)
+
+
+_LAYOUT: tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]] | None = None
+
+
+def _row_layout() -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """The row's attribute names in column order, and the positions of its timestamps and
+    of its UUIDs (the values JSON cannot carry as they are)."""
+    global _LAYOUT
+    if _LAYOUT is None:
         from django.db import models
 
-        from durable_jobs.models import Job
+        from durable_jobs.db import JOB_FIELDS
 
-        fields = Job._meta.concrete_fields
-        _TYPERS = (
-            {
-                field.attname: (
-                    index,
-                    datetime.datetime.fromisoformat
-                    if isinstance(field, models.DateTimeField)
-                    else uuid.UUID
-                    if isinstance(field, models.UUIDField)
-                    else None,
-                )
-                for index, field in enumerate(fields)
-            },
-            [field.attname for field in fields],
+        _LAYOUT = (
+            tuple(field.attname for field in JOB_FIELDS),
+            tuple(
+                index
+                for index, field in enumerate(JOB_FIELDS)
+                if isinstance(field, models.DateTimeField)
+            ),
+            tuple(
+                index
+                for index, field in enumerate(JOB_FIELDS)
+                if isinstance(field, models.UUIDField)
+            ),
         )
-    return _TYPERS
+    return _LAYOUT
 
 
 def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, Any]:
