@@ -27,8 +27,10 @@ supervisor ends a slice at its time limit (``Worker._supervise``).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Protocol
 
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -120,10 +122,18 @@ class Heartbeater:
         self._thread.join(timeout=5)
 
     def track(self, holder: Beatable) -> None:
-        due = time.monotonic() + holder.heartbeat_interval
+        self.track_all((holder,))
+
+    def track_all(self, holders: Iterable[Beatable]) -> None:
+        """Track every one of ``holders`` (a batch's claims) under one hold of the lock."""
+        now = time.monotonic()
+        soonest = math.inf
         with self._lock:
-            self._held[id(holder)] = (holder, due)
-            sooner = due < self._sleeping_until
+            for holder in holders:
+                due = now + holder.heartbeat_interval
+                self._held[id(holder)] = (holder, due)
+                soonest = min(soonest, due)
+            sooner = soonest < self._sleeping_until
         if sooner:  # wake the thread only when it would otherwise sleep past this one's beat
             self._wake.set()
 

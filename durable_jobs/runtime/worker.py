@@ -687,11 +687,11 @@ class Worker(Supervision, WakeUps):
         Held claims are beaten by the heartbeater and listed in ``slot.waiting``, so a
         hand-back (a slow slice, a stop) can find them and give them back uncharged.
         """
-        for job in jobs:
-            entry = HeldLease(job, _lease_of(job, ttl_ms), interval)
+        held = [HeldLease(job, _lease_of(job, ttl_ms), interval) for job in jobs]
+        for entry in held:
             entries[entry.id] = entry
-            slot.waiting.append(entry)
-            self._heartbeater.track(entry)
+        slot.waiting.extend(held)
+        self._heartbeater.track_all(held)
         if runner is None or not all(_goes_straight_to_its_handler(job, ttl_ms) for job in jobs):
             return False
         return runner.send_ahead([(job, entries[job.id].lease) for job in jobs])
