@@ -53,7 +53,9 @@ from durable_jobs.db import (
     JOB_COLUMNS,
     JOB_FIELDS,
     SET_LOCAL_LOCK_TIMEOUT,
+    array_literal,
     build_job,
+    compact_sql,
     dump_json,
     execute,
     fetch_job,
@@ -1351,17 +1353,19 @@ def claim_params(
     flow: str | None = None,
     floors: Floors = (),
 ) -> dict[str, Any]:
-    """The parameters of DEQUEUE_OPEN and DEQUEUE (see ``dequeue``)."""
+    """The parameters of DEQUEUE_OPEN and DEQUEUE (see ``dequeue``); the arrays as
+    literals (``db.array_literal``: bound as one string, not quoted element by element
+    on every claim)."""
     return {
-        "queues": list(queues),
+        "queues": array_literal(queues),
         "owner": owner,
         "ttl_ms": ttl_ms,
         "limit": limit,
-        "kinds": None if kinds is None else list(kinds),
+        "kinds": None if kinds is None else array_literal(kinds),
         "flow": flow or "{}",
-        "floor_queues": [queue for queue, _, _ in floors],
-        "floor_priorities": [priority for _, priority, _ in floors],
-        "floor_at": [at for _, _, at in floors],
+        "floor_queues": array_literal(queue for queue, _, _ in floors),
+        "floor_priorities": array_literal(priority for _, priority, _ in floors),
+        "floor_at": array_literal(at.isoformat() for _, _, at in floors),
     }
 
 
@@ -3693,6 +3697,17 @@ COMPLETE_MANY = (
     + "RETURNING j.id, j.parent_id, j.status, j.dependents\n), "
     + f"{_tell_parents('ended')}\nSELECT id FROM ended\n"
 )
+
+# The statements a slot runs for every claim and every completion, without their
+# comments and runs of blanks (db.compact_sql: psycopg splits a statement longer than
+# 4,096 characters again on every execution). Compacted last: the statements above are
+# derived from one another by replacing fragments of their text.
+DEQUEUE_OPEN = compact_sql(DEQUEUE_OPEN)
+DEQUEUE = compact_sql(DEQUEUE)
+COMPLETE = compact_sql(COMPLETE)
+COMPLETE_LEAF = compact_sql(COMPLETE_LEAF)
+COMPLETE_MANY = compact_sql(COMPLETE_MANY)
+COMPLETE_MANY_LEAF = compact_sql(COMPLETE_MANY_LEAF)
 
 # The child's row: the parent's scope and queue settings, a creator naming the parent.
 # ON CONFLICT DO NOTHING: the child this parent already spawned under this key (the same

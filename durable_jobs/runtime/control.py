@@ -13,6 +13,7 @@ The two share a ``context.SliceState``: what the heartbeat reports, the handler 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -46,8 +47,6 @@ class SliceControl:
         self.handler = handler
         self.using = using
         self.state = new_state(job, handler, stopping)
-        #: What the handler receives.
-        self.context = Slice(job, handler, lease, using=using, state=self.state)
         self.started_at = time.monotonic()
         #: The hard bound (monotonic): past it the worker ends the slice (time_limit).
         #: Process execution moves it to when the handler process actually started the run.
@@ -59,6 +58,13 @@ class SliceControl:
         #: the slice is bookkeeping, which no time limit may abandon.
         self.returned = False
         self._end_lock = threading.Lock()
+
+    @functools.cached_property
+    def context(self) -> Slice:
+        """What the handler receives, sharing this slice's state. Built on first use: in
+        process execution the worker's own control of a slice never needs it (the handler
+        process builds its own), and a no-op slice's bookkeeping is counted in microseconds."""
+        return Slice(self.row, self.handler, self.lease, using=self.using, state=self.state)
 
     # --- what the supervisor reads ---
     @property

@@ -107,3 +107,26 @@ def test_a_terminated_backend_is_a_connection_loss_and_a_failed_statement_is_not
             cursor.execute("SELECT 1/0")
     assert not db.is_connection_loss(failed.value)
     assert db.connection_usable()
+
+
+# --- array literals and compacted statements: what psycopg is given instead -------------
+
+AWKWARD_TEXT = ["plain", 'with "quotes"', "back\\slash", "comma, {brace}", " spaced ", "", "NULL"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("binding", ["client", "server"])
+def test_an_array_literal_reads_back_as_the_values_it_was_built_from(binding):
+    """``db.array_literal`` stands in for a list parameter of the claim (``::text[]``): every
+    element comes back as it was, quotes, backslashes, braces, blanks, the empty string and
+    a string that reads NULL included, with either way of binding parameters."""
+    sql = "SELECT %(values)s::text[], %(empty)s::text[], %(none)s::text[] IS NULL"
+    params = {"values": db.array_literal(AWKWARD_TEXT), "empty": db.array_literal([]), "none": None}
+    connection.ensure_connection()
+    raw = connection.connection
+    cursor = psycopg.ClientCursor(raw) if binding == "client" else psycopg.Cursor(raw)
+    with cursor:
+        values, empty, none_is_null = cursor.execute(sql, params).fetchone()
+    assert values == AWKWARD_TEXT
+    assert empty == []
+    assert none_is_null is True
