@@ -285,9 +285,12 @@ def fetch_job(using: str, sql: str, params: dict[str, Any]) -> Job | None:
     return job_from_row(row, using) if row is not None else None
 
 
-def _fetch_job_rows(using: str, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-    """Run a statement returning job rows (timestamps read by the C loader where it may)."""
-    with connections[using].cursor() as cursor:
+def _fetch_job_rows(
+    using: str, sql: str, params: dict[str, Any], *, server_bound: bool = False
+) -> list[tuple[Any, ...]]:
+    """Run a statement returning job rows (timestamps read by the C loader where it may);
+    ``server_bound``: through ``start_cursor``, prepared where the connection prepares."""
+    with start_cursor(using) if server_bound else connections[using].cursor() as cursor:
         read_timestamps_in_c(cursor, using)
         cursor.execute(sql, params)
         return cursor.fetchall()
@@ -298,10 +301,14 @@ def fetch_jobs(using: str, sql: str, params: dict[str, Any]) -> list[Job]:
     return [job_from_row(row, using) for row in _fetch_job_rows(using, sql, params)]
 
 
-def fetch_jobs_with(using: str, sql: str, params: dict[str, Any]) -> list[tuple[Job, Any]]:
+def fetch_jobs_with(
+    using: str, sql: str, params: dict[str, Any], *, server_bound: bool = False
+) -> list[tuple[Job, Any]]:
     """``fetch_jobs`` for a statement whose rows carry one column after the job's; each
-    job with that value."""
-    return [(job_from_row(row[:-1], using), row[-1]) for row in _fetch_job_rows(using, sql, params)]
+    job with that value. ``server_bound``: see ``_fetch_job_rows`` (the statement must
+    cast every parameter whose type PostgreSQL cannot infer)."""
+    rows = _fetch_job_rows(using, sql, params, server_bound=server_bound)
+    return [(job_from_row(row[:-1], using), row[-1]) for row in rows]
 
 
 def fetch_value(using: str, sql: str, params: dict[str, Any] | Sequence[Any]) -> Any:

@@ -87,6 +87,10 @@ def _database(throwaway: bool) -> dict:
         config["HOST"] = options.pop("host")
     if not config.get("PORT") and "port" in options:
         config["PORT"] = options.pop("port")
+    # psycopg's prepared statements, as a URL's ?prepare_threshold=N (the query string
+    # arrives as text; psycopg wants a number). The seam's server-binding path is tested so.
+    if "prepare_threshold" in options:
+        options["prepare_threshold"] = int(options["prepare_threshold"])
     # Workers hold their connections for hours; health checks make Django replace a
     # connection that PostgreSQL (or an operator's pg_terminate_backend) has cut.
     config.setdefault("CONN_HEALTH_CHECKS", True)

@@ -108,6 +108,30 @@ def other_connection_fixture(transactional_db):
     conn.close()
 
 
+@pytest.fixture(name="prepare_threshold")
+def prepare_threshold_fixture():
+    """Set the connection's ``prepare_threshold`` (what ``OPTIONS["prepare_threshold"]``
+    sets) for one test, and put Django's default back."""
+    connection.ensure_connection()
+    raw = connection.connection
+    before = raw.prepare_threshold
+
+    def set_to(value):
+        raw.prepare_threshold = value
+
+    yield set_to
+    raw.prepare_threshold = before
+
+
+def prepared_statements(like: str) -> int:
+    """How many statements this connection has prepared whose text matches ``like``."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", [like]
+        )
+        return cursor.fetchone()[0]
+
+
 def job_count(conn) -> int:
     """How many job rows another connection sees (committed rows only)."""
     return conn.execute("SELECT count(*) FROM durable_jobs_job").fetchone()[0]

@@ -17,7 +17,12 @@ from durable_jobs.exceptions import IdempotencyConflict, InvalidInput, LockKeyHe
 from durable_jobs.models import Job
 from durable_jobs.states import Delivery, Lease, Scope
 from testproject.demo.models import Report
-from tests.integration.support import SLACK, db_now
+from tests.integration.support import (  # noqa: F401  (prepare_threshold: a fixture)
+    SLACK,
+    db_now,
+    prepare_threshold_fixture,
+    prepared_statements,
+)
 
 KIND = "tests.start"
 
@@ -148,28 +153,8 @@ def test_start__its_column_lists_cover_every_column_of_the_model_once():
     )
 
 
-@pytest.fixture
-def prepare_threshold():
-    """Set the connection's ``prepare_threshold`` (what ``OPTIONS["prepare_threshold"]``
-    sets) for one test, and put Django's default back."""
-    connection.ensure_connection()
-    raw = connection.connection
-    before = raw.prepare_threshold
-
-    def set_to(value):
-        raw.prepare_threshold = value
-
-    yield set_to
-    raw.prepare_threshold = before
-
-
 def _prepared_inserts() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-            ["%INSERT INTO durable_jobs_job%"],
-        )
-        return cursor.fetchone()[0]
+    return prepared_statements("%INSERT INTO durable_jobs_job%")
 
 
 @pytest.mark.django_db

@@ -11,13 +11,15 @@ from django.db import connection, transaction
 from durable_jobs import store
 from durable_jobs.states import Delivery, Scope
 from tests.factories import JobFactory, reload, running
-from tests.integration.support import (  # noqa: F401  (other_connection: fixture override)
+from tests.integration.support import (  # noqa: F401  (other_connection, prepare_threshold: fixtures)
     DEFAULT_SCOPE,
     db_now,
     delivery_of,
     lease_of,
     other_connection_fixture,
     pages_read,
+    prepare_threshold_fixture,
+    prepared_statements,
     snapshot,
 )
 
@@ -143,6 +145,29 @@ def test_dequeue__claims_a_due_pending_job():
     assert claimed.lease_owner.startswith("host-1")
     assert claimed.next_run_at is None
     assert claimed.lease_expires_at > db_now() + timedelta(seconds=29)
+
+
+@pytest.mark.django_db
+def test_dequeue__is_prepared_only_where_the_connection_prepares_statements(prepare_threshold):
+    """Django's default prepares nothing (a transaction-mode pooler stays safe); a
+    connection that prepares statements gets the claim prepared, planned once instead of
+    on every claim, and it claims the same rows, floors and kinds included."""
+    jobs = [JobFactory(next_run_at=-30 + i) for i in range(6)]
+    floor = [("default", 0, db_now() - timedelta(minutes=5))]
+
+    def claim_two():
+        return store.dequeue_from(
+            ["default"], "host-1", 30_000, kinds=["tests.noop"], limit=2, floors=floor
+        )
+
+    plain = claim_two()
+    assert prepared_statements("%FOR UPDATE SKIP LOCKED%") == 0
+    prepare_threshold(0)
+    prepared = claim_two() + claim_two()
+
+    assert prepared_statements("%FOR UPDATE SKIP LOCKED%") == 1
+    assert [job.id for job, _ in plain + prepared] == [job.id for job in jobs]
+    assert all(job.lease_owner == f"host-1:{job.id}" for job, _ in plain + prepared)
 
 
 @pytest.mark.django_db
