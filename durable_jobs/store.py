@@ -3706,12 +3706,10 @@ COMPLETE_MANY = (
 # comments and runs of blanks (db.compact_sql: psycopg splits a statement longer than
 # 4,096 characters again on every execution). Compacted last: the statements above are
 # derived from one another by replacing fragments of their text.
-DEQUEUE_OPEN = compact_sql(DEQUEUE_OPEN)
-DEQUEUE = compact_sql(DEQUEUE)
-COMPLETE = compact_sql(COMPLETE)
-COMPLETE_LEAF = compact_sql(COMPLETE_LEAF)
-COMPLETE_MANY = compact_sql(COMPLETE_MANY)
-COMPLETE_MANY_LEAF = compact_sql(COMPLETE_MANY_LEAF)
+DEQUEUE_OPEN, DEQUEUE, COMPLETE, COMPLETE_LEAF, COMPLETE_MANY, COMPLETE_MANY_LEAF = map(
+    compact_sql,
+    (DEQUEUE_OPEN, DEQUEUE, COMPLETE, COMPLETE_LEAF, COMPLETE_MANY, COMPLETE_MANY_LEAF),
+)
 
 # The child's row: the parent's scope and queue settings, a creator naming the parent.
 # ON CONFLICT DO NOTHING: the child this parent already spawned under this key (the same
