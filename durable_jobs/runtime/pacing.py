@@ -12,6 +12,7 @@ trial, docs/performance.rst): with it off (``MAX_PREFETCH = 1``) 1 ms slices dra
 from __future__ import annotations
 
 import enum
+import math
 
 from durable_jobs.runtime.executor import SliceReport
 
@@ -76,6 +77,23 @@ def next_batch(batch: int, claimed: int, pace: Pace, ceiling: int, fits: int | N
     if pace is Pace.LONG:
         return max(1, min(batch // 2, bound))
     return min(bound, batch * 2) if claimed == batch else min(bound, batch)
+
+
+def claim_lead(claim_seconds: float | None, slice_seconds: float | None, queued: int) -> int:
+    """How many of a batch's claims, the one about to run included, should still be queued
+    in the handler process when its slot claims the next batch (``Worker._claim_ahead``).
+
+    Enough to keep the handler process busy through the claim's round trip
+    (``claim_seconds``, the slot's last one, completion included): one 20 ms slice covers
+    it, so such a batch claims ahead as its last slice starts; no-op slices need a dozen
+    or more, or the handler process sat idle while its slot waited on the server (a
+    third of a slot's time at one slot, issue #27). At most half of the ``queued`` claims
+    sent with it, so the claims taken ahead wait behind at most half a batch. One when
+    nothing is measured yet.
+    """
+    if not claim_seconds or not slice_seconds or slice_seconds <= 0:
+        return 1
+    return max(1, min(queued // 2, math.ceil(claim_seconds / slice_seconds)))
 
 
 def slice_seconds(report: SliceReport) -> float:

@@ -51,6 +51,7 @@ from durable_jobs.runtime.pacing import (
     PREFETCH_WINDOW,
     QUICK_SLICE,
     Pace,
+    claim_lead,
     fits_in_window,
     next_batch,
     prefetch_ceiling,
@@ -124,6 +125,7 @@ class SlotState:
         1  # how many jobs it claims at once: grows while its batches are quick (next_batch)
     )
     slice_mean: float | None = None  # the last batch's mean slice time (fits_in_window)
+    ahead_seconds: float | None = None  # the last claim ahead's round trip (claim_lead)
 
     @property
     def started_thread(self) -> threading.Thread:
@@ -521,8 +523,10 @@ class Worker(Supervision, WakeUps):
         never both. Once the batch has run for ``PREFETCH_WINDOW`` the claims still waiting
         are handed back the same way, for any slot to take.
 
-        While such a batch's last slice runs, the slot claims the next one and queues it
+        While such a batch's last slices run, the slot claims the next one and queues it
         behind (``_claim_ahead``): the batch goes on with it, its window counted afresh.
+        How many slices are still queued then (``claim_lead``) is what keeps the handler
+        process busy through the claim's round trip.
         """
         began = time.monotonic()
         settings = conf.get()
@@ -532,6 +536,7 @@ class Worker(Supervision, WakeUps):
         # list's iterator goes on to the items appended to it).
         batch = list(claimed)
         claim_was_full = len(claimed) == slot.batch
+        sent_last = len(claimed)  # how many claims the last claim sent to the handler process
         slot.waiting = []
         entries: dict[Any, HeldLease] = {}
         if runner is not None:
@@ -540,7 +545,7 @@ class Worker(Supervision, WakeUps):
         pace = Pace.QUICK
         ran, busy = 0, 0.0
         try:
-            for job in batch:
+            for position, job in enumerate(batch):
                 if slot.abandoned:
                     return Pace.SLOW
                 entry = entries.get(job.id)
@@ -562,16 +567,16 @@ class Worker(Supervision, WakeUps):
                     self._heartbeater.untrack(entry)
                     if entry.lease_lost and not (runner is not None and runner.holds(job.id)):
                         continue  # taken over while it waited: not ours to run
+                mean = busy / ran if ran else slot.slice_mean
                 if (
                     sent_ahead
                     and claim_was_full
-                    and job is batch[-1]
                     and pace is Pace.QUICK
+                    and position >= len(batch) - claim_lead(slot.ahead_seconds, mean, sent_last)
                     and not self.stopping.is_set()
                     and runner is not None
                     and runner.holds(job.id)
                 ):
-                    mean = busy / ran if ran else slot.slice_mean
                     limit = next_batch(
                         slot.batch,
                         slot.batch,
@@ -580,11 +585,12 @@ class Worker(Supervision, WakeUps):
                         fits_in_window(mean),
                     )
                     more = self._claim_ahead(slot, ttl_ms, interval, runner, entries, limit=limit)
+                    claim_was_full = len(more) == limit  # else the queue is thin: no more ahead
                     if more:
                         batch.extend(more)
                         began = time.monotonic()  # the window of the claims just queued
                         slot.batch = limit
-                        claim_was_full = len(more) == limit
+                        sent_last = len(more)
                         sent_ahead = all(runner.holds(more_job.id) for more_job in more)
                 lost = (
                     entry is not None and entry.lease_lost
@@ -644,8 +650,8 @@ class Worker(Supervision, WakeUps):
         *,
         limit: int,
     ) -> list[Job]:
-        """While the batch's last slice runs in the handler process: complete the slices it
-        has finished, claim up to ``limit`` more and queue them behind the running one.
+        """While the batch's last slices run in the handler process: complete the slices it
+        has finished, claim up to ``limit`` more and queue them behind the queued ones.
 
         The handler process then goes straight on to the next claim instead of waiting
         for a completion and a claim statement between batches: 20 ms slices lost about
@@ -654,11 +660,13 @@ class Worker(Supervision, WakeUps):
         stops, taken back from the child before that. A claim that fails here is left to
         the slot's next claim; nothing was queued.
         """
+        asked = time.monotonic()
         if slot.completions:
             faults.point("before_batched_completion")
         self._complete_finished(slot)
         try:
             more = self._intake.claim_ahead(slot.owner, ttl_ms, limit=limit)
+            slot.ahead_seconds = time.monotonic() - asked
         except (DatabaseError, InterfaceError) as error:
             log.info("slot %s: claim ahead failed (%s)", slot.owner, one_line(error))
             connections[self.using].close()

@@ -1,4 +1,4 @@
-"""While a batch's last slice runs in the handler process, its slot claims the next batch and
+"""While a batch's last slices run in the handler process, its slot claims the next batch and
 queues it behind: the handler process goes straight on, and the claims taken ahead are held,
 handed back and never run twice like any batch-mate."""
 
@@ -48,6 +48,29 @@ def test_the_next_batch_is_claimed_while_the_last_slice_of_the_one_before_runs()
     ]
     assert len(overlapped) >= len(claims) // 2, (
         f"{len(overlapped)} of {len(claims)} claims were made while the batch before ran"
+    )
+
+
+def test_quick_slices_are_claimed_ahead_while_several_of_the_batch_are_still_to_run():
+    """No-op-sized slices on one slot: the claim ahead goes out while several slices of the
+    batch are still queued in the handler process (enough to cover the claim's round
+    trip), not as its last slice starts: the handler process keeps running while the slot
+    waits on the server. Seen in the rows: a batch has more than one job completed after
+    the next batch was claimed. Every job still runs once, on its first claim."""
+    durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0}} for _ in range(600)])
+    worker = Worker(concurrency=1, burst=True, execution="process", reconcile=False)
+    assert worker.run() == 0
+
+    jobs = list(Job.objects.all())
+    assert [job.status for job in jobs] == ["completed"] * 600
+    assert {(job.lease_epoch, job.redrives) for job in jobs} == {(1, 0)}, "one claim per job"
+    claimed_at = sorted({job.started_at for job in jobs})
+    left_to_run = [
+        sum(1 for job in jobs if job.started_at == earlier and job.finished_at > later)
+        for earlier, later in zip(claimed_at, claimed_at[1:], strict=False)
+    ]
+    assert max(left_to_run) >= 2, (
+        f"jobs of each batch completed after the next claim: {left_to_run}"
     )
 
 

@@ -121,6 +121,20 @@ def test_a_batch_grows_no_further_than_its_slices_fit_in_the_prefetch_window():
     assert next_batch(4, 4, Pace.QUICK, 64, None) == 8, "nothing measured yet: no bound"
 
 
+def test_a_slot_claims_ahead_with_enough_slices_queued_to_cover_the_claim():
+    """How many slices are still queued in the handler process when the slot claims ahead:
+    the claim's round trip over the mean slice, at least the running one, at most half of
+    what the last claim sent (the claims taken ahead wait behind them)."""
+    from durable_jobs.runtime.pacing import claim_lead
+
+    assert claim_lead(None, 0.0002, 64) == 1, "nothing measured yet: as the last slice starts"
+    assert claim_lead(0.002, None, 64) == 1
+    assert claim_lead(0.003, 0.02, 4) == 1, "one 20 ms slice covers a 3 ms claim"
+    assert claim_lead(0.002, 0.0002, 64) == 10
+    assert claim_lead(0.005, 0.0001, 16) == 8, "half of what was sent, at most"
+    assert claim_lead(0.005, 0.0001, 1) == 1
+
+
 def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
     from durable_jobs import conf
     from durable_jobs.exceptions import ConfigurationError
