@@ -191,7 +191,7 @@ class ChildRunner:
     # --- runs queued in the child ---
     def holds(self, job_id: Any) -> bool:
         """True while a run of ``job_id`` was sent to the child and neither answered nor withdrawn."""
-        return self._inflight.holds(str(job_id))
+        return self._inflight.holds(job_id)
 
     def holds_any(self) -> bool:
         return bool(self._inflight)
@@ -246,7 +246,7 @@ class ChildRunner:
             self._inflight.append(
                 _Sent(
                     seq=self._seq,
-                    job_id=str(job.id),
+                    job_id=job.id,
                     epoch=lease.epoch,
                     started_at=None if self._inflight else now,
                 )
@@ -292,7 +292,7 @@ class ChildRunner:
         ``on_slow`` is called once, on this thread, when the slice has run ``slow_after``
         seconds (the slot hands back the claims waiting behind it).
         """
-        key = str(control.id)
+        key = control.id
         if not self.holds(key):
             if (
                 self._inflight
@@ -365,7 +365,7 @@ class ChildRunner:
             if control.cancel_observed:
                 if "cancel" not in told:
                     told.add("cancel")
-                    self._send({"op": "cancel", "job_id": job_id, "epoch": lease.epoch})
+                    self._send({"op": "cancel", "job_id": str(job_id), "epoch": lease.epoch})
                 elif now - (control.cancel_seen_at or now) > settings.CANCEL_GRACE:
                     log.warning(
                         "[%s %s] handler ignored the cancel request for %.0fs: killed",
@@ -379,7 +379,7 @@ class ChildRunner:
                 if "lease_lost" not in told:
                     told.add("lease_lost")
                     lost_seen = now
-                    self._send({"op": "lease_lost", "job_id": job_id, "epoch": lease.epoch})
+                    self._send({"op": "lease_lost", "job_id": str(job_id), "epoch": lease.epoch})
                 elif lost_seen is not None and now - lost_seen > settings.CANCEL_GRACE:
                     self.kill()
                     return Ran(end=SliceEnd.LEASE_LOST)
@@ -502,7 +502,7 @@ class _Sent:
     """A run sent to the child and not yet answered or withdrawn."""
 
     seq: int
-    job_id: str
+    job_id: Any  # the job's id as the slot holds it (a UUID: hashed, never formatted, per lookup)
     epoch: int
     started_at: float | None  # monotonic; None while it waits behind another run
     answer: dict[str, Any] | None = None  # how it ended, once the child said so
@@ -518,7 +518,7 @@ class _InFlight:
 
     def __init__(self) -> None:
         self._runs: collections.deque[_Sent] = collections.deque()
-        self._ids: collections.Counter[str] = collections.Counter()
+        self._ids: collections.Counter[Any] = collections.Counter()
 
     def __iter__(self) -> Iterator[_Sent]:
         return iter(self._runs)
@@ -529,7 +529,7 @@ class _InFlight:
     def first(self) -> _Sent:
         return self._runs[0]
 
-    def holds(self, job_id: str) -> bool:
+    def holds(self, job_id: Any) -> bool:
         return job_id in self._ids
 
     def holds_run(self, sent: _Sent) -> bool:
@@ -553,7 +553,7 @@ class _InFlight:
         self._runs = collections.deque(sent for sent in self._runs if wanted(sent))
         self._ids = collections.Counter(sent.job_id for sent in self._runs)
 
-    def _drop(self, job_id: str) -> None:
+    def _drop(self, job_id: Any) -> None:
         left = self._ids[job_id] - 1
         if left > 0:
             self._ids[job_id] = left
