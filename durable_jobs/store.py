@@ -1847,7 +1847,10 @@ def _completions(items: Sequence[tuple[Lease, str | None]]) -> dict[str, Any]:
         % (lease.job_id, lease.epoch, result if result is not None else "null")
         for lease, result in items
     )
-    return {"rows": f"[{rows}]", "ids": [str(lease.job_id) for lease, _ in items]}
+    # The ids as one array literal: a list would be quoted element by element on every
+    # completion (a UUID's text needs no quotes inside the braces).
+    ids = ",".join(str(lease.job_id) for lease, _ in items)
+    return {"rows": f"[{rows}]", "ids": f"{{{ids}}}"}
 
 
 FAIL_TERMINAL = f"""
