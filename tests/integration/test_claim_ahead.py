@@ -29,17 +29,24 @@ def _claims_in_order() -> list[dict]:
     )
 
 
-def test_the_next_batch_is_claimed_while_the_last_slice_of_the_one_before_runs():
-    """20 ms slices on one slot: each batch after the first few is claimed before the batch
-    ahead of it is completed (its last slice was still running), and every job still runs
-    exactly once on its first claim."""
-    durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0.02}} for _ in range(40)])
+def _drain_on_one_slot(seconds: float, count: int) -> list[Job]:
+    """Start ``count`` jobs of ``seconds`` each, drain them with one slot, and check that
+    every one completed on its first claim; return their rows."""
+    durable.start_many([{"kind": "demo.brief", "input": {"seconds": seconds}}] * count)
     worker = Worker(concurrency=1, burst=True, execution="process", reconcile=False)
     assert worker.run() == 0
 
     jobs = list(Job.objects.all())
-    assert [job.status for job in jobs] == ["completed"] * 40
+    assert [job.status for job in jobs] == ["completed"] * count
     assert {(job.lease_epoch, job.redrives) for job in jobs} == {(1, 0)}, "one claim per job"
+    return jobs
+
+
+def test_the_next_batch_is_claimed_while_the_last_slice_of_the_one_before_runs():
+    """20 ms slices on one slot: each batch after the first few is claimed before the batch
+    ahead of it is completed (its last slice was still running), and every job still runs
+    exactly once on its first claim."""
+    _drain_on_one_slot(0.02, 40)
     claims = _claims_in_order()
     overlapped = [
         later
@@ -57,13 +64,7 @@ def test_quick_slices_are_claimed_ahead_while_several_of_the_batch_are_still_to_
     trip), not as its last slice starts: the handler process keeps running while the slot
     waits on the server. Seen in the rows: a batch has more than one job completed after
     the next batch was claimed. Every job still runs once, on its first claim."""
-    durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0}} for _ in range(600)])
-    worker = Worker(concurrency=1, burst=True, execution="process", reconcile=False)
-    assert worker.run() == 0
-
-    jobs = list(Job.objects.all())
-    assert [job.status for job in jobs] == ["completed"] * 600
-    assert {(job.lease_epoch, job.redrives) for job in jobs} == {(1, 0)}, "one claim per job"
+    jobs = _drain_on_one_slot(0, 600)
     claimed_at = sorted({job.started_at for job in jobs})
     left_to_run = [
         sum(1 for job in jobs if job.started_at == earlier and job.finished_at > later)
