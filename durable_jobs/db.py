@@ -265,10 +265,16 @@ def array_literal(values: Iterable[Any]) -> str:
     return _array_literal(tuple(str(value) for value in values))
 
 
-@functools.lru_cache(maxsize=256)
-def _array_literal(values: tuple[str, ...]) -> str:
+def array_text(values: Iterable[str]) -> str:
+    """``values`` as one PostgreSQL array literal, built afresh: for values that differ on
+    every execution (a batch's ids), which ``array_literal``'s cache would only churn."""
     quoted = (value.replace("\\", "\\\\").replace('"', '\\"') for value in values)
     return "{" + ",".join(f'"{value}"' for value in quoted) + "}"
+
+
+@functools.lru_cache(maxsize=256)
+def _array_literal(values: tuple[str, ...]) -> str:
+    return array_text(values)
 
 
 def execute(using: str, sql: str, params: dict[str, Any] | Sequence[Any]) -> CursorWrapper:

@@ -54,6 +54,7 @@ from durable_jobs.db import (
     JOB_FIELDS,
     SET_LOCAL_LOCK_TIMEOUT,
     array_literal,
+    array_text,
     build_job,
     compact_sql,
     dump_json,
@@ -1848,9 +1849,8 @@ def _completions(items: Sequence[tuple[Lease, str | None]]) -> dict[str, Any]:
         for lease, result in items
     )
     # The ids as one array literal: a list would be quoted element by element on every
-    # completion (a UUID's text needs no quotes inside the braces).
-    ids = ",".join(str(lease.job_id) for lease, _ in items)
-    return {"rows": f"[{rows}]", "ids": f"{{{ids}}}"}
+    # completion.
+    return {"rows": f"[{rows}]", "ids": array_text(str(lease.job_id) for lease, _ in items)}
 
 
 FAIL_TERMINAL = f"""
