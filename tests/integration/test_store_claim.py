@@ -237,6 +237,24 @@ def test_dequeue__one_batch_spans_priority_levels_and_queues_in_order():
 
 
 @pytest.mark.django_db
+def test_dequeue__a_batch_comes_back_in_run_order_whatever_plan_joins_it():
+    """A slot runs a batch in the order the claim returns it. The claim's UPDATE returns
+    rows in the order its plan joins them: with a hash join, the table's physical order,
+    here lowest priority and newest first. The batch still comes back by priority, then
+    run time."""
+    low = JobFactory(priority=1, next_run_at=-10)
+    mid_new = JobFactory(priority=5, next_run_at=-5)
+    mid_old = JobFactory(priority=5, next_run_at=-30)
+    high = JobFactory(priority=9, next_run_at=-1)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_nestloop = off")
+        cursor.execute("SET LOCAL enable_mergejoin = off")
+        claimed = store.dequeue(["default"], "host-1", 30_000, kinds=None, limit=4)
+
+    assert [job.id for job in claimed] == [high.id, mid_old.id, mid_new.id, low.id]
+
+
+@pytest.mark.django_db
 def test_dequeue__does_not_read_the_rows_scheduled_later_at_a_higher_priority():
     """A claim costs the same beside a mass of future work (retries, held waits, schedules).
 
