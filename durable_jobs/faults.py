@@ -70,9 +70,12 @@ def point(name: str) -> None:
         return
     # stderr, unbuffered: the test reads it to know the fault fired.
     os.write(2, f"FAULT {name} {action} (hit {count}) pid={os.getpid()}\n".encode())
-    if action == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif action == "stop":
-        os.kill(os.getpid(), signal.SIGSTOP)
+    if action in ("kill", "stop"):
+        # Sent to this thread, though either signal ends or stops the whole process: a
+        # signal sent to the process is taken by whichever thread the kernel picks, and
+        # until that thread gets a CPU this one runs on past the point. A "stopped"
+        # scheduler went on to fire the tick it was meant to stop before.
+        sig = signal.SIGKILL if action == "kill" else signal.SIGSTOP
+        signal.pthread_kill(threading.get_ident(), sig)
     else:
         time.sleep(arg)
