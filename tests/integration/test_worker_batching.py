@@ -10,7 +10,7 @@ from django.db.models import Count
 import durable_jobs as durable
 from durable_jobs import store
 from durable_jobs.models import Job
-from durable_jobs.runtime.worker import PREFETCH_WINDOW, Pace, SlotState, Worker
+from durable_jobs.runtime.worker import PREFETCH_WINDOW, QUICK_SLICE, Pace, SlotState, Worker
 from tests.factories import reload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,9 +54,9 @@ def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(
     waiting go back to the queue at once (the whole batch never runs), charged nothing."""
     from durable_jobs.runtime.runner import ChildRunner
 
-    per_slice = 0.03
-    count = 8
-    assert per_slice * count > 2 * PREFETCH_WINDOW
+    per_slice = 0.06
+    count = 10
+    assert per_slice < QUICK_SLICE and per_slice * count > 2 * PREFETCH_WINDOW
     jobs = [durable.start("demo.brief", input={"seconds": per_slice}) for _ in range(count)]
     worker = Worker(concurrency=1, execution=execution)
     slot = SlotState(number=0, generation=0, owner="slot")
@@ -104,18 +104,18 @@ def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():
 
 
 def test_a_batch_grows_no_further_than_its_slices_fit_in_the_prefetch_window():
-    """20 ms slices: a batch of 8 would run 160 ms, past PREFETCH_WINDOW (100 ms), and hand
+    """50 ms slices: a batch of 8 would run 400 ms, past PREFETCH_WINDOW (250 ms), and hand
     its last claims back every other batch; sized to the window it holds 4 and stays there."""
     from durable_jobs.runtime.pacing import fits_in_window
     from durable_jobs.runtime.worker import next_batch
 
-    fits = fits_in_window(0.0205)
+    fits = fits_in_window(0.0505)
     assert fits == 4
     assert next_batch(4, 4, Pace.QUICK, 64, fits) == 4, "full and quick, but 8 would not fit"
     assert next_batch(2, 2, Pace.QUICK, 64, fits) == 4
     assert next_batch(8, 8, Pace.LONG, 64, fits) == 4
     assert next_batch(4, 4, Pace.QUICK, 2, fits) == 2, "MAX_PREFETCH still caps it"
-    assert fits_in_window(0.0001) == 900, "no-op slices: MAX_PREFETCH is the bound"
+    assert fits_in_window(0.0001) == 2250, "no-op slices: MAX_PREFETCH is the bound"
     assert fits_in_window(0.3) == 1
     assert fits_in_window(None) is None
     assert next_batch(4, 4, Pace.QUICK, 64, None) == 8, "nothing measured yet: no bound"
@@ -154,8 +154,8 @@ def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
     ("kind", "job_input", "next_claim"),
     [
         ("demo.brief", {"seconds": 0.0}, 2),
-        ("demo.brief", {"seconds": 0.08}, 1),
-        ("demo.slow_mirror", {"mirror_seconds": 0.08}, 1),
+        ("demo.brief", {"seconds": 0.15}, 1),
+        ("demo.slow_mirror", {"mirror_seconds": 0.15}, 1),
     ],
     ids=["quick-run", "slow-handler", "slow-mirror"],
 )
@@ -169,7 +169,7 @@ def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(
     the slot) is still slow (the next claim asks for one)."""
     from durable_jobs.runtime.runner import ChildRunner
 
-    late = 0.08  # past QUICK_SLICE, as a starved slot thread sees a no-op
+    late = 0.15  # past QUICK_SLICE, as a starved slot thread sees a no-op
     run = ChildRunner.run
     heard_late: list[str] = []
 
