@@ -248,6 +248,7 @@ class Plan:
         self.execution = args.execution
         # the curve by total slots (processes x slots), and the wake-up fleet
         self.scale_points = [(1, 1), (1, 4), (2, 8), (8, 8)]
+        self.scale_points_warmed = [(1, 4), (2, 8)] if quick else self.scale_points
         self.wakeup_fleet = (2, 4) if quick else (8, 8)
         self.wakeup_starts = 20 if quick else 100
         self.priority_backlog = 10_000 if quick else 100_000
@@ -1103,8 +1104,8 @@ class Results:
                 )
                 continue
             self.table_obj.add(
-                f"scale: {n:,} no-op jobs, {processes} process(es) x {slots} = {processes * slots} "
-                "slots: jobs/s; "
+                f"scale, cold burst (burst workers: their boot is in the window): {n:,} no-op "
+                f"jobs, {processes} process(es) x {slots} = {processes * slots} slots: jobs/s; "
                 "claims; transactions/job; lock-waiting backends mean/max",
                 f"{_throughput_cell(point, None)}; {point['claim_statements']:,} claims; "
                 f"{point['transactions_per_job']:.2f} tx/job; "
@@ -1115,6 +1116,7 @@ class Results:
                 "",
                 "info",
             )
+        self._scale_warmed(n)
         processes, slots = self.plan.wakeup_fleet
         print(
             f"    wake-ups: {self.plan.wakeup_starts} single starts to an idle {processes}x{slots} "
@@ -1147,6 +1149,50 @@ class Results:
             f"no herd: < {processes * slots} tx/start (1 per slot)",
             report.verdict(ok),
         )
+
+    def _scale_warmed(self, n: int) -> None:
+        """Issue #27 item 3 on warmed-up fleets: the same slot counts draining ``n`` no-op
+        jobs put before them at once, the fleet booted and idle; 16 and 64 slots against the
+        best of the smaller counts."""
+        from benchmarks import durable_bench
+
+        points = {}
+        for processes, slots in self.plan.scale_points_warmed:
+            tag = f"{processes}x{slots}"
+            print(f"    scale {tag}, warmed-up fleet", flush=True)
+            points[tag] = durable_bench.scale_point_warmed(
+                self.ctx, n, processes=processes, slots=slots, tag=tag
+            )
+        self.raw["scale_warmed"] = points
+        best_small = max(
+            (
+                point.get("per_second") or 0.0
+                for tag, point in points.items()
+                if _slots_of(tag) < 16
+            ),
+            default=0.0,
+        )
+        for tag, point in points.items():
+            total = _slots_of(tag)
+            rate = point.get("per_second")
+            judged = total >= 16 and best_small > 0
+            share = rate / best_small if rate and judged else None
+            self.table_obj.add(
+                f"scale, warmed-up fleet: {n:,} no-op jobs, {tag.replace('x', ' x ')} = {total} "
+                "slots: jobs/s (share of the best of 1 and 4 slots); fleet CPU ms/job",
+                "error: " + _short(point["error"])
+                if "error" in point
+                else f"{rate or 0:,.0f}"
+                + (f" ({share:.0%})" if share is not None else "")
+                + f"; {point['worker_cpu_ms_per_job']:.2f}",
+                "-",
+                "-",
+                ">= 90%" if judged else "",
+                report.verdict(share is not None and share >= 0.9 and point["verified"])
+                if judged
+                else "info",
+                pgqueuer="-",
+            )
 
     def scenario_priorities(self) -> None:
         """100,000 due jobs across priorities: dequeue flat, priority order holds."""
@@ -1921,6 +1967,11 @@ class Results:
             "inflates it) / completed jobs; the server's is the postmaster's and its "
             "backends' CPU over the same run (a local embedded server only).",
         ]
+
+
+def _slots_of(tag: str) -> int:
+    processes, slots = (int(x) for x in tag.split("x"))
+    return processes * slots
 
 
 def _fresh_connection() -> None:
