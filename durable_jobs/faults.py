@@ -6,15 +6,17 @@ example::
 
     DURABLE_JOBS_FAULTS="domain_before_commit=kill@3,before_heartbeat=pause:5"
 
-``kill`` sends SIGKILL to this process, ``stop`` SIGSTOP, ``pause:S`` sleeps S seconds
-on the calling thread. ``@N`` fires on the N-th time the point is reached (default:
+``kill`` sends SIGKILL, ``stop`` SIGSTOP, to the calling thread (the whole process ends
+or stops before that thread runs past the point); ``pause:S`` sleeps S seconds on the
+calling thread. ``@N`` fires on the N-th time the point is reached (default:
 the first), ``@*`` every time.
 
 Points: ``claim_returned`` (a slot's dequeue came back with jobs, none started yet),
 ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
 ``before_batched_completion``, ``zygote_ready`` (the zygote, once Django is set up),
-``scheduler_between`` (a tick planned, its transaction not begun).
+``scheduler_between`` (a tick planned, its transaction not begun), ``scheduler_inside``
+(a tick's schedule advanced and its job started, not committed).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ POINTS = frozenset(
         "before_batched_completion",
         "zygote_ready",
         "scheduler_between",
+        "scheduler_inside",
     }
 )
 

@@ -89,7 +89,18 @@ def fire(row: Schedule, *, using: str = DEFAULT_DB_ALIAS) -> int | None:
         grace=conf.get().SCHEDULE_GRACE,
     )
     faults.point("scheduler_between")  # planned, nothing written: a crash here fires nothing
+    outermost = not connections[using].in_atomic_block
     with transaction.atomic(using=using):
+        if outermost:
+            # A leader stalled inside this transaction (a SIGSTOP, a paused VM) holds the
+            # schedule's row: its successor's compare-and-set would wait on it, and so
+            # would every starting worker's sync. The server ends the stalled session once
+            # it has sat idle as long as the leader's lease lasts, by when the lease is lost
+            # anyway. Not inside a caller's transaction (``testing.fire_schedules`` in a
+            # test): the bound would outlive this block and end the caller's session.
+            db.limit_idle_in_transaction(
+                conf.ms(conf.get().RECONCILE_INTERVAL * LEASE_INTERVALS), using=using
+            )
         advanced = store.advance_schedule(
             row.name,
             due=plan.due,
@@ -110,6 +121,7 @@ def fire(row: Schedule, *, using: str = DEFAULT_DB_ALIAS) -> int | None:
             job = api.start_for(row, key=api.tick_key(row.name, tick), tick=tick, using=using)
         if job is not None:
             store.record_schedule_job(row.name, job.id, using=using)
+        faults.point("scheduler_inside")  # advanced and started, not committed
     if plan.start:
         metrics.emit("schedule_ticks_started", len(plan.start), schedule=row.name)
     if plan.missed:

@@ -1,6 +1,7 @@
 """Invariant 24 with real processes: three workers serve a schedule; the leader is SIGKILLed
 between planning a tick and starting it, its successor is SIGSTOPped mid-tick past its lease
-and woken after the third fired that tick; every tick has exactly one job."""
+and woken after the third fired that tick; every tick has exactly one job. A leader
+stopped inside a tick's transaction holds the schedule no longer than its lease."""
 
 from __future__ import annotations
 
@@ -92,6 +93,41 @@ def test_every_tick_starts_exactly_once_across_a_killed_and_a_stopped_leader(pro
     assert all(len(jobs_for(tick)) == 1 for tick in fired)
     assert Schedule.objects.get(name=NAME).last_tick_at == fired[-1]
     assert b.popen.poll() is None and c.popen.poll() is None, "B and C still serve"
+
+
+def test_a_leader_stopped_inside_a_tick_holds_the_schedule_no_longer_than_its_lease(processes):
+    """The leader is SIGSTOPped inside a tick's transaction (the schedule advanced, the
+    tick's job inserted, nothing committed), holding the schedule's row. The server ends
+    its session once it has sat idle as long as the scheduler's lease, so the successor
+    fires the tick instead of waiting on the row for as long as the leader stays stopped;
+    the old leader, woken, finds its transaction gone and has started nothing."""
+    a = processes.worker(
+        app_name="durable-test-sched-inside-a",
+        env={**ENV, "DURABLE_JOBS_FAULTS": "scheduler_inside=stop@1"},
+    )
+    wait_until(lambda: Schedule.objects.filter(name=NAME).exists(), message="the schedule synced")
+    wait_until(lambda: leader_pid() == a.pid, message="worker A to lead the scheduler")
+    b = processes.worker(app_name="durable-test-sched-inside-b", env=ENV)
+
+    tick = testing.fast_forward_schedule(NAME)
+    wait_until(lambda: "FAULT scheduler_inside stop" in a.output(), message="A to stop mid-tick")
+    assert jobs_for(tick) == [], "A's tick is not committed"
+    wait_until(lambda: jobs_for(tick), message="B to fire the tick A holds")
+    assert leader_pid() == b.pid
+    a.signal(signal.SIGCONT)
+    wait_until(
+        lambda: "scheduler: database unavailable" in a.output(),
+        message="A to find its tick's transaction ended",
+    )
+    following = testing.fast_forward_schedule(NAME)
+    wait_until(lambda: jobs_for(following), message="the next tick")
+    wait_until(
+        lambda: not Job.objects.filter(meta__schedule=NAME).exclude(status="completed").exists(),
+        message="every tick's job to finish",
+    )
+    assert [len(jobs_for(fired)) for fired in (tick, following)] == [1, 1]
+    assert Schedule.objects.get(name=NAME).last_tick_at == following
+    assert a.popen.poll() is None and b.popen.poll() is None, "A and B still serve"
 
 
 def test_a_worker_refuses_to_start_with_a_schedule_the_check_refuses(processes):
