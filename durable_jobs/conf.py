@@ -77,7 +77,7 @@ class Settings:
     #: Orphan re-drives without a committed unit before a job is parked as poison.
     MAX_REDRIVES_WITHOUT_COMMIT: int = 5
     #: Most jobs a worker slot claims in one statement: only while its batches are quick (each
-    #: slice under 50 ms, the batch under 100 ms); what a batch has not started by then is
+    #: slice under 100 ms, the batch under 250 ms); what a batch has not started by then is
     #: handed back uncharged. None: 64 in process execution, 8 in thread execution (where a
     #: handler that kills the process takes every claim of its batch with it, each charged a
     #: re-drive). 1 spreads short jobs over slots most evenly.

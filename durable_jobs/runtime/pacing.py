@@ -63,8 +63,10 @@ def fits_in_window(slice_seconds: float | None) -> int | None:
 
     Doubling past it would make the batch run past ``PREFETCH_WINDOW``: its last claims
     handed back (a statement, and another claim for each of them), then the batch halved,
-    then doubled again. 20 ms slices cycled 4, 8 (5 run, 3 handed back), 4, 8, ...; sized
-    to the window they stay at 4. None: nothing measured yet (no bound).
+    then doubled again. Under the 100 ms window of before issue #27, 20 ms slices cycled
+    4, 8 (5 run, 3 handed back), 4, 8, ...; sized to the window they stayed at 4. With
+    250 ms, 50 ms slices stay at 4 and 20 ms ones at 10. None: nothing measured yet (no
+    bound).
     """
     if not slice_seconds or slice_seconds <= 0:
         return None
