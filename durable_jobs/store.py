@@ -1423,8 +1423,8 @@ def dequeue_from(
     params = claim_params(queues, owner, ttl_ms, kinds=kinds, limit=limit, flow=flow, floors=floors)
     # Prepared where the connection prepares (OPTIONS["prepare_threshold"]): on a quiet
     # server the claim's plan costs three times its execution (0.54 against 0.17 ms for one
-    # job), about as much under load, and a slot
-    # whose slices take QUICK_SLICE or more claims once per job.
+    # job), about as much under load, and a slot whose slices take QUICK_SLICE or more
+    # claims once per job.
     statement = DEQUEUE_OPEN if flow is None else DEQUEUE
     claimed = fetch_jobs_with(using, statement, params, server_bound=True)
     # In the order they are to run (DESIGN §6: priority, then run time). RETURNING gives

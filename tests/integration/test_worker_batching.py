@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -54,9 +55,8 @@ def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(
     waiting go back to the queue at once (the whole batch never runs), charged nothing."""
     from durable_jobs.runtime.runner import ChildRunner
 
-    per_slice = 0.06
-    count = 10
-    assert per_slice < QUICK_SLICE and per_slice * count > 2 * PREFETCH_WINDOW
+    per_slice = 0.6 * QUICK_SLICE
+    count = math.ceil(2 * PREFETCH_WINDOW / per_slice) + 1  # together past twice the window
     jobs = [durable.start("demo.brief", input={"seconds": per_slice}) for _ in range(count)]
     worker = Worker(concurrency=1, execution=execution)
     slot = SlotState(number=0, generation=0, owner="slot")
@@ -154,8 +154,8 @@ def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
     ("kind", "job_input", "next_claim"),
     [
         ("demo.brief", {"seconds": 0.0}, 2),
-        ("demo.brief", {"seconds": 0.15}, 1),
-        ("demo.slow_mirror", {"mirror_seconds": 0.15}, 1),
+        ("demo.brief", {"seconds": 1.5 * QUICK_SLICE}, 1),
+        ("demo.slow_mirror", {"mirror_seconds": 1.5 * QUICK_SLICE}, 1),
     ],
     ids=["quick-run", "slow-handler", "slow-mirror"],
 )
@@ -169,7 +169,7 @@ def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(
     the slot) is still slow (the next claim asks for one)."""
     from durable_jobs.runtime.runner import ChildRunner
 
-    late = 0.15  # past QUICK_SLICE, as a starved slot thread sees a no-op
+    late = 1.5 * QUICK_SLICE  # as a starved slot thread sees a no-op
     run = ChildRunner.run
     heard_late: list[str] = []
 
