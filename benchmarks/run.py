@@ -1177,14 +1177,17 @@ class Results:
             rate = point.get("per_second")
             judged = total >= 16 and best_small > 0
             share = rate / best_small if rate and judged else None
+            if "error" in point:
+                cell = "error: " + _short(point["error"])
+            else:
+                cell = f"{rate or 0:,.0f}"
+                if share is not None:
+                    cell += f" ({share:.0%})"
+                cell += f"; {point['worker_cpu_ms_per_job']:.2f}"
             self.table_obj.add(
                 f"scale, warmed-up fleet: {n:,} no-op jobs, {tag.replace('x', ' x ')} = {total} "
                 "slots: jobs/s (share of the best of 1 and 4 slots); fleet CPU ms/job",
-                "error: " + _short(point["error"])
-                if "error" in point
-                else f"{rate or 0:,.0f}"
-                + (f" ({share:.0%})" if share is not None else "")
-                + f"; {point['worker_cpu_ms_per_job']:.2f}",
+                cell,
                 "-",
                 "-",
                 ">= 90%" if judged else "",
