@@ -9,7 +9,7 @@ import pytest
 from django.db.models import Count
 
 import durable_jobs as durable
-from durable_jobs import store
+from durable_jobs import conf, store
 from durable_jobs.models import Job
 from durable_jobs.runtime.worker import PREFETCH_WINDOW, QUICK_SLICE, Pace, SlotState, Worker
 from tests.factories import reload
@@ -91,10 +91,54 @@ def test_a_batch_running_past_the_prefetch_window_hands_the_rest_back_uncharged(
     ), "deliverable again"
 
 
+def test_a_batch_its_handler_process_ran_ahead_of_a_late_slot_is_completed_in_one_statement(
+    monkeypatch,
+):
+    """On a saturated machine the handler process runs a batch's no-op slices while its
+    slot thread waits for a CPU; the slot, back past PREFETCH_WINDOW, finds every claim
+    already run. Nothing is left to hand back, and the finished slices are completed
+    together: each one's own statement (and a round trip to the handler process per
+    slice) was three in four of the transactions 64 slots on 2 cores spent (issue #27)."""
+    from durable_jobs.runtime.runner import ChildRunner
+
+    run = ChildRunner.run
+    heard: list[str] = []
+
+    def first_heard_late(self, context, **kwargs):
+        ran = run(self, context, **kwargs)
+        if not heard:
+            time.sleep(1.5 * PREFETCH_WINDOW)  # the child runs the rest meanwhile
+        heard.append(str(context.id))
+        return ran
+
+    monkeypatch.setattr(ChildRunner, "run", first_heard_late)
+    count = 12
+    ttl_ms = conf.ms(conf.get().LEASE_TTL)  # the handler's own: its claims go to the child at once
+    jobs = [durable.start("demo.noop") for _ in range(count)]
+    worker = Worker(concurrency=1, execution="process")
+    slot = SlotState(number=0, generation=0, owner="slot")
+    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
+    try:
+        runner.ensure_started()
+        claimed = store.dequeue(["default"], "slot", ttl_ms, kinds=None, limit=count)
+        assert len(claimed) == count
+        pace = worker._run_claimed(slot, claimed, ttl_ms, runner)
+    finally:
+        runner.close()
+    rows = [reload(job) for job in jobs]
+    assert [row.status for row in rows] == ["completed"] * count, "all ran, none handed back"
+    assert all(row.lease_epoch == 1 and row.redrives == 0 for row in rows), "each ran once"
+    assert pace is Pace.LONG, "the batch ran past its window: the next claim is halved"
+    # Rows completed by one statement share its transaction's timestamp.
+    statements = len({row.finished_at for row in rows})
+    assert statements <= 2, f"{count} slices completed by {statements} statements"
+
+
 def test_a_slot_grows_its_batch_only_while_batches_come_back_full_and_quick():
     from durable_jobs.runtime.worker import next_batch
 
-    assert next_batch(4, 4, Pace.QUICK, 32) == 8
+    assert next_batch(1, 1, Pace.QUICK, 64) == 4, "a full claim of quick slices: four times"
+    assert next_batch(4, 4, Pace.QUICK, 32) == 16
     assert next_batch(32, 32, Pace.QUICK, 32) == 32, "MAX_PREFETCH caps it"
     assert next_batch(8, 3, Pace.QUICK, 32) == 8, "a thin queue does not grow it"
     assert next_batch(8, 3, Pace.QUICK, 4) == 4, "a lowered MAX_PREFETCH applies at once"
@@ -118,7 +162,7 @@ def test_a_batch_grows_no_further_than_its_slices_fit_in_the_prefetch_window():
     assert fits_in_window(0.0001) == 2250, "no-op slices: MAX_PREFETCH is the bound"
     assert fits_in_window(0.3) == 1
     assert fits_in_window(None) is None
-    assert next_batch(4, 4, Pace.QUICK, 64, None) == 8, "nothing measured yet: no bound"
+    assert next_batch(4, 4, Pace.QUICK, 64, None) == 16, "nothing measured yet: no bound"
 
 
 def test_a_slot_claims_ahead_with_enough_slices_queued_to_cover_the_claim():
@@ -153,7 +197,7 @@ def test_max_prefetch_defaults_by_execution_mode_and_a_setting_overrides_it():
 @pytest.mark.parametrize(
     ("kind", "job_input", "next_claim"),
     [
-        ("demo.brief", {"seconds": 0.0}, 2),
+        ("demo.brief", {"seconds": 0.0}, 4),
         ("demo.brief", {"seconds": 1.5 * QUICK_SLICE}, 1),
         ("demo.slow_mirror", {"mirror_seconds": 1.5 * QUICK_SLICE}, 1),
     ],
@@ -165,7 +209,7 @@ def test_a_slice_is_judged_by_its_own_work_not_by_how_late_the_slot_heard_of_it(
     """On a saturated machine a slot thread hears of a no-op run tens of milliseconds late.
     Judged by that delay, every slice looked slow and every slot fell back to one claim
     per job. Judged by its own work, a quick run stays quick (the slot's next claim asks
-    for two), while a slow handler (by the handler process's clock) or a slow mirror (on
+    for four), while a slow handler (by the handler process's clock) or a slow mirror (on
     the slot) is still slow (the next claim asks for one)."""
     from durable_jobs.runtime.runner import ChildRunner
 
