@@ -62,6 +62,7 @@ class WakeUps:
     _claiming: list[bool]  # per slot, in a burst: a dequeue in flight (guarded by _idle_lock)
     _idle_lock: threading.Lock
     _sleepers: dict[int, None]  # slots asleep waiting for work, oldest first
+    _batch_hints: dict[int, int]  # a chained wake-up's full claim, for the slot it woke
     _missed_wakes: int  # wake-ups that found no slot asleep (guarded by _idle_lock)
     _empty_claims: int  # claims in a row that found nothing (guarded by _idle_lock)
     _due_soon: list[float]  # a heap of monotonic moments held jobs become due
@@ -234,8 +235,9 @@ class WakeUps:
             wake.set()
 
     # --- one wake-up per notification (no thundering herd) ---
-    def _sleep(self, number: int, wake: threading.Event, timeout: float) -> None:
+    def _sleep(self, number: int, wake: threading.Event, timeout: float) -> int | None:
         """Sleep until woken or ``timeout``; not at all when a wake-up found nobody asleep.
+        Return the batch of the full claim whose chained wake-up woke this slot, if one did.
 
         A notification that arrives while every slot is busy, or while this one is between
         an empty dequeue and its sleep, is kept as a missed wake-up: the next slot about to
@@ -244,7 +246,7 @@ class WakeUps:
         with self._idle_lock:
             if self._missed_wakes:
                 self._missed_wakes -= 1
-                return
+                return None
             self._sleepers[number] = None
         try:
             wake.wait(timeout)
@@ -252,17 +254,22 @@ class WakeUps:
         finally:
             with self._idle_lock:
                 self._sleepers.pop(number, None)
+                batch = self._batch_hints.pop(number, None)
+        return batch
 
-    def _wake_one(self, *, chained: bool = False) -> None:
+    def _wake_one(self, *, chained: bool = False, batch: int | None = None) -> None:
         """Wake one sleeping slot for one notification, or (``chained``) for a full claim.
 
         PostgreSQL folds identical notifications of one transaction into one, so a
         transaction starting many jobs wakes one slot; a slot whose claim came back full
-        wakes the next, so the whole batch is picked up, one slot more at a time.
+        wakes the next, so the whole batch is picked up, one slot more at a time. The
+        claim's ``batch`` goes to the slot it wakes (``_sleep`` returns it).
         """
         with self._idle_lock:
             for number in self._sleepers:
                 if not self._wakes[number].is_set():
+                    if batch is not None:
+                        self._batch_hints[number] = batch
                     self._wakes[number].set()
                     return
             if chained:

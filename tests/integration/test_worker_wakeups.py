@@ -102,3 +102,29 @@ def _wait_quiet(calls: list[int], message: str, quiet: float = 0.3) -> None:
         return now - last["since"] >= quiet
 
     _wait(settled, message)
+
+
+def test_a_slot_woken_by_a_full_claim_starts_from_that_claims_batch():
+    """A full claim says the queue holds more and its slices were quick: the slot it wakes
+    claims that many at once instead of growing its own batch from one (a burst of 5,000
+    no-op jobs before 64 slots was gone before their batches grew). A notification says
+    neither, and passes nothing on."""
+    worker = Worker(concurrency=2, execution="thread", reconcile=False)
+    woke_with: list[int | None] = []
+
+    def sleep_once() -> None:
+        woke_with.append(worker._sleep(1, worker._wakes[1], timeout=POLL))
+
+    def full_claim_of_16() -> None:
+        worker._wake_one(chained=True, batch=16)
+
+    for wake, passed in ((full_claim_of_16, 16), (worker._wake_one, None)):
+        sleeper = threading.Thread(target=sleep_once, daemon=True)
+        sleeper.start()
+        deadline = time.monotonic() + 5
+        while sleeper.is_alive() and time.monotonic() < deadline:
+            wake()  # until the slot is asleep to be woken; one that finds nobody changes nothing
+            sleeper.join(timeout=0.05)
+        assert not sleeper.is_alive(), "the wake-up woke the sleeping slot"
+        assert woke_with == [passed]
+        woke_with.clear()
