@@ -61,8 +61,9 @@ class WakeUps:
     _idle: list[bool]  # per slot: its last dequeue found nothing (guarded by _idle_lock)
     _claiming: list[bool]  # per slot, in a burst: a dequeue in flight (guarded by _idle_lock)
     _idle_lock: threading.Lock
-    _sleepers: dict[int, None]  # slots asleep waiting for work, oldest first
-    _batch_hints: dict[int, int]  # a chained wake-up's full claim, for the slot it woke
+    _sleepers: dict[int, None]  # slots asleep, oldest first (guarded by _idle_lock)
+    # A chained wake-up's full claim, for the slot it woke (guarded by _idle_lock).
+    _batch_hints: dict[int, int]
     _missed_wakes: int  # wake-ups that found no slot asleep (guarded by _idle_lock)
     _empty_claims: int  # claims in a row that found nothing (guarded by _idle_lock)
     _due_soon: list[float]  # a heap of monotonic moments held jobs become due
