@@ -542,6 +542,46 @@ def test_process_execution__a_run_the_child_withdraws_late_is_handed_back_not_wa
         assert (ran.end, ran.code, row.checkpoint) == ("failed", "after_progress", {"step": 1})
 
 
+@pytest.mark.django_db(transaction=True)
+def test_process_execution__a_stop_after_an_unanswered_hand_back_runs_no_more_of_the_batch():
+    """A batch's one hand-back can go unanswered: the child is stopped (SIGSTOP) with the
+    batch queued, so ``take_back`` gives up after ``WITHDRAW_TIMEOUT`` and the child keeps
+    its queue. The slot does not hand back again before each slice left; the stop it sends
+    the slice it then supervises withdraws the rest. Resumed, the child starts at most the
+    first run: the others are handed back uncharged, not run on the way out."""
+    from durable_jobs.runtime.runner import WITHDRAW_TIMEOUT, ChildRunner
+    from durable_jobs.runtime.worker import SlotState, Worker
+
+    jobs = [durable.start("demo.progress_then_fail", input={"steps": 1}) for _ in range(4)]
+    worker = Worker(concurrency=1, execution="process")
+    slot = SlotState(number=0, generation=0, owner="slot")
+    runner = ChildRunner(role="durable-child-test", stopping=worker.stopping)
+    runner.ensure_started()
+    os.kill(runner.pid, signal.SIGSTOP)
+    resume = threading.Timer(WITHDRAW_TIMEOUT + 1, os.kill, (runner.pid, signal.SIGCONT))
+    resume.start()
+    worker.stopping.set()  # the worker begins to stop as the batch arrives
+    claimed = _claim(4)
+    try:
+        slot_thread = in_thread(lambda: worker._run_claimed(slot, claimed, _ttl(), runner))
+        slot_thread.join(WITHDRAW_TIMEOUT + 20)
+        assert not slot_thread.is_alive(), "the batch's slot never returned"
+    finally:
+        resume.cancel()
+        os.kill(runner.pid, signal.SIGCONT)
+        runner.close()
+    rows = [reload(job) for job in jobs]
+    started = [row for row in rows if row.checkpoint is not None]
+    assert len(started) <= 1, "the stop ran the queue instead of handing it back"
+    assert all(row.lease_owner is None for row in rows), "none left to wait out its lease"
+    for row in rows:
+        if row.checkpoint is None:
+            assert row.next_run_at is not None, "handed back: deliverable again"
+            assert (row.redrives, row.consecutive_failures, row.interruptions) == (0, 0, 0), (
+                "nothing charged"
+            )
+
+
 def test_process_execution__every_way_a_slice_ends_crosses_the_pipe_unchanged():
     """What a handler process answers (``Ran.as_dict``, only the fields set) is read back by
     the worker (``Ran.from_dict``) as the same ``Ran``; an end it does not know is a
