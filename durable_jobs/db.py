@@ -1,7 +1,7 @@
 """The database seam: connection health, and every use of a library's private internals.
 
 Everything here is about the connection, not about jobs: no statement of this module
-writes a row. It exists so that three kinds of knowledge live in one place:
+writes a row. It exists so that four kinds of knowledge live in one place:
 
 * **Connection health.** Telling a lost connection from a failed statement
   (``is_connection_loss``), leaving a handler's broken transaction before bookkeeping
@@ -14,6 +14,10 @@ writes a row. It exists so that three kinds of knowledge live in one place:
   builds one only when ``OPTIONS["server_side_binding"]`` is set for the whole connection.
   Measured (docs/performance.rst): where the connection prepares statements, ``start()``
   in autocommit ran 1.68x faster with it; the worker's path does not use it.
+* **Statements prepared in the server session** (``SessionStatement``): where the
+  connection prepares nothing itself (Django's default), a statement an application
+  repeats in autocommit is ``PREPARE``d by a name that its text decides, so a pooler's
+  shared server session can only ever hold the same statement under that name.
 
 Each private use has a test in ``tests/integration/test_database_seam.py`` that fails
 loudly (not silently slower) when a library upgrade removes or changes what it relies on.
@@ -22,14 +26,17 @@ loudly (not silently slower) when a library upgrade removes or changes what it r
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import psycopg
-from django.db import DEFAULT_DB_ALIAS, InterfaceError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections, transaction
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
@@ -55,7 +62,9 @@ T = TypeVar("T")
 
 __all__ = [
     "C_TIMESTAMPTZ_LOADER",
+    "NOT_RUN",
     "ServerBindingCursor",
+    "SessionStatement",
     "connection_usable",
     "dump_json",
     "is_connection_loss",
@@ -64,6 +73,7 @@ __all__ = [
     "read_timestamps_in_c",
     "reset_connection",
     "retry_after_a_cut",
+    "sqlstate",
     "start_cursor",
 ]
 
@@ -354,6 +364,99 @@ def read_timestamps_in_c(cursor: CursorWrapper, using: str = DEFAULT_DB_ALIAS) -
     psycopg_cursor = getattr(cursor, "cursor", None)
     if psycopg_cursor is not None and hasattr(psycopg_cursor, "adapters"):
         psycopg_cursor.adapters.register_loader("timestamptz", C_TIMESTAMPTZ_LOADER)
+
+
+#: A SessionStatement's answer when it did not run: the caller runs its statement as usual.
+NOT_RUN: Any = object()
+
+
+class SessionStatement:
+    """A statement ``PREPARE``d in the server session by SQL, run by ``EXECUTE`` in autocommit.
+
+    Django's default cursor binds on the client and prepares nothing, so the server
+    parses, analyses and plans every statement again. For the start's insert that is
+    about as much server time as the rest of the start (a 70-column row whose defaults
+    the rewriter fills in, 26 indexes: the start profile, docs/performance.rst); pgqueuer
+    prepares its enqueue. psycopg's own prepared statements are left to the connection's
+    ``prepare_threshold`` because their names (``_pg3_0``, ...) are per client: behind a
+    transaction-mode pooler a client can execute another client's statement of the same
+    name. Here the name is derived from the statement's text, so whichever server session
+    holds it holds this statement.
+
+    ``fetchone`` runs it only where nothing is lost if the server session does not hold
+    it: in autocommit (a failed ``EXECUTE`` aborts no caller's transaction), on a
+    connection that binds on the client and does not prepare by itself. A connection
+    prepares it at its ``after``-th run (a request's connection that starts one job pays
+    no extra round trip); a server session that loses it afterwards (a transaction-mode
+    pooler handing the next statement to another session, a ``DISCARD ALL``) turns it off
+    for the rest of that connection's life, and that run falls back to the plain statement.
+    """
+
+    _GIVEN_UP = -1
+
+    def __init__(self, prefix: str, sql: str, *, after: int = 3) -> None:
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match.group(1) not in names:
+                names.append(match.group(1))
+            return f"${names.index(match.group(1)) + 1}"
+
+        positional = re.sub(r"%\((\w+)\)s", number, sql).strip()
+        self.name = f"{prefix}_{hashlib.sha256(positional.encode()).hexdigest()[:16]}"
+        self.prepare_sql = f"PREPARE {self.name} AS {positional}"
+        self.execute_sql = f"EXECUTE {self.name} ({', '.join(f'%({n})s' for n in names)})"
+        self.after = after
+        # Per connection (the driver's, so a reconnect starts afresh): runs seen before
+        # it was prepared, ``after`` once prepared, or _GIVEN_UP.
+        self._runs: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def fetchone(self, params: dict[str, Any], using: str = DEFAULT_DB_ALIAS) -> Any:
+        """The statement's first row, or ``NOT_RUN`` when the caller should run it itself."""
+        connection = connections[using]
+        if connection.in_atomic_block or not connection.get_autocommit():
+            return NOT_RUN
+        connection.ensure_connection()
+        raw = connection.connection
+        if (
+            getattr(raw, "prepare_threshold", None) is not None
+            or connection.settings_dict["OPTIONS"].get("server_side_binding") is True
+        ):
+            return NOT_RUN  # the driver prepares (start_cursor), or EXECUTE cannot bind
+        with self._lock:
+            runs = self._runs.get(raw, 0)
+            if runs == self._GIVEN_UP or runs < self.after - 1:
+                if runs != self._GIVEN_UP:
+                    self._runs[raw] = runs + 1
+                return NOT_RUN
+            self._runs[raw] = self.after
+        with connection.cursor() as cursor:
+            if runs < self.after:
+                try:
+                    cursor.execute(self.prepare_sql)
+                except DatabaseError as error:
+                    # Another client prepared it in this server session (a pooler's):
+                    # the same text under the same name.
+                    if sqlstate(error) != "42P05":
+                        raise
+            try:
+                cursor.execute(self.execute_sql, params)
+            except DatabaseError as error:
+                # 26000: the server session changed under the connection. 0A000: a
+                # migration changed a returned column's type ("cached plan must not
+                # change result type"). Either way, nothing ran: the plain statement does.
+                if sqlstate(error) not in ("26000", "0A000"):
+                    raise
+                with self._lock:
+                    self._runs[raw] = self._GIVEN_UP
+                return NOT_RUN
+            return cursor.fetchone()
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a database error, as Django raises it (the driver's is its cause)."""
+    return getattr(error.__cause__, "sqlstate", None) or getattr(error, "sqlstate", None)
 
 
 def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:

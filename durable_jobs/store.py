@@ -52,7 +52,9 @@ from durable_jobs.db import (
     JOB_COLUMN_NAMES,
     JOB_COLUMNS,
     JOB_FIELDS,
+    NOT_RUN,
     SET_LOCAL_LOCK_TIMEOUT,
+    SessionStatement,
     array_literal,
     array_text,
     build_job,
@@ -372,10 +374,22 @@ _START_INDEXES = (
 )
 
 
+#: The two plain starts, prepared in the server session where the connection prepares
+#: nothing itself and runs them in autocommit (``db.SessionStatement``): unprepared, the
+#: server's parse, analysis and plan of the insert cost about as much as the rest of it.
+_SESSION_STARTS = {
+    sql: SessionStatement("durable_jobs_start", sql)
+    for sql in (INSERT_NEW_JOB, INSERT_NEW_JOB_AND_NOTIFY)
+}
+
+
 def _insert_new(using: str, sql: str, params: dict[str, Any]) -> Job:
-    with start_cursor(using) as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
+    session = _SESSION_STARTS.get(sql)
+    row = NOT_RUN if session is None else session.fetchone(params, using)
+    if row is NOT_RUN:
+        with start_cursor(using) as cursor:
+            cursor.execute(sql, params)
+            row = cursor.fetchone()
     assert row is not None
     return _new_job(row, params, using)
 

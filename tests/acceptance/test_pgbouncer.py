@@ -145,3 +145,46 @@ def test_crash_recovery_behind_the_pooler(processes, pooler):
     effects = Effect.objects.filter(job_id__in=[j.id for j in imports])
     assert not effects.values("job_id", "item").annotate(n=Count("id")).filter(n__gt=1).exists()
     assert effects.count() == 3 * 8
+
+
+def test_starts_in_autocommit_behind_the_pooler_never_fail_whatever_session_they_land_in(
+    pooler,
+):
+    """A start in autocommit prepares its insert in the server session it runs in; a
+    transaction-mode pooler hands each statement any server session. A start that lands
+    in one without the statement falls back to the plain insert (and its connection
+    prepares nothing more): no start fails, every row is written once."""
+    import psycopg
+    from django.db import connections
+    from django.db.backends.postgresql.base import DatabaseWrapper
+    from psycopg.conninfo import conninfo_to_dict
+
+    via = conninfo_to_dict(pooler.url)
+    pooled = DatabaseWrapper(
+        {
+            **connections["default"].settings_dict,
+            "HOST": via["host"],
+            "PORT": via["port"],
+            "CONN_MAX_AGE": 0,
+        },
+        alias="pooled",
+    )
+    connections["pooled"] = pooled
+    try:
+        started = [durable.start("demo.noop", input={"n": n}, using="pooled") for n in range(4)]
+        # Another client holds the server session those starts ran in (the pooler reuses
+        # the last one first): the next starts run in a session that never saw the insert.
+        with psycopg.connect(pooler.url) as other:
+            other.execute("SELECT 1")  # a transaction left open holds its session
+            started += [
+                durable.start("demo.noop", input={"n": n}, using="pooled") for n in range(4, 12)
+            ]
+        started += [
+            durable.start("demo.noop", input={"n": n}, using="pooled") for n in range(12, 20)
+        ]
+    finally:
+        pooled.close()
+        del connections["pooled"]
+    rows = Job.objects.filter(id__in=[job.id for job in started])
+    assert sorted(row.input["n"] for row in rows) == list(range(20))
+    assert {row.status for row in rows} == {"pending"}
