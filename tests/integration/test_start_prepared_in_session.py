@@ -27,6 +27,13 @@ def _fresh_connection() -> None:
     connection.ensure_connection()
 
 
+def _fresh_connection_that_prepared_it() -> None:
+    _fresh_connection()
+    for _ in range(3):
+        durable.start("demo.noop")
+    assert len(_session_starts()) == 1, "prepared at the third start"
+
+
 def test_a_connection_that_starts_many_jobs_prepares_the_insert_once():
     _fresh_connection()
     first_two = [durable.start("demo.noop", input={"n": n}) for n in range(2)]
@@ -45,9 +52,7 @@ def test_a_connection_that_starts_many_jobs_prepares_the_insert_once():
 
 
 def test_a_start_in_atomic_runs_the_plain_statement_and_rolls_back_with_the_caller():
-    _fresh_connection()
-    for _ in range(4):
-        durable.start("demo.noop")
+    _fresh_connection_that_prepared_it()
     prepared = _session_starts()
     with pytest.raises(RuntimeError), transaction.atomic():
         undone = durable.start("demo.noop")
@@ -64,27 +69,19 @@ def test_a_session_that_lost_the_statement_goes_on_starting_jobs():
     next start falls back to the plain statement, and the connection prepares nothing
     more (the server session changed under it once; a transaction-mode pooler does so
     at every statement)."""
-    _fresh_connection()
-    for _ in range(4):
-        durable.start("demo.noop")
-    assert len(_session_starts()) == 1
+    _fresh_connection_that_prepared_it()
     with connection.cursor() as cursor:
         cursor.execute("DISCARD ALL")
     after = [durable.start("demo.noop", input={"n": n}) for n in range(5)]
     assert Job.objects.filter(id__in=[job.id for job in after]).count() == 5
     assert _session_starts() == [], "given up on this connection"
-    _fresh_connection()
-    for _ in range(3):
-        durable.start("demo.noop")
-    assert len(_session_starts()) == 1, "a new connection prepares it again"
+    _fresh_connection_that_prepared_it()  # a new connection prepares it again
 
 
 def test_a_session_holding_the_name_already_is_used_as_it_is():
     """Behind a pooler another client may have prepared it in the server session this
     connection is handed: the same text under the same name, so the start uses it."""
-    _fresh_connection()
-    for _ in range(3):
-        durable.start("demo.noop")
+    _fresh_connection_that_prepared_it()
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT name, statement FROM pg_prepared_statements "
@@ -103,10 +100,7 @@ def test_a_migration_that_changes_a_returned_column_does_not_fail_the_next_start
     """A deploy migrates while a web process keeps its connection: PostgreSQL refuses to
     run the prepared insert once a column it returns changed type ("cached plan must not
     change result type"). The start runs the plain statement instead."""
-    _fresh_connection()
-    for _ in range(3):
-        durable.start("demo.noop")
-    assert len(_session_starts()) == 1
+    _fresh_connection_that_prepared_it()
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE durable_jobs_job ALTER COLUMN total_count TYPE numeric")
     try:
