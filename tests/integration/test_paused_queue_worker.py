@@ -64,6 +64,11 @@ def test_pausing_lets_a_running_slicing_job_yield_uncharged_and_wait_until_resum
 
     durable.pause_queue("slow", reason="test")
     # The slice running at the pause ends as it would have (a yield), then nobody claims it.
+    # A claim already in flight when the pause committed (its statement's snapshot older
+    # than the pause) may still take the job as it yields, and run one slice more: wait
+    # out that slice before taking the count the job must then keep.
+    _wait(lambda: reload(job).status == "pending", "the job to be handed back")
+    time.sleep(0.3)
     _wait(lambda: reload(job).status == "pending", "the job to be handed back")
     held_at = steps(job)
     time.sleep(0.5)  # a claim of a paused queue would have run several slices by now
