@@ -415,9 +415,8 @@ class SessionStatement:
     def fetchone(self, params: dict[str, Any], using: str = DEFAULT_DB_ALIAS) -> Any:
         """The statement's first row, or ``NOT_RUN`` when the caller should run it itself."""
         connection = connections[using]
-        if connection.in_atomic_block or not connection.get_autocommit():
+        if connection.in_atomic_block or not connection.get_autocommit():  # (it connects)
             return NOT_RUN
-        connection.ensure_connection()
         raw = connection.connection
         if (
             getattr(raw, "prepare_threshold", None) is not None

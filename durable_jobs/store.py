@@ -65,6 +65,7 @@ from durable_jobs.db import (
     fetch_jobs,
     fetch_jobs_with,
     fetch_value,
+    sqlstate,
     start_cursor,
     with_lock_timeout,
 )
@@ -2065,7 +2066,7 @@ def _waiting_at_most(
             fetch_value(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": previous})
             return result
     except OperationalError as error:
-        if getattr(error.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+        if sqlstate(error) != _LOCK_NOT_AVAILABLE:
             raise
         raise JobBusy(job_id, operation, waited=lock_timeout_ms / 1000) from error
 
