@@ -631,11 +631,30 @@ def _pct(values: list[float], pct: float) -> float:
 # ---------------------------------------------------------------------------------------
 
 
+#: How ``ActivitySampler`` names a statement in ``pg_stat_activity``: the first words of
+#: the claim's and the completions' texts (client-bound, so the values are in them).
+STATEMENT_KINDS = (
+    ("claim", "WITH queues AS MATERIALIZED"),
+    ("batched completion", f"UPDATE {TABLE} AS j SET status = 'completed'"),
+    ("one-row completion", f"UPDATE {TABLE} SET status = 'completed'"),
+)
+
+
+def statement_kind(query: str) -> str:
+    """``claim``, ``batched completion``, ``one-row completion`` or ``other``."""
+    text = " ".join(query.split())
+    return next((kind for kind, head in STATEMENT_KINDS if text.startswith(head)), "other")
+
+
 class ActivitySampler:
     """Sample ``pg_stat_activity`` of the benchmark database every ``every`` seconds in a thread:
-    how many backends wait on a lock (claim contention beyond SKIP LOCKED)."""
+    how many backends wait on a lock (claim contention beyond SKIP LOCKED), and what each
+    kind of statement is doing while it runs (``waits``: the average number of active
+    backends per statement kind and wait event; "CPU" when none, which is on the CPU or
+    waiting for one)."""
 
     def __init__(self, ctx: Ctx, every: float = 0.05) -> None:
+        import collections
         import threading
 
         import psycopg
@@ -643,6 +662,7 @@ class ActivitySampler:
         self.samples = 0
         self.lock_waits = 0  # sum over samples of backends waiting on a heavyweight lock
         self.worst = 0
+        self.waits: collections.Counter[tuple[str, str]] = collections.Counter()
         self._stop = threading.Event()
         self._conn = psycopg.connect(ctx.dburl, autocommit=True)
         self._thread = threading.Thread(target=self._run, args=(every,), daemon=True)
@@ -650,22 +670,33 @@ class ActivitySampler:
 
     def _run(self, every: float) -> None:
         while not self._stop.wait(every):
-            row = self._conn.execute(
-                "SELECT count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            ).fetchone()
+            rows = self._conn.execute(
+                "SELECT wait_event_type, wait_event, left(query, 120) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                "AND state = 'active'"
+            ).fetchall()
+            locked = 0
+            for wait_type, wait_event, query in rows:
+                locked += wait_type == "Lock"
+                event = f"{wait_type}:{wait_event}" if wait_type else "CPU"
+                self.waits[(statement_kind(query or ""), event)] += 1
             self.samples += 1
-            self.lock_waits += row[0]
-            self.worst = max(self.worst, row[0])
+            self.lock_waits += locked
+            self.worst = max(self.worst, locked)
 
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join(timeout=5)
         self._conn.close()
+        samples = max(1, self.samples)
         return {
             "samples": self.samples,
-            "lock_waiting_backends_mean": self.lock_waits / max(1, self.samples),
+            "lock_waiting_backends_mean": self.lock_waits / samples,
             "lock_waiting_backends_max": self.worst,
+            "waits": {
+                f"{kind} / {event}": round(count / samples, 3)
+                for (kind, event), count in self.waits.most_common()
+            },
         }
 
 

@@ -414,6 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         sections.append(("Trial: each mechanism off vs all on", report.block(results.trial_text)))
     for title, text in results.sample_tables.items():
         sections.append((f"{title}, sample by sample", report.block(text)))
+    if results.scale_waits_text:
+        sections.append(
+            (
+                "Scale: what the cold bursts' backends wait on",
+                report.block(results.scale_waits_text),
+            )
+        )
     if results.bookkeeping_text:
         sections.append(
             ("Bookkeeping of long slices and many leases", report.block(results.bookkeeping_text))
@@ -452,6 +459,23 @@ def _setup_django(server) -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO)
     return env
+
+
+def _scale_waits(points: dict, top: int = 8) -> str:
+    """Each cold burst's busiest statement kinds and waits, from ``ActivitySampler``: where
+    a larger fleet's time goes besides the CPU (docs/performance.rst, "What 64 slots wait on")."""
+    blocks = []
+    for tag, point in points.items():
+        waits = point.get("waits")
+        if not waits:
+            continue
+        lines = [
+            f"{tag} ({point.get('samples', 0)} samples): active backends on average, "
+            "by statement and wait (CPU: none, on a CPU or waiting for one)"
+        ]
+        lines += [f"  {mean:6.2f}  {what}" for what, mean in list(waits.items())[:top]]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
 
 
 def start_arithmetic(raw: dict, notes: list[str]) -> None:
@@ -529,6 +553,7 @@ class Results:
         self.bookkeeping_text = ""
         #: The tables of samples of the long scenarios, by title, for the results file.
         self.sample_tables: dict[str, str] = {}
+        self.scale_waits_text = ""
 
     # --- helpers -------------------------------------------------------------------
     def _peer_cells(self, fn, fmt) -> dict[str, str]:
@@ -1116,6 +1141,7 @@ class Results:
                 "",
                 "info",
             )
+        self.scale_waits_text = _scale_waits(points)
         self._scale_warmed(n)
         processes, slots = self.plan.wakeup_fleet
         print(
