@@ -14,7 +14,8 @@ the first), ``@*`` every time.
 Points: ``claim_returned`` (a slot's dequeue came back with jobs, none started yet),
 ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
-``before_batched_completion``, ``zygote_ready`` (the zygote, once Django is set up),
+``before_batched_completion``, ``answers_readable`` (a slot's thread saw its handler
+process's pipe readable, and has not read it yet), ``zygote_ready`` (the zygote, once Django is set up),
 ``scheduler_between`` (a tick planned, its transaction not begun), ``scheduler_inside``
 (a tick's schedule advanced and its job started, not committed).
 """
@@ -37,6 +38,7 @@ POINTS = frozenset(
         "reconciler_between",
         "before_heartbeat",
         "before_batched_completion",
+        "answers_readable",
         "zygote_ready",
         "scheduler_between",
         "scheduler_inside",

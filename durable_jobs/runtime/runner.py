@@ -37,7 +37,7 @@ from typing import Any, TextIO
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from durable_jobs import conf
+from durable_jobs import conf, faults
 from durable_jobs.runtime import zygote
 from durable_jobs.runtime.child import encode_row
 from durable_jobs.runtime.control import SliceControl
@@ -154,7 +154,21 @@ class ChildRunner:
         )
 
     def kill(self) -> None:
-        """Kill the child's whole process group and reap it."""
+        """Kill the child's whole process group, reap it and close the pipes (slot thread only)."""
+        if self._proc is None:
+            return
+        self.kill_process()
+        self._close_pipes()
+        self._proc = None
+
+    def kill_process(self) -> None:
+        """Kill the child's whole process group and reap it; safe from any thread.
+
+        The pipes and the handle stay as they are: the slot's thread may be reading them
+        at this moment. It reads the end of file and records the death as usual, then
+        closes them itself. Closing a descriptor under another thread's read would make
+        that read fail, or worse, read whatever file was opened next under its number.
+        """
         proc = self._proc
         if proc is None:
             return
@@ -167,8 +181,6 @@ class ChildRunner:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL is not refused
             log.error("%s: child %d did not die after SIGKILL", self.role, proc.pid)
-        self._close_pipes()
-        self._proc = None
         self._forget_queue()
         self._withdrawals = 0
 
@@ -423,8 +435,8 @@ class ChildRunner:
         return self._write(json.dumps(message, separators=(",", ":")) + "\n")
 
     def _write(self, text: str) -> bool:
-        # Read once: the main thread's kill at shutdown may close the pipes meanwhile
-        # (a write to the closed file then raises ValueError).
+        # Read once, and a closed pipe is a gone child: a write to a file closed by
+        # ``kill`` raises ValueError.
         commands = self._commands
         if commands is None:  # closed: the child is gone
             return False
@@ -437,15 +449,17 @@ class ChildRunner:
 
     def _pump(self, *, timeout: float) -> bool:
         """Read what the child has answered (waiting up to ``timeout``) and file it; False if nothing came."""
-        if self._results_fd is None:
+        results = self._results_fd
+        if results is None:
             return False
         if b"\n" not in self._buffer:
-            readable, _, _ = select.select([self._results_fd], [], [], timeout)
+            readable, _, _ = select.select([results], [], [], timeout)
             if not readable:
                 return False
-            chunk = os.read(self._results_fd, 1 << 16)
+            faults.point("answers_readable")
+            chunk = os.read(results, 1 << 16)
             if not chunk:  # the child closed its end: it is dying or dead
-                os.close(self._results_fd)
+                os.close(results)
                 self._results_fd = None
                 return False
             self._buffer += chunk

@@ -243,7 +243,7 @@ class Supervision:
                 holder.abandon()  # which marks it lost: lost_before says whether it was
         for slot in self._slots:
             if slot.runner is not None:
-                slot.runner.kill()
+                slot.runner.kill_process()  # the slot's thread may be reading its pipes
         for slot in self._slots:
             if not slot.abandoned and (slot.waiting or slot.completions):
                 self._hand_back(slot, take_back=False)  # the children are dead by now

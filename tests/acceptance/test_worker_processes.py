@@ -20,6 +20,7 @@ from psycopg import conninfo
 import durable_jobs as durable
 from durable_jobs import conf, store
 from testproject.demo.models import Effect, Report
+from tests.acceptance import harness
 from tests.acceptance.harness import backends_of, descendants, terminate_backends, wait_until
 from tests.factories import reload
 
@@ -258,6 +259,46 @@ def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processe
         lambda: not any(Path(f"/proc/{pid}").exists() for pid in children),
         timeout=10,
         message="the handler's process to end with its worker",
+    )
+
+
+# A slot's thread supervising its handler process, and a kill of that process from
+# another thread (the main thread, on a second signal). The fault pauses the slot's thread
+# between seeing the pipe readable (the end of file the kill causes) and reading it.
+KILLED_WHILE_READING = """
+import threading
+from durable_jobs import registry, store
+from durable_jobs.runtime.control import SliceControl
+from durable_jobs.runtime.runner import ChildRunner
+from durable_jobs.states import Lease
+
+(job,) = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=1)
+lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=60_000)
+runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
+runner.ensure_started()
+threading.Timer(0.5, runner.kill_process).start()
+ran = runner.run(SliceControl(job, registry.get(job.kind), lease))
+print("ENDED", ran.end, ran.message)
+"""
+
+
+def test_a_kill_from_another_thread_ends_the_slot_s_run_as_its_process_death(processes, db_url):
+    """The kill at a second signal comes from the main thread while each slot's thread reads
+    its handler process's pipe. It used to close that pipe too: a CI run saw the slot's read
+    fail, the slice recorded as failed bookkeeping, and its hand-back at the stop lost.
+    Now the slot reads the end of file and records the death, as for any other."""
+    durable.start("demo.sleep", input={"seconds": 30, "stubborn": True})
+    shell = harness.Process(
+        ["shell", "-c", KILLED_WHILE_READING],
+        db_url=db_url,
+        app_name="durable-test-kill-race",
+        env={"DURABLE_JOBS_FAULTS": "answers_readable=pause:1@*"},
+    )
+    processes.started.append(shell)
+    assert shell.wait(timeout=30) == 0, shell.output()
+    assert "FAULT answers_readable pause" in shell.output(), "the pause was reached"
+    assert "ENDED interrupted interrupted: the process running the handler died (signal 9)" in (
+        shell.output()
     )
 
 
