@@ -8,6 +8,7 @@ last completion.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -654,7 +655,6 @@ class ActivitySampler:
     waiting for one)."""
 
     def __init__(self, ctx: Ctx, every: float = 0.05) -> None:
-        import collections
         import threading
 
         import psycopg

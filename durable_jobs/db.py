@@ -415,7 +415,8 @@ class SessionStatement:
     def fetchone(self, params: dict[str, Any], using: str = DEFAULT_DB_ALIAS) -> Any:
         """The statement's first row, or ``NOT_RUN`` when the caller should run it itself."""
         connection = connections[using]
-        if connection.in_atomic_block or not connection.get_autocommit():  # (it connects)
+        # get_autocommit() connects first, so connection.connection is set below.
+        if connection.in_atomic_block or not connection.get_autocommit():
             return NOT_RUN
         raw = connection.connection
         if (
