@@ -6,12 +6,15 @@
 * The start path: statements per ``durable.start()``.
 * A py-spy profile (wall clock, idle included) of the 4-slot worker's slot threads.
 * What-ifs measured with EXPLAIN ANALYZE on variants of DEQUEUE (no library code changes).
+* What the operator console's newest-first indexes cost: the 1-slot no-op drain and
+  ``start()`` in autocommit with and without them, interleaved (they are put back).
 """
 
 from __future__ import annotations
 
 import collections
 import re
+import statistics
 import time
 from pathlib import Path
 
@@ -148,6 +151,9 @@ def run(ctx, plan, raw: dict) -> str:
 
     # --- 5. what-ifs on DEQUEUE (EXPLAIN ANALYZE, rolled back; no library change) ----------
     out.append(_what_ifs(ctx, backlog=10_000 if plan.quick else 100_000, prof=prof))
+
+    # --- 6. what the console's indexes cost the hot statements -----------------------------
+    out.append(_console_index_cost(ctx, n=n, starts=500 if plan.quick else 2000, prof=prof))
     return "\n".join(out)
 
 
@@ -431,6 +437,88 @@ def _what_ifs(ctx, *, backlog: int, prof: dict) -> str:
     lines.append("\nPlans:\n")
     lines.append(report.block("\n\n".join(plans)))
     return "\n".join(lines)
+
+
+# The operator console's newest-first indexes: the only ones besides the primary key that
+# every row enters, and every claim and completion enters again (models.CONSOLE_INDEXES and
+# the tenant one beside them; issue #12's pages read them).
+CONSOLE_NEWEST_FIRST = (
+    "durable_jobs_recent",
+    "durable_jobs_status_recent",
+    "durable_jobs_kind_recent",
+    "durable_jobs_queue_recent",
+    "durable_jobs_tenant_recent",
+)
+
+
+def _console_index_cost(ctx, *, n: int, starts: int, prof: dict, rounds: int = 2) -> str:
+    """The 1-slot no-op drain and start() in autocommit with and without the console's
+    newest-first indexes, interleaved; the indexes are put back whatever happens.
+
+    A claim and a completion each change ``status``, so neither is a HOT update: each
+    version of the row adds an entry to every index whose predicate it meets, and these
+    five have none. What that costs is the price of the console at any table size.
+    """
+    definitions = [
+        row[0]
+        for row in ctx.sql(
+            "SELECT indexdef FROM pg_indexes WHERE tablename = %s AND indexname = ANY(%s)",
+            [TABLE, list(CONSOLE_NEWEST_FIRST)],
+        )
+    ]
+    figures: dict[str, dict[str, list[float]]] = {
+        variant: {"drain": [], "server_us": [], "start": []} for variant in ("with", "without")
+    }
+    try:
+        for _ in range(rounds):
+            for variant in ("with", "without"):
+                if variant == "without":
+                    for name in CONSOLE_NEWEST_FIRST:
+                        ctx.sql(f"DROP INDEX IF EXISTS {name}")
+                else:
+                    _restore(ctx, definitions)
+                durable_bench.reset()
+                durable_bench.fill_pending_sql(ctx, n)
+                drained = durable_bench.throughput_prefilled(
+                    ctx, n, processes=1, slots=1, tag=f"indexes-{variant}", timeout=600
+                )
+                figures[variant]["drain"].append(drained.get("per_second") or 0.0)
+                server = drained.get("server_cpu_seconds")
+                if server is not None:
+                    figures[variant]["server_us"].append(1e6 * server / n)
+                started = durable_bench.start_rate(starts, atomic=False)
+                figures[variant]["start"].append(started["per_second"])
+    finally:
+        _restore(ctx, definitions)
+    prof["console_indexes"] = figures
+    lines = [
+        f"### What the console's {len(definitions)} newest-first indexes cost "
+        f"({', '.join(CONSOLE_NEWEST_FIRST)})\n",
+        f"Interleaved, {rounds} rounds: a 1-slot burst of {n:,} no-op jobs, and {starts:,} "
+        "start() calls in autocommit from this process.\n",
+    ]
+    table = [f"{'':36}  {'with':>20}  {'without':>20}  {'ratio (medians)':>15}"]
+    for what, label in (
+        ("drain", "no-op drain, 1 slot (jobs/s)"),
+        ("server_us", "  server CPU per drained job (us)"),
+        ("start", "start() in autocommit (/s)"),
+    ):
+        with_, without = figures["with"][what], figures["without"][what]
+        if not with_ or not without or not all(with_):
+            continue  # no server CPU figure on this platform
+        ratio = statistics.median(without) / statistics.median(with_)
+        table.append(f"{label:36}  {_each(with_):>20}  {_each(without):>20}  {ratio:14.2f}x")
+    lines.append(report.block("\n".join(table)))
+    return "\n".join(lines)
+
+
+def _restore(ctx, definitions: list[str]) -> None:
+    for definition in definitions:
+        ctx.sql(definition.replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS ", 1))
+
+
+def _each(values: list[float]) -> str:
+    return ", ".join(f"{value:,.0f}" for value in values)
 
 
 __all__ = ["run", "TABLE", "REPO", "procs"]

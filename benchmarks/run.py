@@ -46,7 +46,8 @@ Scenarios (``--only`` picks some):
                 1 s, 5 s and 20 s slice by role; heartbeat statements/s and server CPU for
                 10,000 leases over 20 Heartbeaters (``benchmarks/bookkeeping_bench.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
-                and a py-spy profile of the 4-slot worker.
+                a py-spy profile of the 4-slot worker, and the 1-slot drain and start() with
+                and without the operator console's five newest-first indexes.
 """
 
 from __future__ import annotations
