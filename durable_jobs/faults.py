@@ -15,9 +15,9 @@ Points: ``claim_returned`` (a slot's dequeue came back with jobs, none started y
 ``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
 ``before_batched_completion``, ``answers_readable`` (a slot's thread saw its handler
-process's pipe readable, and has not read it yet), ``zygote_ready`` (the zygote, once Django is set up),
-``scheduler_between`` (a tick planned, its transaction not begun), ``scheduler_inside``
-(a tick's schedule advanced and its job started, not committed).
+process's pipe readable and has not read it yet), ``zygote_ready`` (the zygote, once
+Django is set up), ``scheduler_between`` (a tick planned, its transaction not begun),
+``scheduler_inside`` (a tick's schedule advanced and its job started, not committed).
 """
 
 from __future__ import annotations

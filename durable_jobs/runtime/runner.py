@@ -285,7 +285,9 @@ class ChildRunner:
     def _forget_queue(self) -> None:
         """The child is gone: what it answered stands, the run it had started is charged
         by ``run`` (as a death), and what still waited behind that never started."""
-        started = next((sent for sent in self._inflight if sent.answer is None), None)
+        # A copy first: ``kill_process`` runs this on another thread than the slot's, which
+        # may take an answered run off the queue meanwhile (list() copies under the GIL).
+        started = next((sent for sent in list(self._inflight) if sent.answer is None), None)
         if started is not None:
             started.dead = True
         self._inflight.keep(lambda sent: sent.answer is not None or sent is started)
@@ -564,8 +566,11 @@ class _InFlight:
 
     def keep(self, wanted: Callable[[_Sent], bool]) -> None:
         """Keep only the runs ``wanted`` says yes to, in their order."""
-        self._runs = collections.deque(sent for sent in self._runs if wanted(sent))
-        self._ids = collections.Counter(sent.job_id for sent in self._runs)
+        # From a copy: the kill of another thread may run this while the slot's own
+        # thread takes a run off the deque (iterating it then would raise).
+        kept = [sent for sent in list(self._runs) if wanted(sent)]
+        self._runs = collections.deque(kept)
+        self._ids = collections.Counter(sent.job_id for sent in kept)
 
     def _drop(self, job_id: Any) -> None:
         left = self._ids[job_id] - 1
