@@ -75,6 +75,9 @@ class ChildRunner:
         self._inflight = _InFlight()  # sent, not yet collected
         self._seq = 0
         self._withdrawals = 0  # withdraw (or stop) messages not answered yet
+        # Runs up to this sequence number were forgotten by a kill: an answer the child
+        # wrote for one of them before it died may still be read, and is dropped.
+        self._forgotten_through = 0
         self._ready: dict[str, Any] | None = None
 
     # --- lifecycle ---
@@ -162,12 +165,14 @@ class ChildRunner:
         self._proc = None
 
     def kill_process(self) -> None:
-        """Kill the child's whole process group and reap it; safe from any thread.
+        """Kill the child's whole process group and reap it, and forget what it had queued.
 
-        The pipes and the handle stay as they are: the slot's thread may be reading them
-        at this moment. It reads the end of file and records the death as usual, then
-        closes them itself. Closing a descriptor under another thread's read would make
-        that read fail, or worse, read whatever file was opened next under its number.
+        This is the part of ``kill`` another thread may call (the worker's main thread at
+        a hard stop). The pipes and the handle stay as they are: the slot's thread may be
+        reading them at this moment. It reads what the child had written, then the end of
+        file, records the death as usual and closes them itself. Closing a descriptor
+        under another thread's read would make that read fail, or worse, read whatever
+        file was opened next under its number.
         """
         proc = self._proc
         if proc is None:
@@ -285,12 +290,13 @@ class ChildRunner:
     def _forget_queue(self) -> None:
         """The child is gone: what it answered stands, the run it had started is charged
         by ``run`` (as a death), and what still waited behind that never started."""
-        # A copy first: ``kill_process`` runs this on another thread than the slot's, which
-        # may take an answered run off the queue meanwhile (list() copies under the GIL).
-        started = next((sent for sent in list(self._inflight) if sent.answer is None), None)
+        # From a copy: ``kill_process`` runs this on another thread than the slot's, which
+        # may take an answered run off the queue meanwhile.
+        started = next((sent for sent in self._inflight.snapshot() if sent.answer is None), None)
         if started is not None:
             started.dead = True
         self._inflight.keep(lambda sent: sent.answer is not None or sent is started)
+        self._forgotten_through = self._seq
 
     # --- one slice ---
     def run(
@@ -437,8 +443,7 @@ class ChildRunner:
         return self._write(json.dumps(message, separators=(",", ":")) + "\n")
 
     def _write(self, text: str) -> bool:
-        # Read once, and a closed pipe is a gone child: a write to a file closed by
-        # ``kill`` raises ValueError.
+        # Closed (None, or a file ``kill`` closed) or broken: the child is gone.
         commands = self._commands
         if commands is None:  # closed: the child is gone
             return False
@@ -477,6 +482,8 @@ class ChildRunner:
             waiting = (sent for sent in self._inflight if sent.answer is None)
             sent = next(waiting, None)
             if sent is None or sent.seq != answer.get("seq"):
+                if (answer.get("seq") or 0) <= self._forgotten_through:
+                    return  # a run a kill forgot, answered before the child died: nobody waits
                 raise ChildFailed(f"{self.role}: answer for run {answer.get('seq')} out of order")
             sent.answer = answer
             following = next(waiting, None)
@@ -542,6 +549,11 @@ class _InFlight:
     def __len__(self) -> int:
         return len(self._runs)
 
+    def snapshot(self) -> list[_Sent]:
+        """The runs as a list, copied in one step (list() of a deque runs no Python code,
+        so no other thread changes it halfway; iterating ``self`` is not that safe)."""
+        return list(self._runs)
+
     def first(self) -> _Sent:
         return self._runs[0]
 
@@ -568,7 +580,7 @@ class _InFlight:
         """Keep only the runs ``wanted`` says yes to, in their order."""
         # From a copy: the kill of another thread may run this while the slot's own
         # thread takes a run off the deque (iterating it then would raise).
-        kept = [sent for sent in list(self._runs) if wanted(sent)]
+        kept = [sent for sent in self.snapshot() if wanted(sent)]
         self._runs = collections.deque(kept)
         self._ids = collections.Counter(sent.job_id for sent in kept)
 

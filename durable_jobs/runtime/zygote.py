@@ -68,9 +68,9 @@ class ForkedChild:
         self.pid = pid
         self.returncode: int | None = None
         self._zygote = zygote
-        self._lock = (
-            threading.Lock()
-        )  # the slot thread and the main thread (a hand-back) may both wait
+        # The slot's thread and the main thread (ChildRunner.kill_process at a hard stop)
+        # may both wait for the same child.
+        self._lock = threading.Lock()
         try:
             self._pidfd: int | None = os.pidfd_open(pid)
         except ProcessLookupError:  # it died at once and the zygote has reaped it already

@@ -275,7 +275,7 @@ from durable_jobs.states import Lease
 (job,) = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=1)
 lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=60_000)
 runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
-runner.ensure_started()
+assert runner.send_ahead([(job, lease)]), "queued in the child before the kill is armed"
 threading.Timer(0.5, runner.kill_process).start()
 ran = runner.run(SliceControl(job, registry.get(job.kind), lease))
 print("ENDED", ran.end, ran.message)
@@ -295,11 +295,55 @@ def test_a_kill_from_another_thread_ends_the_slot_s_run_as_its_process_death(pro
         env={"DURABLE_JOBS_FAULTS": "answers_readable=pause:1@*"},
     )
     processes.started.append(shell)
-    assert shell.wait(timeout=30) == 0, shell.output()
-    assert "FAULT answers_readable pause" in shell.output(), "the pause was reached"
+    assert shell.wait(timeout=60) == 0, shell.output()
+    # The first pause is the child's "ready" at its start; the second, the kill's end of file.
+    assert "FAULT answers_readable pause (hit 2)" in shell.output(), "the pause after the kill"
     assert "ENDED interrupted interrupted: the process running the handler died (signal 9)" in (
         shell.output()
     )
+
+
+# Three runs queued in the child: two quick ones, then one that sleeps. The slot's thread
+# sees the first answer and pauses; meanwhile the child answers the second and starts the
+# third, and another thread kills it, forgetting the runs behind the first.
+ANSWERED_BEFORE_THE_KILL = """
+import threading
+from durable_jobs import registry, store
+from durable_jobs.runtime.control import SliceControl
+from durable_jobs.runtime.runner import ChildRunner
+from durable_jobs.states import Lease
+
+jobs = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=3)
+claims = [
+    (job, Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=60_000))
+    for job in jobs
+]
+runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
+assert runner.send_ahead(claims), "queued in the child before the kill is armed"
+threading.Timer(0.5, runner.kill_process).start()
+first, lease = claims[0]
+ran = runner.run(SliceControl(first, registry.get(first.kind), lease))
+print("ENDED", first.kind, ran.end)
+"""
+
+
+def test_answers_the_child_wrote_for_runs_a_kill_forgot_are_dropped(processes, db_url):
+    """A kill from another thread forgets the runs queued behind the one the child had
+    started, as never started. Answers the child wrote for them before it died may still
+    be in the pipe; the slot's thread reads them after the kill and must drop them, not
+    take them for answers out of order (which failed the slice's bookkeeping)."""
+    durable.start("demo.noop", priority=10)
+    durable.start("demo.noop", priority=10)
+    durable.start("demo.sleep", input={"seconds": 30, "stubborn": True})
+    shell = harness.Process(
+        ["shell", "-c", ANSWERED_BEFORE_THE_KILL],
+        db_url=db_url,
+        app_name="durable-test-kill-answers",
+        env={"DURABLE_JOBS_FAULTS": "answers_readable=pause:1@*"},
+    )
+    processes.started.append(shell)
+    assert shell.wait(timeout=60) == 0, shell.output()
+    assert "ENDED demo.noop done" in shell.output(), "the first run's own answer still counts"
 
 
 def test_terminated_slot_connections_are_survived(processes):
