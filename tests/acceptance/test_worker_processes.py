@@ -263,57 +263,17 @@ def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processe
 
 
 # A slot's thread supervising its handler process, and a kill of that process from
-# another thread (the main thread, on a second signal). The fault pauses the slot's thread
-# between seeing the pipe readable (the end of file the kill causes) and reading it.
-KILLED_WHILE_READING = """
+# another thread (the main thread, on a second signal). The first ``claims`` jobs are
+# queued in the child; the slot's thread supervises the first, and the fault pauses it
+# between seeing the pipe readable and reading it, while another thread kills the child.
+KILL_FROM_ANOTHER_THREAD = """
 import threading
 from durable_jobs import registry, store
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.runner import ChildRunner
 from durable_jobs.states import Lease
 
-(job,) = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=1)
-lease = Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=60_000)
-runner = ChildRunner(role="durable-child-test", stopping=threading.Event())
-assert runner.send_ahead([(job, lease)]), "queued in the child before the kill is armed"
-threading.Timer(0.5, runner.kill_process).start()
-ran = runner.run(SliceControl(job, registry.get(job.kind), lease))
-print("ENDED", ran.end, ran.message)
-"""
-
-
-def test_a_kill_from_another_thread_ends_the_slot_s_run_as_its_process_death(processes, db_url):
-    """The kill at a second signal comes from the main thread while each slot's thread reads
-    its handler process's pipe. It used to close that pipe too: a CI run saw the slot's read
-    fail, the slice recorded as failed bookkeeping, and its hand-back at the stop lost.
-    Now the slot reads the end of file and records the death, as for any other."""
-    durable.start("demo.sleep", input={"seconds": 30, "stubborn": True})
-    shell = harness.Process(
-        ["shell", "-c", KILLED_WHILE_READING],
-        db_url=db_url,
-        app_name="durable-test-kill-race",
-        env={"DURABLE_JOBS_FAULTS": "answers_readable=pause:1@*"},
-    )
-    processes.started.append(shell)
-    assert shell.wait(timeout=60) == 0, shell.output()
-    # The first pause is the child's "ready" at its start; the second, the kill's end of file.
-    assert "FAULT answers_readable pause (hit 2)" in shell.output(), "the pause after the kill"
-    assert "ENDED interrupted interrupted: the process running the handler died (signal 9)" in (
-        shell.output()
-    )
-
-
-# Three runs queued in the child: two quick ones, then one that sleeps. The slot's thread
-# sees the first answer and pauses; meanwhile the child answers the second and starts the
-# third, and another thread kills it, forgetting the runs behind the first.
-ANSWERED_BEFORE_THE_KILL = """
-import threading
-from durable_jobs import registry, store
-from durable_jobs.runtime.control import SliceControl
-from durable_jobs.runtime.runner import ChildRunner
-from durable_jobs.states import Lease
-
-jobs = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=3)
+jobs = store.dequeue(["default"], "slot", 60_000, kinds=None, limit={claims})
 claims = [
     (job, Lease(job_id=job.id, owner=job.lease_owner, epoch=job.lease_epoch, ttl_ms=60_000))
     for job in jobs
@@ -323,27 +283,50 @@ assert runner.send_ahead(claims), "queued in the child before the kill is armed"
 threading.Timer(0.5, runner.kill_process).start()
 first, lease = claims[0]
 ran = runner.run(SliceControl(first, registry.get(first.kind), lease))
-print("ENDED", first.kind, ran.end)
+print("ENDED", first.kind, ran.end, ran.message)
 """
+
+
+def _kill_from_another_thread(processes, db_url: str, *, claims: int) -> str:
+    """Run KILL_FROM_ANOTHER_THREAD in its own process; return its output (it must exit 0)."""
+    shell = harness.Process(
+        ["shell", "-c", KILL_FROM_ANOTHER_THREAD.replace("{claims}", str(claims))],
+        db_url=db_url,
+        app_name="durable-test-kill-race",
+        env={"DURABLE_JOBS_FAULTS": "answers_readable=pause:1@*"},
+    )
+    processes.started.append(shell)
+    assert shell.wait(timeout=60) == 0, shell.output()
+    return shell.output()
+
+
+def test_a_kill_from_another_thread_ends_the_slot_s_run_as_its_process_death(processes, db_url):
+    """The kill at a second signal comes from the main thread while each slot's thread reads
+    its handler process's pipe. It used to close that pipe too: a CI run saw the slot's read
+    fail, the slice recorded as failed bookkeeping, and its hand-back at the stop lost.
+    Now the slot reads the end of file and records the death, as for any other."""
+    durable.start("demo.sleep", input={"seconds": 30, "stubborn": True})
+    output = _kill_from_another_thread(processes, db_url, claims=1)
+    # The first pause is the child's "ready" at its start; the second, the kill's end of file.
+    assert "FAULT answers_readable pause (hit 2)" in output, "the pause after the kill"
+    assert (
+        "ENDED demo.sleep interrupted interrupted: the process running the handler died (signal 9)"
+    ) in output
 
 
 def test_answers_the_child_wrote_for_runs_a_kill_forgot_are_dropped(processes, db_url):
     """A kill from another thread forgets the runs queued behind the one the child had
     started, as never started. Answers the child wrote for them before it died may still
     be in the pipe; the slot's thread reads them after the kill and must drop them, not
-    take them for answers out of order (which failed the slice's bookkeeping)."""
+    take them for answers out of order (which failed the slice's bookkeeping).
+
+    Two quick runs, then one that sleeps: the slot's thread pauses on the first answer
+    while the child answers the second and starts the third; then the kill comes."""
     durable.start("demo.noop", priority=10)
     durable.start("demo.noop", priority=10)
     durable.start("demo.sleep", input={"seconds": 30, "stubborn": True})
-    shell = harness.Process(
-        ["shell", "-c", ANSWERED_BEFORE_THE_KILL],
-        db_url=db_url,
-        app_name="durable-test-kill-answers",
-        env={"DURABLE_JOBS_FAULTS": "answers_readable=pause:1@*"},
-    )
-    processes.started.append(shell)
-    assert shell.wait(timeout=60) == 0, shell.output()
-    assert "ENDED demo.noop done" in shell.output(), "the first run's own answer still counts"
+    output = _kill_from_another_thread(processes, db_url, claims=3)
+    assert "ENDED demo.noop done" in output, "the first run's own answer still counts"
 
 
 def test_terminated_slot_connections_are_survived(processes):
