@@ -443,15 +443,14 @@ class ChildRunner:
         return self._write(json.dumps(message, separators=(",", ":")) + "\n")
 
     def _write(self, text: str) -> bool:
-        # Closed (None, or a file ``kill`` closed) or broken: the child is gone.
         commands = self._commands
-        if commands is None:  # closed: the child is gone
+        if commands is None:  # ``kill`` or ``close`` closed the pipes: the child is gone
             return False
         try:
             commands.write(text)
             commands.flush()
             return True
-        except (BrokenPipeError, ValueError, OSError):
+        except (BrokenPipeError, ValueError, OSError):  # the child died: its end is closed
             return False
 
     def _pump(self, *, timeout: float) -> bool:
