@@ -12,7 +12,8 @@ calling thread. ``@N`` fires on the N-th time the point is reached (default:
 the first), ``@*`` every time.
 
 Points: ``claim_returned`` (a slot's dequeue came back with jobs, none started yet),
-``after_claim``, ``domain_before_commit``, ``domain_after_commit``,
+``after_claim``, ``slice_starting`` (the worker holds a slice's control, which its
+heartbeat does not watch yet, and its handler has not started), ``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
 ``before_batched_completion``, ``answers_readable`` (a slot's thread saw its handler
 process's pipe readable and has not read it yet), ``zygote_ready`` (the zygote, once
@@ -31,6 +32,7 @@ POINTS = frozenset(
     {
         "claim_returned",
         "after_claim",
+        "slice_starting",
         "domain_before_commit",
         "domain_after_commit",
         "terminal_inside",

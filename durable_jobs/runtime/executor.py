@@ -172,6 +172,15 @@ def run_slice(
         control = SliceControl(job, handler, lease, stopping=stopping, using=using)
         if on_start is not None:
             on_start(control)
+        faults.point("slice_starting")
+        if control.abandoned:
+            # The worker is exiting and handing every lease back: the handler must not
+            # start once its claim may be another worker's. The claim goes back
+            # uncharged, as an interruption; where the main thread has already handed
+            # it back, the fence makes this a no-op.
+            with contextlib.suppress(BookkeepingFailed):
+                _guarded(using, lambda: store.yield_slice(lease, interrupted=True, using=using))
+            return _report(job, began, SliceOutcome.ABANDONED, "the worker is exiting")
         signals.slice_started.send_robust(sender=Slice, job=job)
         if heartbeater is not None:
             heartbeater.track(control)

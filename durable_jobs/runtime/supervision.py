@@ -41,6 +41,7 @@ class Supervision:
     using: str
     identity: str
     stopping: threading.Event
+    _handing_back: threading.Event  # set once the hand-back at exit has begun
     abandoned_threads: int
     _heartbeater: Heartbeater
     _slots: list[SlotState]
@@ -234,8 +235,18 @@ class Supervision:
         had queued may start once its claim is released.
         """
         lost_before: set[int] = set()
+        # Set before the slots' current slices are read: a slice that begins later
+        # abandons itself (``Worker._on_start``), so none starts unseen by both.
+        self._handing_back.set()
         # Taken once, before the kills: a slot that sees its child die untracks its slice.
         holders = self._heartbeater.held()
+        # And each slot's slice that has begun but is not tracked yet: its kill would
+        # otherwise be recorded as the handler process's death, charged to a shutdown.
+        tracked = {id(holder) for holder in holders}
+        for slot in self._slots:
+            control = slot.current
+            if control is not None and not control.returned and id(control) not in tracked:
+                holders.append(control)
         for holder in holders:
             if isinstance(holder, SliceControl):
                 if holder.lease_lost:

@@ -162,6 +162,7 @@ class Worker(Supervision, WakeUps):
         self.identity = worker_identity()
         self.stopping = threading.Event()  # phase one: stop claiming, slices yield
         self.hard_stop = threading.Event()  # phase two: leave now
+        self._handing_back = threading.Event()
         self._slices_per_slot = [0] * concurrency
         self._wakes = [threading.Event() for _ in range(concurrency)]
         self._idle = [False] * concurrency
@@ -724,11 +725,15 @@ class Worker(Supervision, WakeUps):
             return False
         return runner.send_ahead([(job, entries[job.id].lease) for job in jobs])
 
-    @staticmethod
-    def _on_start(slot: SlotState, lost: bool, control: SliceControl) -> None:
+    def _on_start(self, slot: SlotState, lost: bool, control: SliceControl) -> None:
         slot.current = control
         if lost:
             control.mark_lease_lost()
+        if self._handing_back.is_set():
+            # The main thread is handing every lease back (``_hand_back_everything``) and
+            # may have read this slot's current slice before it was set: the slice must
+            # not start, and hands its claim back itself (``run_slice``).
+            control.abandon()
 
     def _runner_for(self, slot: SlotState, runner: ChildRunner) -> Callable[[SliceControl], Ran]:
         """Run a slice in the slot's child; once it proves slow, hand the rest of the batch back.

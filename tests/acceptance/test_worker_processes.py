@@ -262,6 +262,33 @@ def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processe
     )
 
 
+def test_a_slice_beginning_as_the_worker_stops_at_once_is_handed_back_uncharged(processes):
+    """A slice its slot had begun but the heartbeat did not watch yet was missed by the hand-
+    back at a second signal: its claim waited out its lease, and the re-drive counted against
+    the job, or its handler process's kill was recorded as that process's death. Now the
+    main thread hands back each slot's current slice as well, and a slice that begins after
+    the hand-back has begun does not start.
+
+    The fault pauses the slot between taking the slice's control and starting it."""
+    job = durable.start("demo.sleep", input={"seconds": 60, "stubborn": True})
+    worker = processes.worker(env={"DURABLE_JOBS_FAULTS": "slice_starting=pause:3@1"})
+    wait_until(
+        lambda: "FAULT slice_starting pause" in worker.output(), message="the slice to begin"
+    )
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 1
+    assert "stopping at once" in worker.output()
+    after = reload(job)
+    assert (after.status, after.lease_owner, after.interruptions) == ("pending", None, 1), (
+        "handed back at once"
+    )
+    assert (after.redrives, after.redrives_since_commit, after.consecutive_failures) == (0, 0, 0), (
+        "nothing spent"
+    )
+
+
 # A slot's thread supervising its handler process, and a kill of that process from
 # another thread (the main thread, on a second signal). The first ``claims`` jobs are
 # queued in the child; the slot's thread supervises the first, and the fault pauses it
