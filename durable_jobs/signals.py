@@ -5,7 +5,8 @@ and never turns a finished job into a failed one).
   after the insert; inside the caller's transaction, so it may still roll back).
 * ``slice_started(job)`` / ``slice_finished(job, outcome)`` — around every slice a worker runs.
 * ``job_finished(job, outcome)`` — after the terminal transaction committed;
-  ``outcome`` is ``completed``, ``failed`` or ``cancelled``.
+  ``outcome`` is ``completed``, ``failed`` or ``cancelled``. A batch of quick slices may
+  be completed, and this sent, on the worker's completer thread rather than the slot's.
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ from durable_jobs.runtime.invoke import time_limit_failure
 from durable_jobs.states import ErrorClass
 
 if TYPE_CHECKING:
-    from durable_jobs.runtime.heartbeat import Beatable, Heartbeater
+    from durable_jobs.runtime.executor import DeferredCompletion
+    from durable_jobs.runtime.heartbeat import Beatable, Heartbeater, HeldLease
     from durable_jobs.runtime.worker import SlotState
 
 log = logging.getLogger("durable_jobs.worker")
@@ -195,13 +196,24 @@ class Supervision:
         """Complete the slot's finished slices (one statement) and stop beating their leases.
 
         The claims still waiting their turn keep theirs: this runs at the end of a batch
-        (``_hand_back``) and while a batch's last slice runs (``Worker._claim_ahead``).
+        (``_hand_back``) and while a batch's last slice runs (``Worker._claim_ahead``,
+        which may hand ``_complete`` to the worker's completer thread).
         """
+        self._complete(slot, *self._take_finished(slot))
+
+    @staticmethod
+    def _take_finished(slot: SlotState) -> tuple[list[DeferredCompletion], list[HeldLease]]:
+        """The slot's finished slices, its lists emptied: what one completion writes."""
         # Emptied in place: a slice still running holds the completions list and appends
         # to it when it finishes, so the list object must stay the slot's.
         completions, finished = list(slot.completions), list(slot.finished)
         slot.completions.clear()
         slot.finished.clear()
+        return completions, finished
+
+    def _complete(
+        self, slot: SlotState, completions: list[DeferredCompletion], finished: list[HeldLease]
+    ) -> None:
         try:
             if completions:
                 complete_deferred(completions, using=self.using)

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, InterfaceError, connections
 
 from durable_jobs import conf, db, faults, reads, registry
-from durable_jobs.runtime import intake, pooling, zygote
+from durable_jobs.runtime import completer, intake, pooling, zygote
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import (
     DeferredCompletion,
@@ -174,6 +174,9 @@ class Worker(Supervision, WakeUps):
         self._empty_claims = 0  # claims in a row that found nothing (guarded by _idle_lock)
         self._heartbeater = Heartbeater(using=using)
         self._intake = intake.Intake(self.queues, using=using)
+        # Made by ``run`` when it pays (``completer.wanted``), which closes it: a worker
+        # driven any other way completes on its slots' own connections.
+        self._completer: completer.Completer | None = None
         self._outage = OutageLog(log, self.identity)
         # Wait conditions: this worker's bound on checks running at once, and the moments
         # (monotonic) at which jobs it held become due, so an idle slot never sleeps past
@@ -257,6 +260,8 @@ class Worker(Supervision, WakeUps):
                 target=self._scheduler_loop, name="durable-scheduler", daemon=True
             )
             scheduler.start()
+        if completer.wanted(self.concurrency, self.execution):
+            self._completer = completer.Completer(self.using)
         for number in range(self.concurrency):
             self._start_slot(number, generation=0)
         # Process execution kills a child at the grace itself; give those kills time to land.
@@ -291,6 +296,9 @@ class Worker(Supervision, WakeUps):
             self.stopping.set()
             self._schedules_changed.set()  # the scheduler's sleep ends with the worker
             self._hand_back_everything()
+            if self._completer is not None:
+                self._completer.close(wait=not self.hard_stop.is_set())
+                self._completer = None
             self._heartbeater.stop()
             registration.stop()
             if reconciler is not None:
@@ -684,7 +692,17 @@ class Worker(Supervision, WakeUps):
         asked = time.monotonic()
         if slot.completions:
             faults.point("before_batched_completion")
-        self._complete_finished(slot)
+        completions, finished = self._take_finished(slot)
+        # The completion on the completer's connection while this thread claims, when
+        # that thread is free; else here first, as before (``completer``).
+        helper = self._completer
+        completing = (
+            helper.try_submit(functools.partial(self._complete, slot, completions, finished))
+            if helper is not None and completions
+            else None
+        )
+        if completing is None:
+            self._complete(slot, completions, finished)
         try:
             more = self._intake.claim_ahead(slot.owner, ttl_ms, limit=limit)
             slot.ahead_seconds = time.monotonic() - asked
@@ -692,6 +710,9 @@ class Worker(Supervision, WakeUps):
             log.info("slot %s: claim ahead failed (%s)", slot.owner, one_line(error))
             connections[self.using].close()
             return []
+        finally:
+            if completing is not None:
+                completing.wait()  # landed (or left to expire) before the batch goes on
         if not more:
             return []
         self._claim_found(True)

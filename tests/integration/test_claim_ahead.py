@@ -5,13 +5,16 @@ handed back and never run twice like any batch-mate."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
+from django.db import connection
 from django.db.models import Max, Min
 
 import durable_jobs as durable
 from durable_jobs import conf, store
 from durable_jobs.models import Job
+from durable_jobs.runtime import completer
 from durable_jobs.runtime.runner import ChildRunner
 from durable_jobs.runtime.worker import SlotState, Worker
 from tests.integration.support import wait_until
@@ -145,3 +148,65 @@ def test_a_stop_mid_run_hands_back_the_claims_taken_ahead_and_runs_nothing_twice
     assert len(store.dequeue(["default"], "next", 60_000, kinds=None, limit=total)) == len(left), (
         "everything not completed is deliverable again at once"
     )
+
+
+def _completer_backends() -> list[int]:
+    """This database's connections a worker's completer thread holds (``<app>/completer``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name LIKE %s",
+            ["%/completer"],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def test_batched_completions_beside_the_claim_ahead_survive_a_cut_and_close_with_the_worker(
+    monkeypatch,
+):
+    """A one-slot worker on a host of two cores completes a batch's finished slices on a
+    connection of its own (its completer, named in pg_stat_activity) while the slot claims
+    the next batch on the slot's. That connection is cut mid-run: the completion in flight,
+    or the next one, reconnects and lands, and every job still runs exactly once, on its
+    first claim. The worker closes the connection when it stops."""
+    monkeypatch.setattr(completer, "usable_cores", lambda: 2)
+    total = 4000
+    durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0}}] * total)
+    worker = Worker(concurrency=1, burst=True, execution="process", reconcile=False)
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
+    thread.start()
+    wait_until(_completer_backends, message="the completer's connection", timeout=60)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS"
+            " pid) AS cut",
+            [_completer_backends()],
+        )
+    assert Job.objects.exclude(status="completed").exists(), "cut while jobs were still to run"
+    thread.join(120)
+    assert exit_code == [0]
+
+    jobs = list(Job.objects.all())
+    assert [job.status for job in jobs] == ["completed"] * total
+    assert {(job.lease_epoch, job.redrives) for job in jobs} == {(1, 0)}, "one claim per job"
+    wait_until(lambda: not _completer_backends(), message="the completer's connection to close")
+
+
+def test_a_worker_with_as_many_slots_as_cores_holds_no_completer_connection(monkeypatch):
+    """The completer pays only with a core the slots leave idle: two slots on two cores
+    complete on their own connections, and the worker never opens a third."""
+    monkeypatch.setattr(completer, "usable_cores", lambda: 2)
+    total = 2000
+    durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0}}] * total)
+    worker = Worker(concurrency=2, burst=True, execution="process", reconcile=False)
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
+    thread.start()
+    seen: set[int] = set()
+    while thread.is_alive():
+        seen.update(_completer_backends())
+        time.sleep(0.01)
+    assert exit_code == [0]
+    assert Job.objects.filter(status="completed").count() == total
+    assert not seen, "no completer connection"
