@@ -13,7 +13,8 @@ the first), ``@*`` every time.
 
 Points: ``claim_returned`` (a slot's dequeue came back with jobs, none started yet),
 ``after_claim``, ``slice_starting`` (the worker holds a slice's control, which its
-heartbeat does not watch yet, and its handler has not started), ``domain_before_commit``, ``domain_after_commit``,
+heartbeat does not watch yet, and its handler has not started),
+``domain_before_commit``, ``domain_after_commit``,
 ``terminal_inside``, ``terminal_after``, ``reconciler_between``, ``before_heartbeat``,
 ``before_batched_completion``, ``answers_readable`` (a slot's thread saw its handler
 process's pipe readable and has not read it yet), ``zygote_ready`` (the zygote, once

@@ -232,6 +232,18 @@ def test_a_claim_that_comes_back_as_the_worker_stops_is_handed_back_not_left_to_
     )
 
 
+def handed_back_uncharged(job) -> None:
+    """The job's slice was handed back as an interruption at a stop, at once and charged
+    to nothing (invariant 6)."""
+    after = reload(job)
+    assert (after.status, after.lease_owner, after.interruptions) == ("pending", None, 1), (
+        "handed back at once"
+    )
+    assert (after.redrives, after.redrives_since_commit, after.consecutive_failures) == (0, 0, 0), (
+        "nothing spent"
+    )
+
+
 def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processes):
     """Issue 9: a worker stopped at once used to leave its lease to expire, and the re-drive
     was charged to the poison budget. Now the slice is handed back as an interruption."""
@@ -248,13 +260,7 @@ def test_second_signal_exits_at_once_and_hands_the_slice_back_uncharged(processe
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=8) == 1
     assert "stopping at once" in worker.output()
-    after = reload(job)
-    assert (after.status, after.lease_owner, after.interruptions) == ("pending", None, 1), (
-        "handed back at once"
-    )
-    assert (after.redrives, after.redrives_since_commit, after.consecutive_failures) == (0, 0, 0), (
-        "nothing spent"
-    )
+    handed_back_uncharged(job)
     wait_until(
         lambda: not any(Path(f"/proc/{pid}").exists() for pid in children),
         timeout=10,
@@ -280,13 +286,7 @@ def test_a_slice_beginning_as_the_worker_stops_at_once_is_handed_back_uncharged(
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 1
     assert "stopping at once" in worker.output()
-    after = reload(job)
-    assert (after.status, after.lease_owner, after.interruptions) == ("pending", None, 1), (
-        "handed back at once"
-    )
-    assert (after.redrives, after.redrives_since_commit, after.consecutive_failures) == (0, 0, 0), (
-        "nothing spent"
-    )
+    handed_back_uncharged(job)
 
 
 # A slot's thread supervising its handler process, and a kill of that process from

@@ -22,6 +22,14 @@ from tests.integration.support import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _run_in_a_thread(worker: Worker) -> tuple[threading.Thread, list[int]]:
+    """Start ``worker.run()`` on a thread of its own; its exit code lands in the list."""
+    exit_code: list[int] = []
+    thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
+    thread.start()
+    return thread, exit_code
+
+
 def _claims_in_order() -> list[dict]:
     """One row per claim statement (the jobs it took share its ``started_at``): when it
     claimed, and when the last of its jobs was completed."""
@@ -121,9 +129,7 @@ def test_a_stop_mid_run_hands_back_the_claims_taken_ahead_and_runs_nothing_twice
     total = 200
     durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0.02}} for _ in range(total)])
     worker = Worker(concurrency=1, execution="process", reconcile=False)
-    exit_code: list[int] = []
-    thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
-    thread.start()
+    thread, exit_code = _run_in_a_thread(worker)
     wait_until(
         lambda: Job.objects.filter(status="completed").count() >= 30,
         message="30 jobs to complete",
@@ -173,9 +179,7 @@ def test_batched_completions_beside_the_claim_ahead_survive_a_cut_and_close_with
     total = 4000
     durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0}}] * total)
     worker = Worker(concurrency=1, burst=True, execution="process", reconcile=False)
-    exit_code: list[int] = []
-    thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
-    thread.start()
+    thread, exit_code = _run_in_a_thread(worker)
     wait_until(_completer_backends, message="the completer's connection", timeout=60)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -200,9 +204,7 @@ def test_a_worker_with_as_many_slots_as_cores_holds_no_completer_connection(monk
     total = 2000
     durable.start_many([{"kind": "demo.brief", "input": {"seconds": 0}}] * total)
     worker = Worker(concurrency=2, burst=True, execution="process", reconcile=False)
-    exit_code: list[int] = []
-    thread = threading.Thread(target=lambda: exit_code.append(worker.run()), daemon=True)
-    thread.start()
+    thread, exit_code = _run_in_a_thread(worker)
     seen: set[int] = set()
     while thread.is_alive():
         seen.update(_completer_backends())
