@@ -110,13 +110,24 @@ class Completer:
         pooling.name_connection(self.using, "completer")
         try:
             while (pending := self._work.get()) is not None:
+                ending = False
                 try:
                     pending.write()
                 except Exception as error:  # noqa: BLE001 - raised on the slot's thread (``wait``)
                     pending.error = error
+                except BaseException as error:  # noqa: BLE001 - handed on as well
+                    # Meant to end a thread (SystemExit, say): the slot hears it, and the
+                    # completer stops serving before its lock is freed, so no later slot
+                    # queues a write nobody would run; they complete on their own.
+                    pending.error = error
+                    ending = True
+                    with self._state:
+                        self._closed = True
                 finally:
                     # Free before the slot hears of it: its next claim ahead may use it.
                     self._free.release()
                     pending.done.set()
+                if ending:
+                    return
         finally:
             connections.close_all()
