@@ -562,6 +562,12 @@ class Worker(Supervision, WakeUps):
         if runner is not None:
             slot.runner = runner
         sent_ahead = batched and self._hold(slot, claimed, entries, ttl_ms, interval, runner)
+        if not batched:
+            # Listed, not beaten (it starts at once): a hard stop finds it here and hands it
+            # back until its slice has begun (``_on_start``), even while its wait is checked.
+            lone = HeldLease(claimed[0], _lease_of(claimed[0], ttl_ms), interval)
+            entries[lone.id] = lone
+            slot.waiting.append(lone)
         pace = Pace.QUICK
         handed_back = False
         ran, busy = 0, 0.0
@@ -575,10 +581,6 @@ class Worker(Supervision, WakeUps):
                 if pace is Pace.QUICK and ran and time.monotonic() - began > PREFETCH_WINDOW:
                     pace = Pace.LONG  # the claims left have waited long enough behind the ones run
                 if (self.stopping.is_set() or pace is not Pace.QUICK) and not handed_back:
-                    if not batched:
-                        # A lone claim that came back as the worker began to stop: released
-                        # with the batched ones' hand-back, not left to wait out its lease.
-                        slot.waiting.append(HeldLease(job, _lease_of(job, ttl_ms), interval))
                     self._hand_back(slot)  # takes back first what the child has not started
                     # Once a batch: what the child keeps after it has started or run
                     # already, and nothing joins the batch once it is not quick. Handing
@@ -591,11 +593,13 @@ class Worker(Supervision, WakeUps):
                     if runner is None or not runner.holds(job.id):
                         return Pace.SLOW if self.stopping.is_set() else pace
                     # Started in the child before the hand-back: supervised and recorded below.
-                if entry is not None:
-                    slot.waiting.remove(entry)
-                    self._heartbeater.untrack(entry)
-                    if entry.lease_lost and not (runner is not None and runner.holds(job.id)):
-                        continue  # taken over while it waited: not ours to run
+                if (
+                    entry is not None
+                    and entry.lease_lost
+                    and not (runner is not None and runner.holds(job.id))
+                ):
+                    self._let_go(slot, entry)
+                    continue  # taken over while it waited: not ours to run
                 mean = busy / ran if ran else slot.slice_mean
                 if (
                     sent_ahead
@@ -632,9 +636,11 @@ class Worker(Supervision, WakeUps):
                     runner=self._runner_for(slot, runner) if runner is not None else None,
                     check_slots=self.check_slots,
                     using=self.using,
-                    on_start=functools.partial(self._on_start, slot, lost),
+                    on_start=functools.partial(self._on_start, slot, lost, entry),
                 )
                 slot.current = None
+                if entry is not None and entry in slot.waiting:
+                    self._let_go(slot, entry)  # ended before its slice began (a wait, a verdict)
                 if report.outcome not in intake.FINAL_OUTCOMES:
                     self._intake.after_slice(job)  # a broker queue's next delivery, if due
                 if report.recheck_in is not None:
@@ -746,8 +752,14 @@ class Worker(Supervision, WakeUps):
             return False
         return runner.send_ahead([(job, entries[job.id].lease) for job in jobs])
 
-    def _on_start(self, slot: SlotState, lost: bool, control: SliceControl) -> None:
+    def _on_start(
+        self, slot: SlotState, lost: bool, entry: HeldLease | None, control: SliceControl
+    ) -> None:
+        # Seen as the slot's current slice before it leaves the waiting claims: at a hard
+        # stop the main thread finds the claim in one or the other.
         slot.current = control
+        if entry is not None:
+            self._let_go(slot, entry)
         if lost:
             control.mark_lease_lost()
         if self._handing_back.is_set():
@@ -755,6 +767,11 @@ class Worker(Supervision, WakeUps):
             # may have read this slot's current slice before it was set: the slice must
             # not start, and hands its claim back itself (``run_slice``).
             control.abandon()
+
+    def _let_go(self, slot: SlotState, entry: HeldLease) -> None:
+        """A claim leaves the slot's waiting ones: its slice has begun, or it will not run."""
+        slot.waiting.remove(entry)
+        self._heartbeater.untrack(entry)
 
     def _runner_for(self, slot: SlotState, runner: ChildRunner) -> Callable[[SliceControl], Ran]:
         """Run a slice in the slot's child; once it proves slow, hand the rest of the batch back.

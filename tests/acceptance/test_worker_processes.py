@@ -289,6 +289,28 @@ def test_a_slice_beginning_as_the_worker_stops_at_once_is_handed_back_uncharged(
     handed_back_uncharged(job)
 
 
+def test_a_claim_whose_slice_has_not_begun_as_the_worker_stops_at_once_is_released(processes):
+    """From its claim until its slice began, a claim was held by nothing the main thread
+    looks at, through the checks before the slice (a wait condition may read the database
+    there): at a second signal it waited out its lease. Now it is among the slot's waiting
+    claims until its slice begins, and a hard stop releases it like them.
+
+    The fault pauses the slot after the claim, before anything of the slice."""
+    job = durable.start("demo.sleep", input={"seconds": 60, "stubborn": True})
+    worker = processes.worker(env={"DURABLE_JOBS_FAULTS": "after_claim=pause:3@1"})
+    wait_until(lambda: "FAULT after_claim pause" in worker.output(), message="the claim")
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 1
+    after = reload(job)
+    assert after.lease_owner is None, "released at once, not left to wait out its lease"
+    assert after.next_run_at is not None, "deliverable again"
+    assert (after.interruptions, after.redrives, after.consecutive_failures) == (0, 0, 0), (
+        "never begun, so nothing is charged, not even an interruption"
+    )
+
+
 # A slot's thread supervising its handler process, and a kill of that process from
 # another thread (the main thread, on a second signal). The first ``claims`` jobs are
 # queued in the child; the slot's thread supervises the first, and the fault pauses it
