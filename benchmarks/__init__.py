@@ -3,7 +3,7 @@
 Run from the repository root with the project's virtual environment::
 
     .venv/bin/python -m benchmarks            # default run, about 10 minutes on 2 cores
-    .venv/bin/python -m benchmarks --quick    # smoke run, under 2 minutes
+    .venv/bin/python -m benchmarks --quick    # smoke run, about 4 minutes
 
 See ``benchmarks/run.py`` (``--help``) for the scenarios and options.
 """
