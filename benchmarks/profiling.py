@@ -7,8 +7,8 @@
 * A py-spy profile (wall clock, idle included) of the 4-slot worker's slot threads.
 * What-ifs measured with EXPLAIN ANALYZE on variants of DEQUEUE (no library code changes).
 * What the operator console's newest-first indexes cost: the 1-slot no-op drain and
-  ``start()`` in autocommit with them, with them partial on ``status <> 'running'``, and
-  without them, interleaved (they are put back).
+  ``start()`` in autocommit with them whole (before migration 0017), as built (running
+  rows kept out), and without them, interleaved (they are put back).
 """
 
 from __future__ import annotations
@@ -440,9 +440,9 @@ def _what_ifs(ctx, *, backlog: int, prof: dict) -> str:
     return "\n".join(lines)
 
 
-# The operator console's newest-first indexes: the only ones besides the primary key that
-# every row enters, and every claim and completion enters again (models.CONSOLE_INDEXES and
-# the tenant one beside them; issue #12's pages read them).
+# The operator console's newest-first indexes (models.CONSOLE_INDEXES and the tenant one
+# beside them; issue #12's pages read them): until migration 0017 the only ones besides
+# the primary key that every row version entered; now a claim's version enters none.
 CONSOLE_NEWEST_FIRST = (
     "durable_jobs_recent",
     "durable_jobs_status_recent",
@@ -452,21 +452,20 @@ CONSOLE_NEWEST_FIRST = (
 )
 
 
-#: The console indexes' third variant: the claim's version (status running) kept out of
-#: them. What the console would then read running jobs from is not built; this measures
-#: what it would buy.
-WITHOUT_RUNNING = " WHERE (status <> 'running')"
+#: Migration 0017's predicate: the claim's version (status running) kept out of them, the
+#: console and list_jobs() reading running rows apart (models.newest_first).
+PREDICATE = " WHERE "
 
 
 def _console_index_cost(ctx, *, n: int, starts: int, prof: dict, rounds: int = 2) -> str:
     """The 1-slot no-op drain and start() in autocommit with the console's newest-first
-    indexes, with them partial on ``status <> 'running'``, and without them, interleaved;
-    the indexes are put back as they were whatever happens.
+    indexes as they were before migration 0017 (no predicate), as built (partial on
+    ``NOT status = 'running'``), and without them, interleaved; the indexes are put back
+    as they were whatever happens.
 
     A claim and a completion each change ``status``, so neither is a HOT update: each
-    version of the row adds an entry to every index whose predicate it meets, and these
-    five have none. What that costs is the price of the console at any table size; the
-    partial variant is what keeping only the claim's version out of them would save.
+    version of the row adds an entry to every index whose predicate it meets. Without a
+    predicate the claim's version enters all five; as built it enters none of them.
     """
     definitions = [
         row[0]
@@ -475,7 +474,9 @@ def _console_index_cost(ctx, *, n: int, starts: int, prof: dict, rounds: int = 2
             [TABLE, list(CONSOLE_NEWEST_FIRST)],
         )
     ]
-    variants = ("with", "partial", "without")
+    # As built each definition ends in its predicate; before 0017 it had none.
+    whole = [definition.split(PREDICATE, 1)[0] for definition in definitions]
+    variants = ("whole", "as built", "without")
     figures: dict[str, dict[str, list[float]]] = {
         variant: {"drain": [], "server_us": [], "start": []} for variant in variants
     }
@@ -483,10 +484,10 @@ def _console_index_cost(ctx, *, n: int, starts: int, prof: dict, rounds: int = 2
         for _ in range(rounds):
             for variant in variants:
                 _drop(ctx)
-                if variant == "with":
+                if variant == "whole":
+                    _restore(ctx, whole)
+                elif variant == "as built":
                     _restore(ctx, definitions)
-                elif variant == "partial":
-                    _restore(ctx, [definition + WITHOUT_RUNNING for definition in definitions])
                 durable_bench.reset()
                 durable_bench.fill_pending_sql(ctx, n)
                 drained = durable_bench.throughput_prefilled(
@@ -506,10 +507,10 @@ def _console_index_cost(ctx, *, n: int, starts: int, prof: dict, rounds: int = 2
         f"### What the console's {len(definitions)} newest-first indexes cost "
         f"({', '.join(CONSOLE_NEWEST_FIRST)})\n",
         f"Interleaved, {rounds} rounds: a 1-slot burst of {n:,} no-op jobs, and {starts:,} "
-        "start() calls in autocommit from this process; the indexes as they are, partial "
-        "on status <> 'running' (the claim's version kept out), and dropped.\n",
+        "start() calls in autocommit from this process; the indexes without a predicate "
+        "(before migration 0017), as built (running rows kept out), and dropped.\n",
     ]
-    table = [f"{'':36}  {'with':>20}  {'partial':>20}  {'without':>20}  {'ratios (medians)':>16}"]
+    table = [f"{'':36}  {'whole':>20}  {'as built':>20}  {'without':>20}  {'ratios (medians)':>16}"]
     for what, label in (
         ("drain", "no-op drain, 1 slot (jobs/s)"),
         ("server_us", "  server CPU per drained job (us)"),

@@ -47,8 +47,8 @@ Scenarios (``--only`` picks some):
                 10,000 leases over 20 Heartbeaters (``benchmarks/bookkeeping_bench.py``).
 ``profile``     (only with --profile) statements per slice from pg_stat_statements, CPU per job,
                 a py-spy profile of the 4-slot worker, and the 1-slot drain and start() with
-                the operator console's five newest-first indexes, with them partial (the
-                claim's version kept out), and without them.
+                the operator console's five newest-first indexes whole (before migration
+                0017), as built (the claim's version kept out), and without them.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from durable_jobs.console.actions import (
 )
 from durable_jobs.console.admin_columns import JobColumns
 from durable_jobs.console.changelist import (
+    ConsoleChangeList,
     ConsolePaginator,
     Estimate,
     HeldFilter,
@@ -57,7 +58,7 @@ from durable_jobs.console.display import (
     first_few,
 )
 from durable_jobs.console.subjects import link_subjects
-from durable_jobs.models import Job
+from durable_jobs.models import Job, newest_first
 from durable_jobs.states import Scope, Status
 
 if TYPE_CHECKING:
@@ -295,6 +296,9 @@ class JobAdmin(JobColumns, admin.ModelAdmin):
         return groups
 
     # --- per-request reads: subject links, the job page's buttons, a missing schema ---
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return ConsoleChangeList
+
     def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
         changelist_ = super().get_changelist_instance(request)
         link_subjects(self.admin_site, request, changelist_.result_list)
@@ -476,10 +480,7 @@ class JobAdmin(JobColumns, admin.ModelAdmin):
                 "count": count if exact else Estimate(count),
                 "select_across": select_across,
                 "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-                "sample": [
-                    (job, display_status(job))
-                    for job in queryset.order_by("-created_at", "-id")[:10]
-                ],
+                "sample": [(job, display_status(job)) for job in newest_first(queryset, 0, 10)],
                 "index": request.POST.get("index", "0"),
                 "from_job": self._from_job(request),
             }

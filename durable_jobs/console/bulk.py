@@ -26,7 +26,7 @@ import durable_jobs as durable
 from durable_jobs import service, store
 from durable_jobs.console import live as console
 from durable_jobs.console.actions import BULK_KIND, BUSY, PERMISSIONS, apply_action, may
-from durable_jobs.models import Job
+from durable_jobs.models import Job, newest_first
 from durable_jobs.states import LIVE_STATUSES, Scope
 
 #: Jobs per fenced chunk: small enough that a chunk commits within a heartbeat or two.
@@ -77,9 +77,11 @@ def bulk_action(job):
             at, last_id = datetime.fromisoformat(state["after"][0]), state["after"][1]
             page = page.filter(Q(created_at__lt=at) | Q(created_at=at, id__lt=last_id))
         chunk = list(
-            page.order_by("-created_at", "-id").values_list(
-                "id", "tenant_id", "organization_id", "created_at", "kind"
-            )[:CHUNK]
+            newest_first(
+                page.values_list("id", "tenant_id", "organization_id", "created_at", "kind"),
+                0,
+                CHUNK,
+            )
         )
         if not chunk:
             return durable.Done(

@@ -20,7 +20,7 @@ from django.utils.module_loading import import_string
 from durable_jobs import conf, registry
 from durable_jobs.console import queries
 from durable_jobs.exceptions import ConfigurationError
-from durable_jobs.models import HELD, Job
+from durable_jobs.models import HELD, Job, count_by_status_split
 from durable_jobs.states import Status
 
 #: Reasons a job is parked with (its error_code), offered by the "parked" filter.
@@ -224,5 +224,8 @@ def estimate_count(queryset: QuerySet, *, exact_below: int) -> tuple[int, bool]:
     sql, params = queryset.order_by().values("pk").query.sql_with_params()
     estimate = queries.estimate_rows(sql, params, using=queryset.db)
     if estimate < exact_below:
-        return queryset.count(), True
+        # A filter on kind, queue or tenant alone implies no newest-first index's predicate
+        # (they leave running rows out): counted in two parts, each index-served.
+        exact = queryset.count() if queryset.query.combinator else count_by_status_split(queryset)
+        return exact, True
     return estimate, False

@@ -20,42 +20,67 @@ from durable_jobs.models import TABLE, Job, JobAttempt
 from durable_jobs.states import Scope
 from durable_jobs.store import LIVE, SCOPE, scope_params
 
-#: Columns a loose index scan may list, each the leading column of an index (migration 0005).
+#: Columns a loose index scan may list, each the leading column of an index (migration
+#: 0005), and whether that index is a newest-first one, which leaves running rows out
+#: (migration 0017): those running rows' values are then read apart and added.
 _LISTABLE = {
-    "kind": "kind",
-    "queue_name": "queue_name",
-    "tenant_id": "tenant_id",
-    "subject_type": "subject_type",
+    "kind": ("kind", True),
+    "queue_name": ("queue_name", True),
+    "tenant_id": ("tenant_id", True),
+    "subject_type": ("subject_type", False),
 }
 
 # A loose index scan: one index probe per distinct value ("the smallest value above the
 # last one"), so listing the few kinds of a ten-million-row table reads a few dozen index
-# pages instead of the table (PostgreSQL has no skip scan for DISTINCT).
-_DISTINCT_VALUES = """
+# pages instead of the table (PostgreSQL has no skip scan for DISTINCT). Each probe names
+# its index's predicate ({settled}), or the planner could not use a partial index for it.
+_LOOSE_SCAN = """
 WITH RECURSIVE v(value) AS (
-    (SELECT {col} FROM {table} WHERE {col} IS NOT NULL ORDER BY {col} LIMIT 1)
+    (SELECT {col} FROM {table} WHERE {col} IS NOT NULL {settled} ORDER BY {col} LIMIT 1)
     UNION ALL
-    SELECT (SELECT {col} FROM {table} WHERE {col} > v.value ORDER BY {col} LIMIT 1)
+    SELECT (SELECT {col} FROM {table} WHERE {col} > v.value {settled} ORDER BY {col} LIMIT 1)
       FROM v WHERE v.value IS NOT NULL
 )
-SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
 """
+_DISTINCT_VALUES = _LOOSE_SCAN + "SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s"
+# The same for a newest-first index: the first values of the walk, with the running rows'
+# (a few, bounded by the fleet's slots) merged in.
+_DISTINCT_VALUES_WITH_RUNNING = (
+    _LOOSE_SCAN
+    + """
+SELECT value FROM (
+    (SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s)
+    UNION
+    SELECT {col} FROM {table} WHERE status = 'running' AND {col} IS NOT NULL
+) AS listed ORDER BY value LIMIT %(limit)s
+"""
+)
 
 
 def distinct_values(column: str, *, limit: int, using: str = DEFAULT_DB_ALIAS) -> list[str]:
     """Return at most ``limit`` distinct values of ``column`` (kind, queue_name, tenant_id or
     subject_type), sorted."""
-    col = _LISTABLE[column]
-    sql = _DISTINCT_VALUES.format(col=col, table=TABLE)
+    col, newest_first_index = _LISTABLE[column]
+    if newest_first_index:
+        sql = _DISTINCT_VALUES_WITH_RUNNING.format(
+            col=col, table=TABLE, settled="AND status <> 'running'"
+        )
+    else:
+        sql = _DISTINCT_VALUES.format(col=col, table=TABLE, settled="")
     with execute(using, sql, {"limit": int(limit)}) as cursor:
         return [row[0] for row in cursor.fetchall()]
 
 
 # Organizations have no index of their own (they are read within a tenant): the choices
-# come from the newest rows only, so listing them costs the same at any table size.
+# come from the newest rows only, so listing them costs the same at any table size. The
+# newest are read off durable_jobs_recent, which leaves running rows out; those are few
+# (bounded by the fleet's slots) and added whole.
 RECENT_ORGANIZATIONS = f"""
 SELECT DISTINCT organization_id FROM (
-    SELECT organization_id FROM {TABLE} ORDER BY created_at DESC, id DESC LIMIT %(sample)s
+    (SELECT organization_id FROM {TABLE} WHERE status <> 'running'
+      ORDER BY created_at DESC, id DESC LIMIT %(sample)s)
+    UNION ALL
+    SELECT organization_id FROM {TABLE} WHERE status = 'running'
 ) recent WHERE organization_id IS NOT NULL ORDER BY 1 LIMIT %(limit)s
 """
 
