@@ -124,7 +124,7 @@ class JobQuerySet(models.QuerySet):
 # each change ``status``, so neither is a HOT update and each version of a row enters every
 # index whose predicate it meets: without the predicate the claim's version cost five index
 # entries a job, a fifth of the server's CPU per no-op job (issue #27). Readers get the
-# running rows back through ``JobQuerySet.newest_first`` (a merge of two walks).
+# running rows back through ``models.newest_first`` (a merge of two walks).
 _NEWEST = (F("created_at").desc(), F("id").desc())
 NOT_RUNNING = ~Q(status=Status.RUNNING.value)
 CONSOLE_INDEXES = [

@@ -4,7 +4,7 @@ A claim and a completion each change ``status``, so neither is a HOT update: eve
 of a row enters every index whose predicate it meets. These five had no predicate, so the
 claim's version (status ``running``) cost five index entries a job, about a fifth of the
 server's CPU per no-op job (issue #27). Readers that page newest first get the running
-rows back through ``JobQuerySet.newest_first``: two index walks merged by the server.
+rows back through ``models.newest_first``: two index walks merged by the server.
 
 The rebuild runs in one transaction (no moment without the indexes), reads the table once
 per index and blocks job writes meanwhile: on a large table, apply it at a quiet moment
