@@ -8,6 +8,7 @@ without ever becoming a second, unfenced way to change a job.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from django.db import models
@@ -49,27 +50,36 @@ class ReadOnlyJobRow(TypeError):
 
 def newest_first(queryset: QuerySet[Any], start: int = 0, stop: int | None = None) -> QuerySet[Any]:
     """Rows ``start`` to ``stop`` of ``queryset`` newest first, read so that the
-    newest-first indexes serve them.
+    newest-first indexes serve them (``merged_in_order`` with ``NEWEST_FIRST``).
 
     Those indexes leave out the version of a row a claim writes (status ``running``): a
     claim then adds no entry to them, a fifth of a job's cost on the server (issue #27).
-    So the rows are read in two parts, each sorted and cut at ``stop`` on its own, and the
-    server merges them: the rows not running, a walk of an index as long as ``stop``, and
-    the few running ones (bounded by the fleet's slots). A plain ``ORDER BY created_at
-    DESC`` on a filter of kind, queue or tenant alone would imply no index's predicate and
-    read the table; and the planner does not always merge two index walks under one
-    ``LIMIT`` by itself, so each part carries its own. ``queryset`` may be a
-    ``values_list`` of fields that include ``created_at`` and ``id``; the result can be
-    iterated and counted, not filtered further.
+    A plain ``ORDER BY created_at DESC`` on a filter of kind, queue or tenant alone would
+    imply no index's predicate and read the table. ``queryset`` may be a ``values_list``
+    of fields that include ``created_at`` and ``id``; the result can be iterated and
+    counted, not filtered further.
+    """
+    return merged_in_order(queryset, NEWEST_FIRST, start, stop)
+
+
+def merged_in_order(
+    queryset: QuerySet[Any], ordering: Sequence[str], start: int = 0, stop: int | None = None
+) -> QuerySet[Any]:
+    """Rows ``start`` to ``stop`` of ``queryset`` in ``ordering`` (field names, ``-`` for
+    descending), read in two parts the server merges: the rows not running, in the order
+    an index that leaves running rows out keeps them (a walk as long as ``stop``), and the
+    few running ones (bounded by the fleet's slots), sorted. Each part is sorted and cut at
+    ``stop`` on its own: the planner does not always merge two index walks under one
+    ``LIMIT`` by itself.
     """
     unordered = queryset.order_by()
     parts = [
-        unordered.exclude(status=Status.RUNNING.value).order_by(*NEWEST_FIRST),
-        unordered.filter(status=Status.RUNNING.value).order_by(*NEWEST_FIRST),
+        unordered.exclude(status=Status.RUNNING.value).order_by(*ordering),
+        unordered.filter(status=Status.RUNNING.value).order_by(*ordering),
     ]
     if stop is not None:
         parts = [part[:stop] for part in parts]
-    merged = parts[0].union(parts[1], all=True).order_by(*NEWEST_FIRST)
+    merged = parts[0].union(parts[1], all=True).order_by(*ordering)
     return merged[start:stop]
 
 

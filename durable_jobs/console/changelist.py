@@ -18,7 +18,7 @@ from django.utils.functional import cached_property
 from durable_jobs import conf
 from durable_jobs.console import live as console
 from durable_jobs.console.display import DISPLAY_STATUSES, LEASE_EXPIRED
-from durable_jobs.models import NEWEST_FIRST, Job, newest_first
+from durable_jobs.models import Job, merged_in_order
 
 #: Count exactly when the planner expects fewer rows than this; estimate beyond it.
 EXACT_COUNT_BELOW = 10_000
@@ -57,12 +57,14 @@ class ConsolePaginator(Paginator):
         return max(1, min(MAX_PAGES, math.ceil(max(1, self.count - self.orphans) / self.per_page)))
 
     def page(self, number: int | str) -> Page:
-        """The page, read in the default order through ``newest_first``: the newest-first
+        """The page, read in two merged parts (``models.merged_in_order``): the newest-first
         indexes leave running rows out (migration 0017), so a plain ``ORDER BY
-        created_at DESC`` on a filter of kind, queue or tenant alone could use none of
-        them and would read the table."""
+        created_at DESC`` (or ``kind, created_at DESC`` for a list sorted by kind) on a
+        filter of kind, queue or tenant alone could use none of them and would read the
+        table."""
         queryset = cast(QuerySet[Job], self.object_list)
-        if not _newest_first_order(queryset):
+        ordering = _field_order(queryset)
+        if ordering is None:
             return super().page(number)
         # Paginator.page's bounds (the last page takes its orphans), on the merged read.
         number = self.validate_number(number)
@@ -70,7 +72,7 @@ class ConsolePaginator(Paginator):
         top = bottom + self.per_page
         if top + self.orphans >= self.count:
             top = self.count
-        return Page(newest_first(queryset, bottom, top), number, self)
+        return Page(merged_in_order(queryset, ordering, bottom, top), number, self)
 
     def validate_number(self, number: int | float | str) -> int:
         try:
@@ -81,18 +83,27 @@ class ConsolePaginator(Paginator):
 
 
 class ConsoleChangeList(ChangeList):
-    """Reads a one-page list in the default order through ``newest_first`` (a longer one
-    is read by ``ConsolePaginator.page``); a list sorted by a column is read as it is."""
+    """Reads a one-page list in two merged parts too (a longer one is read by
+    ``ConsolePaginator.page``)."""
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        if not self.multi_page and _newest_first_order(self.queryset):
-            self.result_list = newest_first(self.queryset)
+        ordering = _field_order(self.queryset)
+        if not self.multi_page and ordering is not None:
+            self.result_list = merged_in_order(self.queryset, ordering)
 
 
-def _newest_first_order(queryset: QuerySet[Any]) -> bool:
+def _field_order(queryset: QuerySet[Any]) -> tuple[str, ...] | None:
+    """The list's order as field names (newest first, or a sorted column and then newest
+    first), or None when it holds an expression the merged read would not know."""
+    names = []
+    for name in queryset.query.order_by:
+        if not isinstance(name, str):
+            return None
+        # Django may add the primary key by its alias to make an order total.
+        names.append({"pk": "id", "-pk": "-id"}.get(name, name))
     # The admin's queryset and the change list each name the order: it arrives twice.
-    return tuple(dict.fromkeys(queryset.query.order_by)) == NEWEST_FIRST
+    return tuple(dict.fromkeys(names)) or None
 
 
 # --- filters: each delegates to console.apply, which the bulk action reuses ----------------

@@ -92,6 +92,8 @@ def test_the_console_lists_running_jobs_in_their_place_on_one_page_and_across_pa
     # One page: the whole answer at once.
     assert ids_in_page_order(client, "?kind=tests.mixed", timeline) == expected
     assert ids_in_page_order(client, "", timeline) == expected
+    # Sorted by the kind column (one kind here, so newest first within it).
+    assert ids_in_page_order(client, "?kind=tests.mixed&o=1", timeline) == expected
     # Pages of two: each running job on the page its age puts it on.
     monkeypatch.setattr(console_admin.JobAdmin, "list_per_page", 2)
     pages = [ids_in_page_order(client, f"?kind=tests.mixed&p={n}", timeline) for n in (1, 2, 3)]
@@ -155,6 +157,7 @@ def test_every_newest_first_read_is_a_short_walk_beside_a_long_history(client, o
         "a kind's only page": lambda: client.get(CHANGELIST + "?kind=tests.mixed"),
         "a queue's first page": lambda: client.get(CHANGELIST + "?queue=default"),
         "a tenant's first page": lambda: client.get(CHANGELIST + "?tenant=default"),
+        "the list sorted by kind": lambda: client.get(CHANGELIST + "?o=1"),
         "list_jobs of a kind": lambda: reads.list_jobs(scope, kind="tests.mixed"),
         "the kinds": lambda: queries.distinct_values("kind", limit=100),
         "the organizations": lambda: queries.recent_organizations(sample=200, limit=100),
