@@ -168,12 +168,14 @@ def test_every_newest_first_read_is_a_short_walk_beside_a_long_history(client, o
         for sql in selects_run_by(call)
     }
     assert len(pages) >= len(reads_)
-    # The organizations' choices read a fixed sample of the newest rows (10,000 in the
-    # console): bounded by the sample, not by the table; "the organizations" checks a small one.
+    # The console's organization choices read a fixed sample of the newest rows (10,000):
+    # bounded by the sample, not by the table. "the organizations" reads a small sample and
+    # is held to the bound like the rest.
     slow = [
         (what, n, " ".join(sql[sql.find("WHERE") :].split())[:300])
         for (what, sql), n in pages.items()
-        if n >= few_pages and "DISTINCT organization_id" not in sql
+        if n >= few_pages
+        and not ("DISTINCT organization_id" in sql and what != "the organizations")
     ]
     assert not slow, (table_pages, slow)
     # The deepest page served (a deeper link shows it) is a page, not the rest of the table.
