@@ -598,11 +598,20 @@ def unknown_keys(raw: dict) -> list[str]:
 
 _cache: tuple[object, Settings] | None = None
 
+#: Where ``django.conf.settings`` keeps each setting it has read. It empties it in place on
+#: every change (``override_settings``, an assignment, a deletion), so a value found there
+#: is the one ``getattr`` would return, without ``LazyObject.__getattribute__``: most of
+#: what this function cost, and it runs several times a slice (issue #27).
+_READ: dict[str, Any] = object.__getattribute__(django_settings, "__dict__")
+_UNREAD = object()
+
 
 def get() -> Settings:
     """Return the current settings (re-read when ``settings.DURABLE_JOBS`` is replaced)."""
     global _cache
-    raw = getattr(django_settings, "DURABLE_JOBS", None)
+    raw = _READ.get("DURABLE_JOBS", _UNREAD)
+    if raw is _UNREAD:
+        raw = getattr(django_settings, "DURABLE_JOBS", None)
     if _cache is None or _cache[0] is not raw:
         _cache = (raw, load(raw))
     return _cache[1]

@@ -25,7 +25,6 @@ exits at once: it never runs on unsupervised.
 from __future__ import annotations
 
 import collections
-import datetime
 import json
 import logging
 import os
@@ -33,7 +32,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -42,10 +40,13 @@ from durable_jobs.states import SliceEnd
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-    from durable_jobs.models import Job
     from durable_jobs.runtime.control import SliceControl
 
 log = logging.getLogger("durable_jobs.child")
+
+#: One compact encoder for every answer: ``json.dumps`` with ``separators`` builds a new
+#: encoder per call, a third of what encoding a ``ran`` answer costs.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class Mailbox:
@@ -111,7 +112,7 @@ class Mailbox:
 
     def _write(self, payload: dict[str, Any]) -> None:
         # Under the lock: answers from both threads stay whole and in the order decided.
-        data = (json.dumps(payload, separators=(",", ":")) + "\n").encode()
+        data = (_ENCODE(payload) + "\n").encode()
         while data:
             data = data[os.write(self._results_fd, data) :]
 
@@ -141,102 +142,6 @@ def _apply(control: SliceControl, op: str) -> None:
         control.observe_cancel()
     elif op == "lease_lost":
         control.mark_lease_lost()
-
-
-def encode_row(job: Job) -> list[Any]:
-    """The claimed row as JSON-ready values in column order, so the child need not read it
-    again: a list, not a dict of names, and only the timestamps and ids converted (the row
-    crosses the pipe once per slice; issues #14 and #27)."""
-    names, timestamps, ids = _row_layout()
-    fields = job.__dict__
-    values = [fields.get(name) for name in names]  # a deferred column goes as NULL
-    for position in timestamps:
-        value = values[position]
-        if value is not None:
-            values[position] = value.isoformat()
-    for position in ids:
-        value = values[position]
-        if value is not None:
-            values[position] = str(value)
-    return values
-
-
-def decode_row(values: list[Any], using: str) -> Job:
-    """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back).
-
-    ``datetime.fromisoformat`` reads back exactly what ``isoformat()`` wrote (offset
-    included), at a fraction of ``DateTimeField.to_python``'s cost.
-    """
-    from durable_jobs.db import build_job
-
-    _, timestamps, ids = _row_layout()
-    for position in timestamps:
-        value = values[position]
-        if value is not None:
-            values[position] = datetime.datetime.fromisoformat(value)
-    for position in ids:
-        value = values[position]
-        if value is not None:
-            values[position] = uuid.UUID(value)
-    return build_job(values, using)
-
-
-_LAYOUT: tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]] | None = None
-
-
-def _row_layout() -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
-    """The row's attribute names in column order, and the positions of its timestamps and
-    of its UUIDs (the values JSON cannot carry as they are)."""
-    global _LAYOUT
-    if _LAYOUT is None:
-        from django.db import models
-
-        from durable_jobs.db import JOB_FIELDS
-
-        _LAYOUT = (
-            tuple(field.attname for field in JOB_FIELDS),
-            tuple(
-                index
-                for index, field in enumerate(JOB_FIELDS)
-                if isinstance(field, models.DateTimeField)
-            ),
-            tuple(
-                index
-                for index, field in enumerate(JOB_FIELDS)
-                if isinstance(field, models.UUIDField)
-            ),
-        )
-    return _LAYOUT
-
-
-def run_one(message: dict[str, Any], mailbox: Mailbox, using: str) -> dict[str, Any]:
-    """Run the slice ``message`` names and return its ``Ran`` as a dict."""
-    from durable_jobs import registry
-    from durable_jobs.db import keep_connection_healthy
-    from durable_jobs.runtime import invoke
-    from durable_jobs.runtime.control import SliceControl
-    from durable_jobs.states import Lease
-
-    keep_connection_healthy(using)
-    lease = Lease(
-        job_id=message["job_id"],
-        owner=message["owner"],
-        epoch=message["epoch"],
-        ttl_ms=message["ttl_ms"],
-    )
-    # The row as the worker's claim returned it: the claim is the authority, and every
-    # write the handler makes is fenced on this lease anyway.
-    job = decode_row(message["row"], using)
-    handler = registry.get(job.kind) or invoke.unregistered(job.kind)
-    control = SliceControl(job, handler, lease, stopping=mailbox.stopping, using=using)
-    mailbox.begin((message["job_id"], message["epoch"]), control)
-    try:
-        if control.lease_lost:
-            # Lost while it waited in the queue: not ours to run (the worker records it).
-            return {"end": SliceEnd.LEASE_LOST.value}
-        return invoke.invoke(control.context, using=using).as_dict()
-    finally:
-        mailbox.end()
 
 
 #: How soon the server ends a killed child's query (and frees its row locks).
@@ -271,13 +176,15 @@ def prepare() -> None:
     # What a run imports, imported now: once in the zygote for every child it forks, and
     # in a spawned child before it says it is ready, not during its first slice.
     from durable_jobs import registry, states, store  # noqa: F401
-    from durable_jobs.runtime import context, control, executor, invoke  # noqa: F401
+    from durable_jobs.runtime import child_runs, context, control, executor, invoke  # noqa: F401
 
 
 def serve(command_fd: int, result_fd: int) -> None:
     """Take runs from the worker on ``command_fd`` and answer on ``result_fd``, until it goes."""
     from django.db import InterfaceError, OperationalError, connections
     from django.db.backends.signals import connection_created
+
+    from durable_jobs.runtime.child_runs import run_one
 
     logging.getLogger("durable_jobs").setLevel(
         os.environ.get("DURABLE_JOBS_CHILD_LOG_LEVEL", "INFO")

@@ -39,12 +39,16 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from durable_jobs import conf, faults
 from durable_jobs.runtime import zygote
-from durable_jobs.runtime.child import encode_row
+from durable_jobs.runtime.child_runs import encode_row
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.invoke import Ran, time_limit_failure
 from durable_jobs.states import Lease, SliceEnd
 
 log = logging.getLogger("durable_jobs.worker")
+
+#: One compact encoder for every message: ``json.dumps`` with ``separators`` builds a new
+#: encoder per call.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 
 #: How long a new child may take to set Django up before the slot gives up on it.
 BOOT_TIMEOUT = 120.0
@@ -269,7 +273,7 @@ class ChildRunner:
                 )
             )
             lines.append(
-                json.dumps(
+                _ENCODE(
                     {
                         "op": "run",
                         "seq": self._seq,
@@ -278,8 +282,7 @@ class ChildRunner:
                         "epoch": lease.epoch,
                         "ttl_ms": lease.ttl_ms,
                         "row": encode_row(job),
-                    },
-                    separators=(",", ":"),
+                    }
                 )
             )
         if self._write("\n".join(lines) + "\n"):
@@ -440,7 +443,7 @@ class ChildRunner:
 
     # --- the pipes ---
     def _send(self, message: dict[str, Any]) -> bool:
-        return self._write(json.dumps(message, separators=(",", ":")) + "\n")
+        return self._write(_ENCODE(message) + "\n")
 
     def _write(self, text: str) -> bool:
         commands = self._commands

@@ -278,7 +278,7 @@ def test_the_row_sent_to_a_handler_process_arrives_as_it_was_claimed():
     import json
 
     from durable_jobs.models import Job
-    from durable_jobs.runtime.child import decode_row, encode_row
+    from durable_jobs.runtime.child_runs import decode_row, encode_row
 
     job = running(
         input={"n": [1, 2, {"deep": "ü"}]},
@@ -292,6 +292,32 @@ def test_the_row_sent_to_a_handler_process_arrives_as_it_was_claimed():
     arrived = decode_row(json.loads(json.dumps(encode_row(row))), "default")
     for field in Job._meta.concrete_fields:
         assert getattr(arrived, field.attname) == getattr(row, field.attname), field.attname
+
+
+@pytest.mark.django_db
+def test_a_sent_timestamp_keeps_its_instant_its_microseconds_and_its_zone():
+    """UTC timestamps cross as microseconds since the epoch; the others as text. Either
+    way the handler reads the very value the worker held, far past and far future too."""
+    import datetime
+    import json
+
+    from durable_jobs.runtime.child_runs import decode_row, encode_row
+
+    row = reload(running())
+    plus_five = datetime.timezone(datetime.timedelta(hours=5, minutes=30))
+    cases = {
+        "started_at": datetime.datetime(1901, 3, 4, 5, 6, 7, 999_999, tzinfo=datetime.UTC),
+        "next_run_at": datetime.datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=datetime.UTC),
+        "heartbeat_at": datetime.datetime(2026, 12, 7, 10, 0, 0, 1, tzinfo=plus_five),
+        "lease_expires_at": datetime.datetime(2026, 12, 7, 10, 0, 0, 500_000),  # naive
+    }
+    for name, value in cases.items():
+        setattr(row, name, value)
+    arrived = decode_row(json.loads(json.dumps(encode_row(row))), "default")
+    for name, value in cases.items():
+        got = getattr(arrived, name)
+        assert (got, got.utcoffset()) == (value, value.utcoffset()), name
+        assert got.tzinfo == value.tzinfo, name
 
 
 @pytest.mark.django_db

@@ -430,3 +430,30 @@ def test_claim__refuses_a_job_whose_cancellation_was_requested():
 
     assert store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000) is None
     assert snapshot(job) == before
+
+
+@pytest.mark.django_db
+def test_claim__a_projects_post_init_listener_sees_the_claimed_job():
+    """A claim builds its ``Job`` without ``Model.__init__`` while nobody listens, and through
+    ``from_db`` (signals and all) once a project connects to ``pre_init`` or ``post_init``."""
+    from django.db.models.signals import post_init
+
+    from durable_jobs.models import Job
+
+    job = JobFactory(next_run_at=-5)
+    seen = []
+
+    def listener(sender, instance, **kwargs):
+        seen.append(instance.id)
+
+    post_init.connect(listener, sender=Job)
+    try:
+        claimed = store.claim(job.id, DEFAULT_SCOPE, delivery_of(job), "worker-b", 30_000)
+    finally:
+        post_init.disconnect(listener, sender=Job)
+    assert claimed is not None and claimed.status == "running"
+    assert seen == [job.id]
+
+    other = JobFactory(next_run_at=-5)
+    store.claim(other.id, DEFAULT_SCOPE, delivery_of(other), "worker-b", 30_000)
+    assert seen == [job.id]
