@@ -1,10 +1,10 @@
 """What crosses the pipe to a handler process for one run, and what the process does with it.
 
 The worker sends the claimed row (``encode_row``); the handler process builds the ``Job``
-again (``decode_row``) and runs the slice (``run_one``). Apart from ``child.py`` (the
-process's plumbing, importable before Django is set up) because this module's imports
-need the app registry, and are then made once instead of on every run: ``run_one``
-importing its five names per call cost a handler process about 4 us a run (issue #27).
+again (``decode_row``) and runs the slice (``run_one``). A module of its own, not part of
+``child.py`` (the process's plumbing, importable before Django is set up), because its
+imports need the app registry: here they are made once, where ``run_one`` importing its
+five names on every run cost a handler process about 4 us a run (issue #27).
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def encode_row(job: Job) -> list[Any]:
 def decode_row(values: list[Any], using: str) -> Job:
     """The row ``encode_row`` sent, as a ``Job`` again (timestamps and ids typed back).
 
-    ``datetime.fromisoformat`` reads back exactly what ``isoformat()`` wrote (offset
-    included), at a fraction of ``DateTimeField.to_python``'s cost.
+    A timestamp sent as microseconds comes back in UTC; one sent as text through
+    ``datetime.fromisoformat``, which reads back exactly what ``isoformat()`` wrote
+    (offset included), at a fraction of ``DateTimeField.to_python``'s cost.
     """
     for position in _TIMESTAMPS:
         value = values[position]
