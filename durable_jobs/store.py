@@ -1859,14 +1859,17 @@ def complete_many(
 def _completions(items: Sequence[tuple[Lease, str | None]]) -> dict[str, Any]:
     """COMPLETE_MANY's parameters: ``rows``, a JSON array of ``{id, epoch, result}``, and
     ``ids``, the same ids as an array."""
+    # Each id made text once, for both parameters (a UUID's str() is a measurable share of
+    # a no-op job's completion).
+    ids = [str(lease.job_id) for lease, _ in items]
     rows = ",".join(
         '{"id":"%s","epoch":%d,"result":%s}'  # noqa: UP031 - the hot path: %-formatting measured fastest
-        % (lease.job_id, lease.epoch, result if result is not None else "null")
-        for lease, result in items
+        % (job_id, lease.epoch, result if result is not None else "null")
+        for job_id, (lease, result) in zip(ids, items, strict=True)
     )
     # The ids as one array literal: a list would be quoted element by element on every
     # completion.
-    return {"rows": f"[{rows}]", "ids": array_text(str(lease.job_id) for lease, _ in items)}
+    return {"rows": f"[{rows}]", "ids": array_text(ids)}
 
 
 FAIL_TERMINAL = f"""

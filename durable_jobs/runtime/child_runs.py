@@ -32,6 +32,8 @@ _TIMESTAMPS = tuple(
 )
 _IDS = tuple(index for index, field in enumerate(JOB_FIELDS) if isinstance(field, models.UUIDField))
 _VALUES = operator.itemgetter(*_NAMES)
+#: Where ``encode_row`` puts the job's id (as text): the run message reuses it.
+ID_POSITION = _NAMES.index("id")
 
 _UTC = datetime.timezone.utc
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=_UTC)

@@ -131,22 +131,20 @@ def run_slice(
     faults.point("after_claim")
     owner = job.lease_owner
     assert owner is not None, "run_slice is given claimed rows only"  # store.dequeue sets it
-    lease = Lease(
-        job_id=job.id,
-        owner=owner,
-        epoch=job.lease_epoch,
-        ttl_ms=conf.ms(conf.get().LEASE_TTL),
-    )
+    # The TTL the claim gave the lease; a kind with its own is given that below.
+    claimed_ttl_ms = conf.ms(conf.get().LEASE_TTL)
+    lease = Lease(job_id=job.id, owner=owner, epoch=job.lease_epoch, ttl_ms=claimed_ttl_ms)
     control = None
     heard_late: float | None = None
     try:
         handler = registry.get(job.kind) or unregistered(job.kind)
-        lease = Lease(
-            job_id=job.id,
-            owner=owner,
-            epoch=job.lease_epoch,
-            ttl_ms=conf.ms(handler.setting("LEASE_TTL")),
-        )
+        if handler.lease_ttl is not None and conf.ms(handler.lease_ttl) != claimed_ttl_ms:
+            lease = Lease(
+                job_id=job.id,
+                owner=owner,
+                epoch=job.lease_epoch,
+                ttl_ms=conf.ms(handler.lease_ttl),
+            )
         if job.error_code in VERDICT_CODES:
             # A verdict decided by fail_slice whose terminal transaction never committed:
             # record it, never run the work again.
@@ -184,10 +182,7 @@ def run_slice(
         signals.slice_started.send_robust(sender=Slice, job=job)
         if heartbeater is not None:
             heartbeater.track(control)
-        if (
-            lease.ttl_ms != conf.ms(conf.get().LEASE_TTL)
-            and store.heartbeat(lease, using=using) is None
-        ):
+        if lease.ttl_ms != claimed_ttl_ms and store.heartbeat(lease, using=using) is None:
             outcome, error = (
                 SliceOutcome.LEASE_LOST,
                 None,

@@ -122,7 +122,13 @@ class Heartbeater:
         self._thread.join(timeout=5)
 
     def track(self, holder: Beatable) -> None:
-        self.track_all((holder,))
+        """``track_all`` of one: a slot tracks each slice it starts, so it is kept short."""
+        due = time.monotonic() + holder.heartbeat_interval
+        with self._lock:
+            self._held[id(holder)] = (holder, due)
+            sooner = due < self._sleeping_until
+        if sooner:
+            self._wake.set()
 
     def track_all(self, holders: Iterable[Beatable]) -> None:
         """Track every one of ``holders`` (a batch's claims) under one hold of the lock."""

@@ -39,7 +39,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from durable_jobs import conf, faults
 from durable_jobs.runtime import zygote
-from durable_jobs.runtime.child_runs import encode_row
+from durable_jobs.runtime.child_runs import ID_POSITION, encode_row
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.invoke import Ran, time_limit_failure
 from durable_jobs.states import Lease, SliceEnd
@@ -272,16 +272,17 @@ class ChildRunner:
                     started_at=None if self._inflight else now,
                 )
             )
+            row = encode_row(job)
             lines.append(
                 _ENCODE(
                     {
                         "op": "run",
                         "seq": self._seq,
-                        "job_id": str(job.id),
+                        "job_id": row[ID_POSITION],  # made text once, by encode_row
                         "owner": lease.owner,
                         "epoch": lease.epoch,
                         "ttl_ms": lease.ttl_ms,
-                        "row": encode_row(job),
+                        "row": row,
                     }
                 )
             )

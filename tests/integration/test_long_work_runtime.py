@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
@@ -19,9 +20,15 @@ import durable_jobs as durable
 from durable_jobs import conf, registry, store, testing
 from durable_jobs.db import is_connection_loss
 from durable_jobs.exceptions import ConfigurationError
+from durable_jobs.models import Job
 from durable_jobs.runtime.heartbeat import Heartbeater, HeldLease
 from tests.factories import reload, running
-from tests.integration.support import in_thread, lease_of, other_connection_fixture  # noqa: F401
+from tests.integration.support import (  # noqa: F401
+    db_now,
+    in_thread,
+    lease_of,
+    other_connection_fixture,
+)
 
 # ---------------------------------------------------------------------------------------
 # heartbeat_leases: one statement, never waiting behind a locked row (invariants 5, 12)
@@ -318,6 +325,29 @@ def test_a_sent_timestamp_keeps_its_instant_its_microseconds_and_its_zone():
         got = getattr(arrived, name)
         assert (got, got.utcoffset()) == (value, value.utcoffset()), name
         assert got.tzinfo == value.tzinfo, name
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("own_ttl", [timedelta(seconds=90), None])
+def test_a_kind_with_its_own_lease_ttl_holds_that_lease_while_its_handler_runs(kinds, own_ttl):
+    """The claim takes every lease for DURABLE_JOBS' LEASE_TTL (3 s in the test project);
+    a kind that sets its own has its lease extended to it before its handler starts, so a
+    slice that outlasts the default is not taken over. A kind without one keeps the
+    claim's lease as it is, with no statement spent on it."""
+    seen = []
+
+    def handler(job):
+        row = Job.objects.get(id=job.row.id)
+        seen.append((row.lease_expires_at - db_now()).total_seconds())
+        return durable.DONE
+
+    policy = {} if own_ttl is None else {"lease_ttl": own_ttl}
+    kinds.add("tests.own_lease_ttl", handler, **policy)
+    job = durable.start("tests.own_lease_ttl")
+    assert [report.outcome for report in testing.run_jobs(max_slices=1)] == ["completed"]
+    expected = 90.0 if own_ttl is not None else conf.get().LEASE_TTL
+    assert seen and expected - 2 < seen[0] <= expected, seen
+    assert reload(job).status == "completed"
 
 
 @pytest.mark.django_db
