@@ -19,7 +19,9 @@ heartbeat does not watch yet, and its handler has not started),
 ``before_batched_completion``, ``answers_readable`` (a slot's thread saw its handler
 process's pipe readable and has not read it yet), ``zygote_ready`` (the zygote, once
 Django is set up), ``scheduler_between`` (a tick planned, its transaction not begun),
-``scheduler_inside`` (a tick's schedule advanced and its job started, not committed).
+``scheduler_inside`` (a tick's schedule advanced and its job started, not committed),
+``hand_back_begun`` (a stopping worker's main thread has begun handing every lease back
+and has not read its slots yet).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ POINTS = frozenset(
         "zygote_ready",
         "scheduler_between",
         "scheduler_inside",
+        "hand_back_begun",
     }
 )
 

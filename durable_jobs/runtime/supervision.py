@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError
 
-from durable_jobs import conf, db, store
+from durable_jobs import conf, db, faults, store
 from durable_jobs.runtime.control import SliceControl
 from durable_jobs.runtime.executor import claimed_at, complete_deferred
 from durable_jobs.runtime.invoke import time_limit_failure
@@ -250,6 +250,7 @@ class Supervision:
         # Set before the slots' current slices are read: a slice that begins later
         # abandons itself (``Worker._on_start``), so none starts unseen by both.
         self._handing_back.set()
+        faults.point("hand_back_begun")
         # Taken once, before the kills: a slot that sees its child die untracks its slice.
         holders = self._heartbeater.held()
         # And each slot's slice that has begun but is not tracked yet: its kill would

@@ -289,6 +289,31 @@ def test_a_slice_beginning_as_the_worker_stops_at_once_is_handed_back_uncharged(
     handed_back_uncharged(job)
 
 
+def test_a_slice_that_would_begin_once_the_hand_back_has_begun_hands_itself_back(processes):
+    """The other order of the race above: the main thread has begun handing every lease
+    back (and has not read the slots yet) when the slot reaches the start of the slice.
+    The handler must not start, since its claim may be another worker's a moment later:
+    the slot hands the claim back itself, uncharged, and the main thread then finds
+    nothing of it left to hand back.
+
+    Two faults pause the slot after its claim and the main thread once its hand-back has
+    begun, so the slot reaches the slice's start between the two."""
+    job = durable.start("demo.sleep", input={"seconds": 60, "stubborn": True})
+    worker = processes.worker(
+        env={"DURABLE_JOBS_FAULTS": "after_claim=pause:3@1,hand_back_begun=pause:6@1"}
+    )
+    wait_until(lambda: "FAULT after_claim pause" in worker.output(), message="the claim")
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.signal(signal.SIGTERM)
+    wait_until(lambda: "FAULT hand_back_begun pause" in worker.output(), message="the hand-back")
+    assert worker.wait(timeout=20) == 1
+    output = worker.output()
+    assert "outcome=abandoned" in output and "the worker is exiting" in output, output
+    assert "handed back at shutdown" not in output, "the slot had handed it back already"
+    handed_back_uncharged(job)
+
+
 def test_a_claim_whose_slice_has_not_begun_as_the_worker_stops_at_once_is_released(processes):
     """From its claim until its slice began, a claim was held by nothing the main thread
     looks at, through the checks before the slice (a wait condition may read the database
