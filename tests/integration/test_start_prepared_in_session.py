@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 import durable_jobs as durable
 from durable_jobs.models import Job
@@ -109,3 +110,22 @@ def test_a_migration_that_changes_a_returned_column_does_not_fail_the_next_start
     finally:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE durable_jobs_job ALTER COLUMN total_count TYPE bigint")
+
+
+def test_django_s_query_log_and_execute_wrappers_still_see_every_prepared_start():
+    """The prepared start runs on a driver cursor kept for the connection's life, still
+    wrapped by Django's cursor: ``assertNumQueries``, ``connection.queries`` and the
+    execute wrappers that tracing tools install see each start's statement."""
+    _fresh_connection_that_prepared_it()
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper), CaptureQueriesContext(connection) as logged:
+        started = [durable.start("demo.noop", input={"n": n}) for n in range(3)]
+    assert [sql.split(" (")[0] for sql in seen] == [f"EXECUTE {_session_starts()[0]}"] * 3
+    assert len(logged.captured_queries) == 3
+    assert all(query["sql"].startswith("EXECUTE durable_jobs_start_") for query in logged)
+    assert Job.objects.filter(id__in=[job.id for job in started]).count() == 3
