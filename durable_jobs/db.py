@@ -56,6 +56,7 @@ except (ImportError, AttributeError):
 from durable_jobs.models import Job
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.utils import CursorWrapper
 
 T = TypeVar("T")
@@ -483,12 +484,7 @@ def _kept_cursor(using: str) -> CursorWrapper:
     if made:
         with connection.wrap_database_errors:
             cursor = kept[using] = connection.create_cursor()
-    connection.validate_thread_sharing()
-    wrapped = (
-        connection.make_debug_cursor(cursor)
-        if connection.queries_logged
-        else connection.make_cursor(cursor)
-    )
+    wrapped = _wrapped(connection, cursor)
     if made:
         read_timestamps_in_c(wrapped, using)  # once per cursor, where it gives the same values
     return wrapped
@@ -526,16 +522,24 @@ def start_cursor(using: str = DEFAULT_DB_ALIAS) -> CursorWrapper:
         return connection.cursor()  # a server-binding Django cursor prepares by itself
     connection.close_if_health_check_failed()
     connection.ensure_connection()
-    connection.validate_thread_sharing()
     with connection.wrap_database_errors:
         # django-stubs declare ServerBindingCursor without psycopg.Cursor, its other base
-        # (which takes the connection), and make_cursor()/make_debug_cursor() as taking a
-        # CursorWrapper, where Django passes them the DB-API cursor they wrap.
+        # (which takes the connection).
         cursor = ServerBindingCursor(connection.connection)  # type: ignore[call-arg]
+    return _wrapped(connection, cursor)
+
+
+def _wrapped(connection: BaseDatabaseWrapper, cursor: Any) -> CursorWrapper:
+    """``cursor`` (the driver's) in Django's cursor, as ``connection.cursor()`` wraps its
+    own: the thread check, then the debug cursor when queries are logged, so that
+    ``connection.queries``, ``assertNumQueries`` and execute wrappers see its statements."""
+    connection.validate_thread_sharing()
+    # django-stubs declare make_cursor()/make_debug_cursor() as taking a CursorWrapper,
+    # where Django passes them the DB-API cursor they wrap (``Any`` here says so).
     return (
-        connection.make_debug_cursor(cursor)  # type: ignore[arg-type]
+        connection.make_debug_cursor(cursor)
         if connection.queries_logged
-        else connection.make_cursor(cursor)  # type: ignore[arg-type]
+        else connection.make_cursor(cursor)
     )
 
 
