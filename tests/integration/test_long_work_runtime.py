@@ -333,7 +333,7 @@ def test_a_kind_with_its_own_lease_ttl_holds_that_lease_while_its_handler_runs(k
     """The claim takes every lease for DURABLE_JOBS' LEASE_TTL (3 s in the test project);
     a kind that sets its own has its lease extended to it before its handler starts, so a
     slice that outlasts the default is not taken over. A kind without one keeps the
-    claim's lease as it is, with no statement spent on it."""
+    claim's lease as it is."""
     seen = []
 
     def handler(job):
