@@ -1089,6 +1089,7 @@ def drain_warmed(ctx: Ctx, *, processes: int, slots: int, n: int, seconds: float
         _settled(group)
         cpu = _fleet_cpu(group)
         cpu0 = cpu()
+        server0 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
         reset()
         # Opened before the drain: a fleet of 64 slots may hold every other connection
         # the server allows while it runs.
@@ -1100,6 +1101,7 @@ def drain_warmed(ctx: Ctx, *, processes: int, slots: int, n: int, seconds: float
             while time.monotonic() < deadline and poll.execute(left).fetchone()[0]:
                 time.sleep(0.05)
         used = cpu() - cpu0
+        server1 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
     finally:
         group.stop()
     done, window = ctx.sql(
@@ -1111,5 +1113,11 @@ def drain_warmed(ctx: Ctx, *, processes: int, slots: int, n: int, seconds: float
         "completed": done,
         "per_second": done / float(window) if window else None,
         "worker_cpu_ms_per_job": 1000 * used / n,
+        # The server's CPU over the same stretch (its backends, the fleet's among them):
+        # with the fleet's, what the machine spends a job, which bounds the rate two
+        # cores can reach (docs/performance.rst, "What 64 slots of 50 ms jobs cost").
+        "server_cpu_ms_per_job": (
+            None if server0 is None or server1 is None else 1000 * (server1 - server0) / n
+        ),
         "verified": done == n,
     }
