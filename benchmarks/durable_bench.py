@@ -1115,7 +1115,7 @@ def drain_warmed(ctx: Ctx, *, processes: int, slots: int, n: int, seconds: float
         "worker_cpu_ms_per_job": 1000 * used / n,
         # The server's CPU over the same stretch (its backends, the fleet's among them):
         # with the fleet's, what the machine spends a job, which bounds the rate two
-        # cores can reach (docs/performance.rst, "What 64 slots of 50 ms jobs cost").
+        # cores can reach (docs/performance.rst, "What bounds the last rows, measured").
         "server_cpu_ms_per_job": (
             None if server0 is None or server1 is None else 1000 * (server1 - server0) / n
         ),

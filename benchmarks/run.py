@@ -481,8 +481,9 @@ def _drain_cpu_cell(point: dict, *rates: float | None) -> str:
     fleet, server = point["worker_cpu_ms_per_job"], point.get("server_cpu_ms_per_job")
     if server is None:
         return f"{fleet:.2f} + ? ms"
+    cost = f"{fleet:.2f} + {server:.2f} ms"
     busy = " / ".join(f"{(fleet + server) * rate / 1000:.1f}" for rate in rates if rate)
-    return f"{fleet:.2f} + {server:.2f} ms; {busy} of {os.cpu_count()} cores"
+    return f"{cost}; {busy} of {os.cpu_count()} cores" if busy else cost
 
 
 def _scale_waits(points: dict, top: int = 8) -> str:
