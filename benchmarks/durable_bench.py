@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import datetime
 import itertools
 import json
 import os
@@ -30,6 +31,16 @@ from durable_jobs.states import Lease
 TABLE = "durable_jobs_job"
 KIND = "bench.noop"
 REPO = Path(__file__).resolve().parent.parent
+
+#: Whether a pending or running job is left, read off the partial indexes of live rows
+#: (a walk that stops at the first): the poll of every wait for a fleet to finish. The
+#: count of every row not completed it replaced read the whole table each time: on a
+#: 40,000-job drain 40-50 ms of the server a poll, every 50 ms, CPU taken from the fleet
+#: being measured (docs/performance.rst, "The drain's own poll").
+ANY_LIVE = (
+    f"SELECT EXISTS (SELECT FROM {TABLE} WHERE status = 'pending') "
+    f"OR EXISTS (SELECT FROM {TABLE} WHERE status = 'running')"
+)
 
 
 class Ctx:
@@ -303,8 +314,7 @@ def latency(
             time.sleep(rng.uniform(gap / 2, gap * 1.5))
         deadline = time.monotonic() + max(30.0, poll_interval * 5)
         while time.monotonic() < deadline:
-            left = ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0]
-            if left == 0:
+            if not ctx.sql(ANY_LIVE)[0][0]:
                 break
             time.sleep(0.1)
     finally:
@@ -773,7 +783,7 @@ def wakeups(ctx: Ctx, m: int, *, processes: int, slots: int, gap: float, tag: st
             time.sleep(rng.uniform(gap / 2, gap * 1.5))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0] == 0:
+            if not ctx.sql(ANY_LIVE)[0][0]:
                 break
             time.sleep(0.1)
         time.sleep(1.0)
@@ -903,7 +913,7 @@ def memory(ctx: Ctx, n: int, *, slots: int, chunk: int, tag: str) -> dict:
             size = min(chunk, n - done)
             fill_pending_sql_quiet(ctx, size)
             deadline = time.monotonic() + 600
-            while ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0]:
+            while ctx.sql(ANY_LIVE)[0][0]:
                 if time.monotonic() > deadline or not group.alive():
                     return {"error": f"worker stalled after {done} jobs", "curve": curve}
                 time.sleep(0.05)
@@ -979,7 +989,7 @@ def steady(ctx: Ctx, *, rate: float, seconds: float, processes: int, slots: int,
             time.sleep(max(0.0, started / rate - (time.monotonic() - began)))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            if ctx.sql(f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'")[0][0] == 0:
+            if not ctx.sql(ANY_LIVE)[0][0]:
                 break
             time.sleep(0.1)
         after = _xacts(ctx)
@@ -1070,10 +1080,23 @@ def scale_point_warmed(ctx: Ctx, n: int, *, processes: int, slots: int, tag: str
     return drain_warmed(ctx, processes=processes, slots=slots, n=n, seconds=0.0, tag=f"warm-{tag}")
 
 
-def drain_warmed(ctx: Ctx, *, processes: int, slots: int, n: int, seconds: float, tag: str) -> dict:
+def drain_warmed(
+    ctx: Ctx,
+    *,
+    processes: int,
+    slots: int,
+    n: int,
+    seconds: float,
+    tag: str,
+    pin_seconds: float = 0.0,
+) -> dict:
     """``n`` jobs whose slice sleeps ``seconds``, put in one statement and one NOTIFY before
     a warmed-up, idle fleet of processes × slots: jobs/s (first claim to last completion),
-    and the fleet's CPU per job while it drained them."""
+    and the fleet's CPU per job while it drained them.
+
+    ``pin_seconds``: another session holds a transaction with an XID open for that long
+    from the NOTIFY on (the pinned horizon of issue #27 item 8, briefly); the result then
+    has the rate after the pin too, and completions per second through the drain."""
     import psycopg
 
     from benchmarks import trial
@@ -1093,13 +1116,27 @@ def drain_warmed(ctx: Ctx, *, processes: int, slots: int, n: int, seconds: float
         reset()
         # Opened before the drain: a fleet of 64 slots may hold every other connection
         # the server allows while it runs.
-        with psycopg.connect(ctx.dburl, autocommit=True) as poll:
+        pin_ended = None
+        with (
+            psycopg.connect(ctx.dburl, autocommit=True) as poll,
+            # Only when asked for: at 8 x 8 the fleet holds all but a few of the server's
+            # connections.
+            psycopg.connect(ctx.dburl) if pin_seconds else contextlib.nullcontext() as pin,
+        ):
             ctx.sql(trial.INSERT, {"kind": trial.KIND, "seconds": [seconds] * n})
             ctx.sql("SELECT pg_notify(%s, 'default')", [conf.get().NOTIFY_CHANNEL])
+            pinned_until = time.monotonic() + pin_seconds
+            if pin_seconds:
+                pin.execute("SELECT txid_current()")
             deadline = time.monotonic() + 300
-            left = f"SELECT count(*) FROM {TABLE} WHERE status <> 'completed'"
-            while time.monotonic() < deadline and poll.execute(left).fetchone()[0]:
+            while time.monotonic() < deadline and poll.execute(ANY_LIVE).fetchone()[0]:
+                if pin_seconds and pin_ended is None and time.monotonic() >= pinned_until:
+                    pin_ended = pin.execute("SELECT clock_timestamp()").fetchone()[0]
+                    pin.rollback()
                 time.sleep(0.05)
+            if pin_seconds and pin_ended is None:
+                pin_ended = pin.execute("SELECT clock_timestamp()").fetchone()[0]
+                pin.rollback()
         used = cpu() - cpu0
         server1 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
     finally:
@@ -1120,4 +1157,26 @@ def drain_warmed(ctx: Ctx, *, processes: int, slots: int, n: int, seconds: float
             None if server0 is None or server1 is None else 1000 * (server1 - server0) / n
         ),
         "verified": done == n,
+    } | (_after_the_pin(ctx, pin_ended) if pin_ended is not None else {})
+
+
+def _after_the_pin(ctx: Ctx, pin_ended) -> dict:
+    """A pinned drain's completions per second from its first claim, and its rate from a
+    second after the pin ended to its last completion (None if it was over by then)."""
+    per_second = [
+        count
+        for _, count in ctx.sql(
+            f"""SELECT floor(extract(epoch FROM finished_at - first.at)), count(*)
+                  FROM {TABLE}, (SELECT min(started_at) AS at FROM {TABLE}) AS first
+                 WHERE finished_at IS NOT NULL GROUP BY 1 ORDER BY 1"""
+        )
+    ]
+    after, window = ctx.sql(
+        f"""SELECT count(*), extract(epoch FROM max(finished_at) - %(from)s)
+              FROM {TABLE} WHERE finished_at >= %(from)s""",
+        {"from": pin_ended + datetime.timedelta(seconds=1)},
+    )[0]
+    return {
+        "completions_per_second": per_second,
+        "per_second_after_pin": after / float(window) if after and window else None,
     }
