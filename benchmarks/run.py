@@ -1711,9 +1711,9 @@ class Results:
         """Issue #27 item 8 on a backlog: a 4 x 16 fleet drains ``Plan.scale_drain_n`` no-op
         jobs started in one statement (their run times within a second: the floor's margin
         covers them all), without and with another session pinning the horizon for
-        ``PIN_BURST_SECONDS`` from the start, in ``--repeat`` rounds. Target: the pinned drain within 2x of the unpinned one, and
-        back to its rate a second after the pin ends (docs/performance.rst, "A brief pin
-        over a backlog")."""
+        ``PIN_BURST_SECONDS`` from the start, in ``--repeat`` rounds. Target: the pinned
+        drain within 2x of the unpinned one, and back to its rate a second after the pin
+        ends (docs/performance.rst, "A brief pin over a backlog")."""
         from benchmarks import durable_bench
 
         n, processes, slots = self.plan.scale_drain_n, 4, 16
