@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime
 import itertools
 import json
 import os
@@ -1131,12 +1130,10 @@ def drain_warmed(
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline and poll.execute(ANY_LIVE).fetchone()[0]:
                 if pin_seconds and pin_ended is None and time.monotonic() >= pinned_until:
-                    pin_ended = pin.execute("SELECT clock_timestamp()").fetchone()[0]
-                    pin.rollback()
+                    pin_ended = _end_pin(pin)
                 time.sleep(0.05)
             if pin_seconds and pin_ended is None:
-                pin_ended = pin.execute("SELECT clock_timestamp()").fetchone()[0]
-                pin.rollback()
+                pin_ended = _end_pin(pin)
         used = cpu() - cpu0
         server1 = procs.server_cpu_seconds(ctx.server.postmaster_pid())
     finally:
@@ -1160,21 +1157,35 @@ def drain_warmed(
     } | (_after_the_pin(ctx, pin_ended) if pin_ended is not None else {})
 
 
+def _end_pin(pin):
+    """Roll the pinning transaction back; return the server's clock as it ended."""
+    ended = pin.execute("SELECT clock_timestamp()").fetchone()[0]
+    pin.rollback()
+    return ended
+
+
 def _after_the_pin(ctx: Ctx, pin_ended) -> dict:
-    """A pinned drain's completions per second from its first claim, and its rate from a
-    second after the pin ended to its last completion (None if it was over by then)."""
+    """A pinned drain's completions in each second from its first claim (a second with
+    none counts 0), and its rate from a second after the pin ended (``pin_ended``, the
+    server's clock) to its last completion (None if it was over by then)."""
     per_second = [
         count
-        for _, count in ctx.sql(
-            f"""SELECT floor(extract(epoch FROM finished_at - first.at)), count(*)
-                  FROM {TABLE}, (SELECT min(started_at) AS at FROM {TABLE}) AS first
-                 WHERE finished_at IS NOT NULL GROUP BY 1 ORDER BY 1"""
+        for (count,) in ctx.sql(
+            f"""WITH first AS (SELECT min(started_at) AS at FROM {TABLE}),
+                     done AS (
+                         SELECT floor(extract(epoch FROM finished_at - first.at))::int AS second
+                           FROM {TABLE}, first WHERE finished_at IS NOT NULL
+                     )
+                SELECT count(done.second)
+                  FROM generate_series(0, (SELECT max(second) FROM done)) AS s(second)
+                  LEFT JOIN done ON done.second = s.second
+                 GROUP BY s.second ORDER BY s.second"""
         )
     ]
     after, window = ctx.sql(
-        f"""SELECT count(*), extract(epoch FROM max(finished_at) - %(from)s)
-              FROM {TABLE} WHERE finished_at >= %(from)s""",
-        {"from": pin_ended + datetime.timedelta(seconds=1)},
+        f"""SELECT count(*), extract(epoch FROM max(finished_at) - (%(ended)s + interval '1 s'))
+              FROM {TABLE} WHERE finished_at >= %(ended)s + interval '1 s'""",
+        {"ended": pin_ended},
     )[0]
     return {
         "completions_per_second": per_second,
