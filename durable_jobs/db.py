@@ -490,6 +490,10 @@ def _kept_cursor(using: str) -> CursorWrapper:
     return wrapped
 
 
+#: SQLSTATE of a lock wait that ran past ``lock_timeout``.
+LOCK_NOT_AVAILABLE = "55P03"
+
+
 def sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a database error, as Django raises it (the driver's is its cause)."""
     return getattr(error.__cause__, "sqlstate", None) or getattr(error, "sqlstate", None)

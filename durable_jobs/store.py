@@ -52,6 +52,7 @@ from durable_jobs.db import (
     JOB_COLUMN_NAMES,
     JOB_COLUMNS,
     JOB_FIELDS,
+    LOCK_NOT_AVAILABLE,
     NOT_RUN,
     SET_LOCAL_LOCK_TIMEOUT,
     SessionStatement,
@@ -2039,7 +2040,6 @@ def bump_park_mirror_attempts(
 # ---------------------------------------------------------------------------------------
 
 SHOW_LOCK_TIMEOUT = "SELECT current_setting('lock_timeout')"
-_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _waiting_at_most(
@@ -2069,7 +2069,7 @@ def _waiting_at_most(
             fetch_value(using, SET_LOCAL_LOCK_TIMEOUT, {"ms": previous})
             return result
     except OperationalError as error:
-        if sqlstate(error) != _LOCK_NOT_AVAILABLE:
+        if sqlstate(error) != LOCK_NOT_AVAILABLE:
             raise
         raise JobBusy(job_id, operation, waited=lock_timeout_ms / 1000) from error
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import pytest
@@ -11,8 +12,10 @@ from django.db.models import Count
 import durable_jobs as durable
 from durable_jobs import conf, store
 from durable_jobs.models import Job
+from durable_jobs.runtime.supervision import HAND_BACK_BUSY_WAIT, HAND_BACK_WAIT_MS
 from durable_jobs.runtime.worker import PREFETCH_WINDOW, QUICK_SLICE, Pace, SlotState, Worker
 from tests.factories import reload
+from tests.integration.support import connect_to_test_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,6 +50,63 @@ def test_claims_left_unstarted_at_shutdown_are_handed_back_without_spending_budg
     assert len(store.dequeue(["default"], "next", 60_000, kinds=None, limit=5)) == 3, (
         "deliverable again at once"
     )
+
+
+def lock_row_for(job, seconds: float) -> threading.Thread:
+    """Another session holds ``job``'s row lock for ``seconds``, as a claim re-checking a
+    row it saw deliverable, or the heartbeat's statement, does for a moment."""
+    locked = threading.Event()
+
+    def hold() -> None:
+        with connect_to_test_database() as conn:
+            conn.execute("SELECT 1 FROM durable_jobs_job WHERE id = %s FOR UPDATE", [job.id])
+            locked.set()
+            time.sleep(seconds)
+            conn.rollback()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert locked.wait(10), "the row lock was taken"
+    return thread
+
+
+def hand_back_at_shutdown(claimed) -> float:
+    """A stopping worker's slot hands its unstarted claims back; return how long it took."""
+    worker = Worker(concurrency=1)
+    worker.stopping.set()
+    began = time.monotonic()
+    worker._run_claimed(SlotState(number=0, generation=0, owner="slot"), claimed, 60_000, None)
+    return time.monotonic() - began
+
+
+def test_a_claim_whose_row_is_locked_for_a_moment_is_still_handed_back():
+    """On a saturated server a claim's row may be locked for longer than the first
+    wait: left to its lease, the job would wait LEASE_TTL plus ORPHAN_GRACE (90 s by
+    default) to run. The hand-back waits for it once more instead."""
+    durable.start_many([{"kind": "demo.noop"} for _ in range(3)])
+    claimed = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=3)
+    holder = lock_row_for(claimed[0], seconds=3 * HAND_BACK_WAIT_MS / 1000)
+    took = hand_back_at_shutdown(claimed)
+    holder.join()
+    assert took >= 2 * HAND_BACK_WAIT_MS / 1000, "it waited for the locked row"
+    for job in claimed:
+        after = reload(job)
+        assert (after.lease_owner, after.redrives, after.consecutive_failures) == (None, 0, 0)
+    assert len(store.dequeue(["default"], "next", 60_000, kinds=None, limit=5)) == 3, (
+        "all three deliverable again at once"
+    )
+
+
+def test_a_claim_locked_past_every_wait_is_left_to_its_lease_and_the_others_go_back():
+    durable.start_many([{"kind": "demo.noop"} for _ in range(3)])
+    claimed = store.dequeue(["default"], "slot", 60_000, kinds=None, limit=3)
+    holder = lock_row_for(claimed[0], seconds=HAND_BACK_BUSY_WAIT + 2)
+    took = hand_back_at_shutdown(claimed)
+    holder.join()
+    assert took < HAND_BACK_BUSY_WAIT + 1.5, "the wait for a locked row is bounded"
+    assert reload(claimed[0]).lease_owner == claimed[0].lease_owner, "left to its lease"
+    for job in claimed[1:]:
+        assert reload(job).lease_owner is None, "the claims after it were handed back"
 
 
 @pytest.mark.parametrize("execution", ["thread", "process"])
