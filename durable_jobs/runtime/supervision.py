@@ -181,8 +181,9 @@ class Supervision:
             deadline = time.monotonic() + HAND_BACK_BUSY_WAIT
             stuck = 0
             for entry in busy:
-                left_ms = max(HAND_BACK_WAIT_MS, int(1000 * (deadline - time.monotonic())))
-                stuck += not self._released(entry, left_ms)
+                left_ms = int(1000 * (deadline - time.monotonic()))
+                # Past the deadline nothing waits again (a lock_timeout of 0 would wait forever).
+                stuck += left_ms <= 0 or not self._released(entry, left_ms)
             if stuck:
                 log.warning(
                     "slot %s: %d of its claims stayed locked and were not handed back; "
@@ -206,8 +207,8 @@ class Supervision:
         those last hundreds of milliseconds, and a claim left to its lease waits
         ``LEASE_TTL`` plus ``ORPHAN_GRACE`` (90 s by default) to run: 32 no-op jobs
         finished 99 s after a drain's first claim, the other 39,968 within 12 s
-        (docs/performance.rst). A hand-back waits at most ``HAND_BACK_WAIT_MS`` a claim,
-        then ``HAND_BACK_BUSY_WAIT`` more in all.
+        (docs/performance.rst). A hand-back waits at most ``HAND_BACK_WAIT_MS`` for each
+        claim, then ``HAND_BACK_BUSY_WAIT`` more for all the locked ones together.
         """
         if entry.lease_lost:
             return True
